@@ -1,0 +1,80 @@
+"""The built-in GPU catalog and model presets, read from YAML data shipped in the package.
+
+GPU models are data, not code: a new part is an entry in ``data/gpus.yaml`` or in a
+site file's ``gpu_types:``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import resources
+from typing import Iterator
+
+import yaml
+
+from .errors import SpecError
+from .spec import GpuType, ModelSpec, _suggest, model_from_mapping
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """GPU types by name; aliases (e.g. Cephalo's ``a100x80``, Sailor's ``GH-96``) resolve too."""
+
+    types: tuple[GpuType, ...]
+
+    def names(self) -> list[str]:
+        return [g.name for g in self.types] + [a for g in self.types for a in g.aliases]
+
+    def find(self, name: str) -> GpuType | None:
+        for g in self.types:
+            if g.name == name or name in g.aliases:
+                return g
+        low = name.lower()
+        for g in self.types:
+            if g.name.lower() == low or low in (a.lower() for a in g.aliases):
+                return g
+        return None
+
+    def get(self, name: str) -> GpuType:
+        g = self.find(name)
+        if g is None:
+            raise SpecError("unknown GPU type" + _suggest(name, self.names()), found=name,
+                            allowed=", ".join(x.name for x in self.types))
+        return g
+
+    def __iter__(self) -> Iterator[GpuType]:
+        return iter(self.types)
+
+
+def _read(name: str) -> dict:
+    text = resources.files("memx_hpc.data").joinpath(name).read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+@functools.lru_cache(maxsize=1)
+def catalog() -> Catalog:
+    """The built-in catalog (read once; immutable)."""
+    data = _read("gpus.yaml")
+    return Catalog(tuple(GpuType.from_mapping(v, f"gpus.yaml:{k}", name=k) for k, v in data.items()))
+
+
+@functools.lru_cache(maxsize=1)
+def _preset_data() -> dict:
+    return _read("models.yaml")
+
+
+def model_presets() -> dict[str, ModelSpec]:
+    """Model presets by name."""
+    out = {}
+    for name, d in _preset_data().items():
+        d = {k: v for k, v in d.items() if k != "source"}
+        out[name] = model_from_mapping({"name": name, **d}, f"models.yaml:{name}")
+    return out
+
+
+def preset(name: str) -> ModelSpec:
+    p = model_presets()
+    if name not in p:
+        raise SpecError("unknown model preset" + _suggest(name, sorted(p)), found=name, allowed=", ".join(sorted(p)))
+    return p[name]

@@ -1,0 +1,64 @@
+"""Small helpers shared by the subcommands: output as JSON or tables, common options."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Iterable, Sequence
+
+
+def add_site(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--site", required=required, metavar="SITE.yaml",
+                   help="site file: partitions, GPU types, links, Slurm options (see site_configs/)")
+
+
+def add_job(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--job", required=required, metavar="JOB.yaml",
+                   help="job file: model (preset or shape), global batch, precision (see jobs/)")
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+
+
+def emit_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def table(rows: Iterable[Sequence[Any]], header: Sequence[str], *, file=None) -> str:
+    """A plain aligned text table (right-aligned numbers)."""
+    rows = [[_fmt(c) for c in r] for r in rows]
+    widths = [len(h) for h in header]
+    for r in rows:
+        for i, c in enumerate(r):
+            widths[i] = max(widths[i], len(c))
+    def line(cells: Sequence[str], numeric: Sequence[bool]) -> str:
+        return "  ".join(c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, numeric)).rstrip()
+    numeric = [all(_isnum(r[i]) for r in rows) and bool(rows) for i in range(len(header))]
+    out = [line(list(header), numeric), line(["-" * w for w in widths], numeric)]
+    out += [line(r, numeric) for r in rows]
+    text = "\n".join(out)
+    print(text, file=file or sys.stdout)
+    return text
+
+
+def _fmt(c: Any) -> str:
+    if isinstance(c, float):
+        if c == 0:
+            return "0"
+        if abs(c) >= 1000:
+            return f"{c:,.0f}"
+        if abs(c) >= 10:
+            return f"{c:.1f}"
+        return f"{c:.3g}"
+    return str(c)
+
+
+def _isnum(s: str) -> bool:
+    try:
+        float(s.replace(",", "").rstrip("%x"))
+        return True
+    except ValueError:
+        return False
