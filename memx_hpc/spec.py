@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -27,6 +28,7 @@ ATTENTIONS = ("sdpa", "core")
 SCHEDULERS = ("auto", "slurm", "local")
 COMM_BACKENDS = ("nccl", "ucc")
 BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4}
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 # --------------------------------------------------------------------------- reading helpers
@@ -75,7 +77,11 @@ class _Reader:
         v = self.raw(name, default)
         if v is default and default is not ...:
             return v
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+        try:
+            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
+        except OverflowError:
+            ok = False
+        if not ok:
             raise SpecError("expected a finite number", field=self._p(name), found=_short(v))
         v = float(v)
         if min is not None and (v <= min if strict_min else v < min):
@@ -119,7 +125,7 @@ class _Reader:
             raise SpecError("expected a mapping of NAME: value", field=self._p(name), found=_short(v))
         out = []
         for k, val in v.items():
-            if not isinstance(k, str) or not k.replace("_", "a").isalnum() or k[0].isdigit():
+            if not isinstance(k, str) or not _ENV_NAME.fullmatch(k):
                 raise SpecError("environment variable names are letters, digits and _",
                                 field=f"{self._p(name)}.{k}", found=k)
             if isinstance(val, bool) or not isinstance(val, (str, int, float)):

@@ -1,0 +1,230 @@
+"""Site and job files: valid ones load; malformed ones give exit 1 and name the field."""
+
+from __future__ import annotations
+
+import copy
+import string
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memx_hpc.cli.main import main
+from memx_hpc.errors import SpecError
+from memx_hpc.spec import job_from_mapping, load_job, load_site, site_from_mapping
+
+ROOT = Path(__file__).resolve().parents[2]
+SITES = sorted((ROOT / "site_configs").glob("*.yaml"))
+JOBS = sorted((ROOT / "jobs").glob("*.yaml"))
+
+BASE_SITE = {
+    "name": "t",
+    "partitions": [
+        {"name": "a", "gpu_type": "A100-80", "nodes": 2, "gpus_per_node": 4},
+        {"name": "b", "gpu_type": "MI250X-GCD", "nodes": 1, "gpus_per_node": 8},
+    ],
+}
+BASE_JOB = {"model": {"preset": "GPT-3-1.3B"}, "global_batch_size": 32}
+
+
+def test_example_files_exist():
+    assert {p.name for p in SITES} >= {"local.yaml", "example-cross-vendor.yaml"}
+    assert JOBS
+
+
+@pytest.mark.parametrize("path", SITES, ids=lambda p: p.name)
+def test_example_sites_load(path):
+    site = load_site(path)
+    assert site.partitions and site.total_gpus == sum(p.nodes * p.gpus_per_node for p in site.partitions)
+    for p in site.partitions:
+        assert site.gpu(p.gpu_type).memory_gib > 0
+
+
+@pytest.mark.parametrize("path", JOBS, ids=lambda p: p.name)
+def test_example_jobs_load(path):
+    job = load_job(path)
+    assert job.model.hidden_size % job.model.num_attention_heads == 0
+    assert job.global_batch_size >= 1
+
+
+def test_cross_vendor_example_has_two_vendors_and_about_20_gpus():
+    site = load_site(ROOT / "site_configs/example-cross-vendor.yaml")
+    vendors = {site.gpu(p.gpu_type).vendor for p in site.partitions}
+    assert len(vendors) >= 2 and len(site.partitions) == 3
+    assert 16 <= site.total_gpus <= 24
+
+
+def test_preset_override_and_explicit_shape():
+    job = job_from_mapping({"model": {"preset": "Llama-2-7B", "seq_length": 1024}, "global_batch_size": 8})
+    assert job.model.seq_length == 1024 and job.model.activation == "swiglu"
+    job = job_from_mapping({"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                                      "vocab_size": 100, "seq_length": 32}, "global_batch_size": 2})
+    assert job.model.ffn_hidden_size == 256 and job.model.num_query_groups == 4
+
+
+def _set(d, path, value):
+    d = copy.deepcopy(d)
+    cur = d
+    keys = path.split(".")
+    for k in keys[:-1]:
+        cur = cur[int(k)] if k.isdigit() else cur[k]
+    last = keys[-1]
+    if value is _DELETE:
+        del cur[int(last) if last.isdigit() else last]
+    else:
+        cur[int(last) if last.isdigit() else last] = value
+    return d
+
+
+_DELETE = object()
+
+# (mutation path, value, text the message must contain)
+SITE_CASES = [
+    ("partitions.1.gpus_per_node", 0, "partitions[1].gpus_per_node"),
+    ("partitions.0.gpus_per_node", "four", "partitions[0].gpus_per_node"),
+    ("partitions.0.nodes", -1, "partitions[0].nodes"),
+    ("partitions.0.gpu_type", "A100-81", "did you mean"),
+    ("partitions.1.gpu_type", "NoSuchGPU", "partitions[1].gpu_type"),
+    ("partitions.1.name", "a", "duplicate partition name"),
+    ("partitions.0.gpus_per_nod", 4, "did you mean 'gpus_per_node'"),
+    ("partitions.0.name", "a b", "partitions[0].name"),
+    ("partitions.0.inter_node_gbps", 0, "partitions[0].inter_node_gbps"),
+    ("partitions.0.env", {"BAD NAME": "x"}, "partitions[0].env"),
+    ("partitions.0.setup", {"x": 1}, "partitions[0].setup"),
+    ("partitions", [], "at least one partition"),
+    ("partitions", "a100", "partitions"),
+    ("name", _DELETE, "name"),
+    ("memory_safety_margin", 1.5, "memory_safety_margin"),
+    ("partiton", [], "did you mean 'partitions'"),
+    ("slurm", {"scheduler": "pbs"}, "slurm.scheduler"),
+    ("pipeline_comm", {"backend": "mpi"}, "pipeline_comm.backend"),
+    ("links", [{"between": ["a", "zz"], "gbps": 10}], "links[0].between[1]"),
+    ("links", [{"between": ["a", "b"], "gbps": -1}], "links[0].gbps"),
+    ("gpu_types", {"X1": {"vendor": "acme", "memory_gib": 1, "peak_tflops_bf16": 1, "peak_tflops_fp32": 1,
+                          "hbm_gbps": 1, "link_gbps": 1}}, "gpu_types.X1.vendor"),
+    ("gpu_types", {"X1": {"vendor": "amd", "memory_gib": 1}}, "gpu_types.X1.peak_tflops_bf16"),
+]
+
+JOB_CASES = [
+    ("global_batch_size", 0, "global_batch_size"),
+    ("global_batch_size", 2.5, "global_batch_size"),
+    ("precision", "fp8", "precision"),
+    ("model.preset", "GPT-3-1.4B", "did you mean"),
+    ("model.hidden_size", 1000, "model.num_attention_heads"),
+    ("model.num_query_groups", 5, "model.num_query_groups"),
+    ("model.seq_length", 0, "model.seq_length"),
+    ("model.seq_length", -5, "model.seq_length"),
+    ("model.activation", "relu", "model.activation"),
+    ("model.vocab", 5, "did you mean 'vocab_size'"),
+    ("micro_batch_sizes", [3], "micro_batch_sizes[0]"),
+    ("micro_batch_sizes", "1", "micro_batch_sizes"),
+    ("recompute_modes", ["none", "ful"], "recompute_modes[1]"),
+    ("distributed_optimizer", "yes", "distributed_optimizer"),
+    ("model", _DELETE, "model"),
+    ("globl_batch_size", 3, "did you mean 'global_batch_size'"),
+]
+
+
+def _write(tmp_path, name, data):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return p
+
+
+@pytest.mark.parametrize("path,value,needle", SITE_CASES, ids=[c[0] + ":" + repr(c[1])[:20] for c in SITE_CASES])
+def test_malformed_site_exit_1_names_field(tmp_path, capsys, path, value, needle):
+    f = _write(tmp_path, "site.yaml", _set(BASE_SITE, path, value))
+    assert main(["validate", "--site", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert str(f) in err and needle in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("path,value,needle", JOB_CASES, ids=[c[0] + ":" + repr(c[1])[:20] for c in JOB_CASES])
+def test_malformed_job_exit_1_names_field(tmp_path, capsys, path, value, needle):
+    f = _write(tmp_path, "job.yaml", _set(BASE_JOB, path, value))
+    assert main(["validate", "--job", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert str(f) in err and needle in err, err
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("name: [unclosed", "not valid YAML at line 1"),
+    ("- just\n- a list\n", "expected a site mapping"),
+    ("", "expected a site mapping"),
+])
+def test_unparseable_site(tmp_path, capsys, text, needle):
+    f = _write(tmp_path, "site.yaml", text)
+    assert main(["validate", "--site", str(f)]) == 1
+    assert needle in capsys.readouterr().err
+
+
+def test_missing_file(capsys):
+    assert main(["validate", "--site", "/nonexistent/site.yaml"]) == 1
+    assert "file not found" in capsys.readouterr().err
+
+
+def test_validate_prints_summary(capsys):
+    assert main(["validate", "--site", str(ROOT / "site_configs/example-cross-vendor.yaml"), "--json"]) == 0
+    import json
+    out = json.loads(capsys.readouterr().out)
+    assert out["site"]["total_gpus"] == 20 and set(out["site"]["vendors"]) == {"amd", "nvidia"}
+
+
+def test_site_defined_gpu_type_is_used(tmp_path):
+    data = _set(BASE_SITE, "gpu_types", {"Acme-1": {"vendor": "intel", "memory_gib": 48, "peak_tflops_bf16": 400,
+                                                     "peak_tflops_fp32": 50, "hbm_gbps": 2000, "link_gbps": 100}})
+    data = _set(data, "partitions.1.gpu_type", "Acme-1")
+    site = site_from_mapping(data)
+    assert site.gpu_of("b").memory_gib == 48 and site.gpu_of("b").vendor == "intel"
+
+
+# ---- property-based: random documents never produce a traceback, only SpecError or success
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**6), st.integers(min_value=10**300, max_value=10**400), st.floats(allow_nan=True),
+                     st.text(string.printable, max_size=12))
+_keys = st.sampled_from(["name", "partitions", "gpu_type", "nodes", "gpus_per_node", "model", "preset",
+                         "global_batch_size", "hidden_size", "num_attention_heads", "seq_length", "links",
+                         "between", "gbps", "env", "setup", "slurm", "scheduler", "gpu_types", "vendor",
+                         "micro_batch_sizes", "precision", "x"])
+_docs = st.recursive(_scalars, lambda ch: st.one_of(st.lists(ch, max_size=4),
+                                                     st.dictionaries(_keys, ch, max_size=6)), max_leaves=25)
+
+
+def _mutations():
+    paths = [c[0] for c in SITE_CASES]
+    return st.tuples(st.sampled_from(paths), _docs)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=_docs)
+def test_random_documents_never_traceback(doc):
+    for fn in (site_from_mapping, job_from_mapping):
+        try:
+            fn(doc)
+        except SpecError as e:
+            assert str(e)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mut=_mutations())
+def test_random_field_values_never_traceback(mut):
+    path, value = mut
+    try:
+        data = _set(BASE_SITE, path, value)
+    except (KeyError, IndexError, TypeError):
+        return
+    try:
+        site_from_mapping(data)
+    except SpecError as e:
+        assert str(e)
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.text(max_size=200))
+def test_random_yaml_text_via_cli_exit_0_or_1(tmp_path_factory, text):
+    f = tmp_path_factory.mktemp("y") / "site.yaml"
+    f.write_text(text)
+    assert main(["validate", "--site", str(f)]) in (0, 1)
