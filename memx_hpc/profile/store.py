@@ -1,0 +1,534 @@
+"""The profile store: every measured, imported or augmented sample, in one HDF5 file.
+
+Layout (schema version :data:`SCHEMA_VERSION`)::
+
+    /                       attrs: schema_version, format = "memx-profile-store"
+    /gpu/<GPU type>/        attrs: gpu_type, device_figures (JSON, "" when none)
+        <column>            one 1-D dataset per column of :data:`COLUMNS`, all the same length
+
+A columnar table per GPU type, units in the column names (``forward_ms``,
+``activation_bytes``); text columns are UTF-8 variable-length strings.
+Every row keeps its ``origin`` (measured | imported | augmented), ``source`` and
+``provenance`` (a JSON string: host, device, driver, versions, settings, time).
+
+Writing. Only one process writes (the login-node process that gathers results):
+a lock file ``<store>.lock`` holds ``PID@host`` of the writer. A second writer
+gets :class:`StoreLocked` ("store locked by PID ..."); a lock left by a process
+that no longer runs on this host is broken with a warning. Every write builds a
+complete new file next to the store, flushes it to disk and moves it over the old
+one with ``os.replace`` (atomic on POSIX): a kill at any moment leaves either the
+old file or the new one, never a torn one. Rewriting the file costs O(rows) per
+append; profiling produces thousands of rows, not millions, so simplicity wins.
+
+Reading takes no lock: a reader holds either the old or the new inode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import socket
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from ..errors import SpecError, SystemFailure
+from ..spec import SAMPLE_KINDS, SAMPLE_ORIGINS, LayerSample, LayerShape, ProfilePoint
+
+__all__ = ["SCHEMA_VERSION", "COLUMNS", "ProfileStore", "StoreLocked", "sample_to_row", "row_to_sample"]
+
+SCHEMA_VERSION = 1
+FORMAT_NAME = "memx-profile-store"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Column:
+    """One column of the sample table: its name (with unit), type and default."""
+
+    name: str
+    kind: str  # "str" | "int" | "float" | "bool"
+    default: Any = None  # None: required in CSV input
+
+
+# The order here is the order of the CSV interchange format (see csvio.py).
+COLUMNS: tuple[Column, ...] = (
+    Column(name="gpu_type", kind="str"),
+    Column(name="kind", kind="str"),
+    Column(name="hidden_size", kind="int"),
+    Column(name="num_attention_heads", kind="int"),
+    Column(name="num_query_groups", kind="int"),
+    Column(name="ffn_hidden_size", kind="int"),
+    Column(name="seq_length", kind="int"),
+    Column(name="vocab_size", kind="int"),
+    Column(name="activation", kind="str", default="gelu"),
+    Column(name="tp", kind="int", default=1),
+    Column(name="micro_batch_size", kind="int", default=1),
+    Column(name="recompute", kind="str", default="none"),
+    Column(name="precision", kind="str", default="bf16"),
+    Column(name="attention", kind="str", default="sdpa"),
+    Column(name="group_size", kind="int", default=1),
+    Column(name="message_bytes", kind="int", default=0),
+    Column(name="inter_node", kind="bool", default=False),
+    Column(name="forward_ms", kind="float", default=0.0),
+    Column(name="backward_ms", kind="float", default=0.0),
+    Column(name="update_ms", kind="float", default=0.0),
+    Column(name="activation_bytes", kind="int", default=0),
+    Column(name="peak_allocated_bytes", kind="int", default=0),
+    Column(name="peak_reserved_bytes", kind="int", default=0),
+    Column(name="device_footprint_bytes", kind="int", default=0),
+    Column(name="infeasible", kind="bool", default=False),
+    Column(name="origin", kind="str", default="measured"),
+    Column(name="source", kind="str", default=""),
+    Column(name="provenance", kind="str", default="{}"),
+    Column(name="weight", kind="float", default=1.0),
+)
+COLUMN_NAMES = tuple(c.name for c in COLUMNS)
+_SHAPE_FIELDS = ("hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
+                 "vocab_size", "activation")
+_POINT_FIELDS = ("kind", "tp", "micro_batch_size", "recompute", "precision", "attention", "group_size",
+                 "message_bytes", "inter_node")
+_VALUE_FIELDS = ("forward_ms", "backward_ms", "update_ms", "activation_bytes", "peak_allocated_bytes",
+                 "peak_reserved_bytes", "device_footprint_bytes", "infeasible", "origin", "source",
+                 "provenance", "weight")
+FIGURE_KEYS = ("peak_tflops_fp32", "peak_tflops_bf16", "hbm_gbps", "memory_gib")
+
+
+class StoreLocked(SystemFailure):
+    """Another process is writing the store (its PID is in the lock file)."""
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def sample_to_row(s: LayerSample) -> dict[str, Any]:
+    """A sample as a flat row keyed by :data:`COLUMN_NAMES` (plain Python values)."""
+    p = s.point
+    row: dict[str, Any] = {"gpu_type": p.gpu_type}
+    for f in _SHAPE_FIELDS:
+        row[f] = getattr(p.shape, f)
+    for f in _POINT_FIELDS:
+        row[f] = getattr(p, f)
+    for f in _VALUE_FIELDS:
+        row[f] = getattr(s, f)
+    for c in COLUMNS:
+        row[c.name] = _coerce(c, row[c.name])
+    return row
+
+
+def row_to_sample(row: dict[str, Any]) -> LayerSample:
+    """The inverse of :func:`sample_to_row`; checks kinds and origins."""
+    r = {c.name: _coerce(c, row[c.name]) for c in COLUMNS}
+    if r["kind"] not in SAMPLE_KINDS:
+        raise SpecError("unknown sample kind", field="kind", found=r["kind"], allowed=", ".join(SAMPLE_KINDS))
+    if r["origin"] not in SAMPLE_ORIGINS:
+        raise SpecError("unknown sample origin", field="origin", found=r["origin"],
+                        allowed=", ".join(SAMPLE_ORIGINS))
+    shape = LayerShape(**{f: r[f] for f in _SHAPE_FIELDS})
+    point = ProfilePoint(gpu_type=r["gpu_type"], shape=shape, **{f: r[f] for f in _POINT_FIELDS})
+    return LayerSample(point=point, **{f: r[f] for f in _VALUE_FIELDS})
+
+
+def _coerce(c: Column, v: Any) -> Any:
+    if c.kind == "str":
+        if isinstance(v, bytes):
+            v = v.decode("utf-8")
+        if not isinstance(v, str):
+            raise SpecError("expected text", field=c.name, found=v)
+        return v
+    if c.kind == "bool":
+        if hasattr(v, "item"):
+            v = v.item()
+        if not isinstance(v, (bool, int)) or v not in (0, 1):
+            raise SpecError("expected true or false", field=c.name, found=v)
+        return bool(v)
+    if c.kind == "int":
+        if hasattr(v, "item"):
+            v = v.item()
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer():
+                return int(v)
+            raise SpecError("expected a whole number", field=c.name, found=v)
+        return int(v)
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(float(v)):
+        raise SpecError("expected a number", field=c.name, found=v)
+    return float(v)
+
+
+def _row_key(row: dict[str, Any]) -> tuple:
+    return tuple(row[n] for n in COLUMN_NAMES)
+
+
+def _row_digest(row: dict[str, Any]) -> str:
+    # repr() of a float is its shortest round-trip form: equal floats, equal text.
+    text = json.dumps([repr(row[n]) if isinstance(row[n], float) else row[n] for n in COLUMN_NAMES],
+                      ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _check_gpu_name(name: str) -> None:
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        raise SpecError("a GPU type name must be non-empty and must not contain '/'", field="gpu_type",
+                        found=name)
+
+
+# --------------------------------------------------------------------------- the store
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """Everything in the file, read at once (tables as rows, figures per type)."""
+
+    rows: dict[str, list[dict[str, Any]]]
+    figures: dict[str, dict]
+
+
+class ProfileStore:
+    """An HDF5 profile store at ``path`` (created on the first write).
+
+    Construction does no I/O. Reads never lock; writes take the writer lock for
+    the duration of one call, or for a whole ``with store.writer():`` block.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, lock_timeout_s: float = 0.0) -> None:
+        self.path = Path(path)
+        self.lock_path = Path(str(self.path) + ".lock")
+        self.lock_timeout_s = lock_timeout_s
+        self._lock_depth = 0
+        self._cache_key: tuple | None = None
+        self._cache: _Snapshot | None = None
+
+    def __repr__(self) -> str:
+        return f"ProfileStore({str(self.path)!r})"
+
+    # ------------------------------------------------------------------ reading
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def _read(self) -> _Snapshot:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return _Snapshot(rows={}, figures={})
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key == self._cache_key and self._cache is not None:
+            return self._cache
+        snap = self._read_file()
+        self._cache_key, self._cache = key, snap
+        return snap
+
+    def _read_file(self) -> _Snapshot:
+        import h5py
+
+        try:
+            f = h5py.File(self.path, "r", locking=False)
+        except OSError as e:
+            raise SystemFailure(f"{self.path}: cannot open the profile store as HDF5: {e}") from None
+        with f:
+            fmt = f.attrs.get("format")
+            fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+            if fmt != FORMAT_NAME:
+                raise SpecError("not a memx profile store", file=str(self.path), field="format", found=fmt,
+                                allowed=FORMAT_NAME)
+            version = int(f.attrs.get("schema_version", -1))
+            if version != SCHEMA_VERSION:
+                raise SpecError("unsupported store schema version", file=str(self.path), field="schema_version",
+                                found=version, allowed=str(SCHEMA_VERSION))
+            rows: dict[str, list[dict[str, Any]]] = {}
+            figures: dict[str, dict] = {}
+            for gname, g in f.get("gpu", {}).items():
+                gpu = g.attrs.get("gpu_type", gname)
+                gpu = gpu.decode() if isinstance(gpu, bytes) else str(gpu)
+                fig = g.attrs.get("device_figures", "")
+                fig = fig.decode() if isinstance(fig, bytes) else str(fig)
+                if fig:
+                    figures[gpu] = json.loads(fig)
+                cols = {}
+                for c in COLUMNS:
+                    if c.name == "gpu_type":
+                        continue
+                    if c.name not in g:
+                        raise SystemFailure(f"{self.path}: table gpu/{gname} lacks column {c.name!r}")
+                    ds = g[c.name]
+                    cols[c.name] = ds.asstr()[()] if c.kind == "str" else ds[()]
+                n = len(cols["kind"])
+                table = []
+                for i in range(n):
+                    row: dict[str, Any] = {"gpu_type": gpu}
+                    for c in COLUMNS[1:]:
+                        row[c.name] = _coerce(c, cols[c.name][i])
+                    table.append(row)
+                rows[gpu] = table
+        return _Snapshot(rows=rows, figures=figures)
+
+    def samples(self, *, gpu_type: str | None = None, kind: str | None = None,
+                origins: Iterable[str] | None = None) -> list[LayerSample]:
+        """Samples, optionally only of one GPU type, one kind, and some origins (stored order)."""
+        snap = self._read()
+        wanted = set(origins) if origins is not None else None
+        out = []
+        for gpu, table in snap.rows.items():
+            if gpu_type is not None and gpu != gpu_type:
+                continue
+            for row in table:
+                if kind is not None and row["kind"] != kind:
+                    continue
+                if wanted is not None and row["origin"] not in wanted:
+                    continue
+                out.append(row_to_sample(row))
+        return out
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self._read().rows.values())
+
+    def gpu_types(self) -> list[str]:
+        """GPU types that have samples or device figures, sorted."""
+        snap = self._read()
+        return sorted(set(snap.rows) | set(snap.figures))
+
+    def content_hash(self) -> str:
+        """sha256 over every sample, independent of the order they were added in.
+
+        Device figures are not part of it: they describe the device, not the samples.
+        """
+        digests = sorted(_row_digest(r) for t in self._read().rows.values() for r in t)
+        h = hashlib.sha256(f"{FORMAT_NAME}/{SCHEMA_VERSION}\n".encode())
+        for d in digests:
+            h.update(d.encode())
+        return h.hexdigest()
+
+    def stored_points(self, *, include_augmented: bool = False) -> set[ProfilePoint]:
+        """Every point that has a sample (measured or imported; feasible or not)."""
+        out = set()
+        for s in self.samples():
+            if s.origin == "augmented" and not include_augmented:
+                continue
+            out.add(s.point)
+        return out
+
+    def has_point(self, point: ProfilePoint) -> bool:
+        """True when ``point`` was measured or imported (an infeasible result counts:
+        it is known not to fit). Augmented samples are estimates and do not count."""
+        return point in self.stored_points()
+
+    def device_figures(self, gpu_type: str) -> dict | None:
+        """Figures measured at profile time for ``gpu_type`` (see :data:`FIGURE_KEYS`), or None."""
+        fig = self._read().figures.get(gpu_type)
+        return dict(fig) if fig is not None else None
+
+    def summary(self) -> list[dict]:
+        """Per GPU type: sample counts in total, by kind and by origin; infeasible count; figures."""
+        snap = self._read()
+        out = []
+        for gpu in self.gpu_types():
+            table = snap.rows.get(gpu, [])
+            by_kind: dict[str, int] = {}
+            by_origin: dict[str, int] = {}
+            for r in table:
+                by_kind[r["kind"]] = by_kind.get(r["kind"], 0) + 1
+                by_origin[r["origin"]] = by_origin.get(r["origin"], 0) + 1
+            out.append({
+                "gpu_type": gpu,
+                "samples": len(table),
+                "by_kind": dict(sorted(by_kind.items())),
+                "by_origin": dict(sorted(by_origin.items())),
+                "infeasible": sum(1 for r in table if r["infeasible"]),
+                "device_figures": snap.figures.get(gpu),
+            })
+        return out
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, samples: Iterable[LayerSample]) -> int:
+        """Add samples atomically; exact duplicates (every column equal, of a stored
+        sample or earlier in ``samples``) are skipped. Returns the number added."""
+        new_rows = []
+        for s in samples:
+            if not isinstance(s, LayerSample):
+                raise TypeError(f"append() takes LayerSample objects, got {type(s).__name__}")
+            row = sample_to_row(s)
+            _check_gpu_name(row["gpu_type"])
+            row_to_sample(row)  # validates kind and origin
+            new_rows.append(row)
+        if not new_rows:
+            return 0
+        with self.writer():
+            snap = self._read()
+            rows = {g: list(t) for g, t in snap.rows.items()}
+            seen = {g: {_row_key(r) for r in t} for g, t in rows.items()}
+            added = 0
+            for row in new_rows:
+                key = _row_key(row)
+                gset = seen.setdefault(row["gpu_type"], set())
+                if key in gset:
+                    continue
+                gset.add(key)
+                rows.setdefault(row["gpu_type"], []).append(row)
+                added += 1
+            if added:
+                self._write(_Snapshot(rows=rows, figures=snap.figures))
+            return added
+
+    def set_device_figures(self, gpu_type: str, figures: dict) -> None:
+        """Record the figures measured for a ``measured_at_profile_time`` device type."""
+        _check_gpu_name(gpu_type)
+        clean = {}
+        for k, v in figures.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise SpecError("device figures are positive finite numbers", field=f"device_figures.{k}", found=v)
+            clean[str(k)] = float(v)
+        missing = [k for k in FIGURE_KEYS if k not in clean]
+        if missing:
+            raise SpecError("device figures are incomplete", field="device_figures", found=sorted(clean),
+                            allowed=", ".join(FIGURE_KEYS))
+        with self.writer():
+            snap = self._read()
+            figs = dict(snap.figures)
+            figs[gpu_type] = clean
+            self._write(_Snapshot(rows=snap.rows, figures=figs))
+
+    @contextlib.contextmanager
+    def writer(self) -> Iterator["ProfileStore"]:
+        """Hold the writer lock for a block of writes (re-entrant within this object)."""
+        if self._lock_depth == 0:
+            self._acquire()
+        self._lock_depth += 1
+        try:
+            yield self
+        finally:
+            self._lock_depth -= 1
+            if self._lock_depth == 0:
+                self._release()
+
+    def _write(self, snap: _Snapshot) -> None:
+        import h5py
+        import numpy as np
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._clean_temps()
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        try:
+            with h5py.File(tmp, "w", locking=False) as f:
+                f.attrs["format"] = FORMAT_NAME
+                f.attrs["schema_version"] = SCHEMA_VERSION
+                top = f.create_group("gpu")
+                for gpu in sorted(set(snap.rows) | set(snap.figures)):
+                    g = top.create_group(gpu)
+                    g.attrs["gpu_type"] = gpu
+                    fig = snap.figures.get(gpu)
+                    g.attrs["device_figures"] = json.dumps(fig, sort_keys=True) if fig else ""
+                    table = snap.rows.get(gpu, [])
+                    for c in COLUMNS[1:]:
+                        vals = [r[c.name] for r in table]
+                        if c.kind == "str":
+                            g.create_dataset(c.name, data=np.array(vals, dtype=object),
+                                             dtype=h5py.string_dtype("utf-8"))
+                        elif c.kind == "int":
+                            g.create_dataset(c.name, data=np.array(vals, dtype=np.int64))
+                        elif c.kind == "bool":
+                            g.create_dataset(c.name, data=np.array(vals, dtype=np.bool_))
+                        else:
+                            g.create_dataset(c.name, data=np.array(vals, dtype=np.float64))
+                f.flush()
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+            _fsync_dir(self.path.parent)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        self._cache_key, self._cache = None, None
+
+    def _clean_temps(self) -> None:
+        """Remove temporary files left by writers that were killed mid-write."""
+        for t in self.path.parent.glob(f".{self.path.name}.tmp-*"):
+            try:
+                pid = int(t.name.rsplit("-", 1)[1])
+            except ValueError:
+                continue
+            if pid != os.getpid() and not _pid_alive(pid):
+                with contextlib.suppress(OSError):
+                    t.unlink()
+
+    # ------------------------------------------------------------------ the lock
+
+    def _acquire(self) -> None:
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        me = f"{os.getpid()}@{socket.gethostname()}"
+        deadline = time.monotonic() + self.lock_timeout_s
+        while True:
+            try:
+                fd = os.open(self.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is not None and holder[1] == socket.gethostname() and not _pid_alive(holder[0]):
+                    warnings.warn(f"breaking the stale lock {self.lock_path} of PID {holder[0]} "
+                                  "(that process no longer runs)", stacklevel=4)
+                    with contextlib.suppress(FileNotFoundError):
+                        self.lock_path.unlink()
+                    continue
+                if time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                who = f"PID {holder[0]} on {holder[1]}" if holder else "a process starting to write"
+                raise StoreLocked(f"store locked by {who}: {self.path} is being written; wait for it to finish, "
+                                  f"or remove {self.lock_path} if that process is gone")
+            with os.fdopen(fd, "w") as fh:
+                fh.write(me + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            return
+
+    def _holder(self) -> tuple[int, str] | None:
+        """(PID, host) from the lock file; None while it is being created or is unreadable."""
+        try:
+            text = self.lock_path.read_text().strip()
+        except FileNotFoundError:
+            return None
+        try:
+            pid_s, host = text.split("@", 1)
+            return int(pid_s), host
+        except ValueError:
+            # Empty or garbled: a writer between O_EXCL and write(), or a kill right
+            # there. Old enough means the latter; treat it as a lock of a dead PID.
+            try:
+                age = time.time() - self.lock_path.stat().st_mtime
+            except FileNotFoundError:
+                return None
+            return (0, socket.gethostname()) if age > 5 else None
+
+    def _release(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.lock_path.unlink()
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by its parent) holds nothing
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _fsync_dir(d: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

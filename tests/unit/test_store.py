@@ -1,0 +1,176 @@
+"""The HDF5 profile store: round trip, dedupe, hashing, the writer lock, atomicity under kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+
+from memx_hpc.errors import SpecError
+from memx_hpc.profile.store import SCHEMA_VERSION, ProfileStore, StoreLocked
+from memx_hpc.spec import LayerSample, LayerShape, ProfilePoint
+
+SHAPE = LayerShape(hidden_size=256, num_attention_heads=4, num_query_groups=4, ffn_hidden_size=1024,
+                   seq_length=128, vocab_size=1024)
+REPO = Path(__file__).resolve().parents[2]
+
+
+def sample(gpu: str = "cpu-4g", mbs: int = 1, tp: int = 1, recompute: str = "none", fwd: float = 1.25,
+           origin: str = "measured", kind: str = "layer", group_size: int = 1, message_bytes: int = 0,
+           inter_node: bool = False, **kw) -> LayerSample:
+    point = ProfilePoint(gpu_type=gpu, kind=kind, shape=SHAPE, tp=tp, micro_batch_size=mbs, recompute=recompute,
+                         precision="fp32", group_size=group_size, message_bytes=message_bytes, inter_node=inter_node)
+    return LayerSample(point=point, forward_ms=fwd, backward_ms=2 * fwd + 0.1, activation_bytes=1000 * mbs + 7,
+                       peak_allocated_bytes=3 * 2**20 + mbs, origin=origin, source="test",
+                       provenance=json.dumps({"host": "h", "note": "comma, quote \" and ünïcode"}), **kw)
+
+
+def test_round_trip_keeps_every_field(tmp_path):
+    st = ProfileStore(tmp_path / "s.h5")
+    assert not (tmp_path / "s.h5").exists()  # constructing does no I/O
+    assert st.samples() == [] and st.gpu_types() == []
+    batch = [sample(mbs=m, fwd=0.1 * m + 1e-9) for m in (1, 2, 4)]
+    batch += [sample(gpu="A100-80", tp=2, recompute="full", infeasible=True, weight=0.25, origin="imported")]
+    batch += [sample(kind="allreduce", fwd=3.0, group_size=2, message_bytes=2**20, inter_node=True)]
+    assert st.append(batch) == 5
+    again = ProfileStore(tmp_path / "s.h5")
+    got = again.samples()
+    assert sorted(got, key=repr) == sorted(batch, key=repr)
+    assert again.gpu_types() == ["A100-80", "cpu-4g"]
+    assert [s.point.kind for s in again.samples(kind="allreduce")] == ["allreduce"]
+    assert again.samples(gpu_type="A100-80", origins=["imported"])[0].infeasible is True
+    assert again.samples(gpu_type="A100-80", origins=["measured"]) == []
+
+
+def test_file_layout_has_schema_version_and_unit_columns(tmp_path):
+    st = ProfileStore(tmp_path / "s.h5")
+    st.append([sample()])
+    with h5py.File(tmp_path / "s.h5", "r") as f:
+        assert int(f.attrs["schema_version"]) == SCHEMA_VERSION
+        g = f["gpu/cpu-4g"]
+        for col in ("forward_ms", "backward_ms", "activation_bytes", "peak_allocated_bytes",
+                    "device_footprint_bytes", "origin", "provenance"):
+            assert col in g and g[col].shape == (1,)
+        assert json.loads(g["provenance"].asstr()[0])["host"] == "h"
+
+
+def test_dedupe_and_order_independent_hash(tmp_path):
+    a, b = ProfileStore(tmp_path / "a.h5"), ProfileStore(tmp_path / "b.h5")
+    xs = [sample(mbs=m) for m in (1, 2, 4, 8)]
+    assert a.append(xs + xs[:2]) == 4  # duplicates inside one call
+    assert a.append(xs[1:]) == 0  # duplicates of stored samples
+    b.append(list(reversed(xs)))
+    assert a.content_hash() == b.content_hash()
+    before = a.content_hash()
+    a.append([sample(mbs=1, fwd=1.2500001)])  # a different measurement of a stored point is kept
+    assert len(a.samples()) == 5 and a.content_hash() != before
+
+
+def test_has_point_ignores_augmented(tmp_path):
+    st = ProfileStore(tmp_path / "s.h5")
+    real, aug = sample(mbs=1), sample(mbs=2, origin="augmented")
+    st.append([real, aug])
+    assert st.has_point(real.point)
+    assert not st.has_point(aug.point)
+    assert not st.has_point(sample(mbs=3).point)
+
+
+def test_device_figures_and_summary(tmp_path):
+    st = ProfileStore(tmp_path / "s.h5")
+    assert st.device_figures("cpu-4g") is None
+    figs = {"peak_tflops_fp32": 0.11, "peak_tflops_bf16": 0.04, "hbm_gbps": 12.5, "memory_gib": 4}
+    st.set_device_figures("cpu-4g", figs)
+    st.append([sample(), sample(mbs=2, infeasible=True), sample(gpu="V100-32", origin="imported")])
+    assert st.device_figures("cpu-4g") == {k: float(v) for k, v in figs.items()}
+    summ = {r["gpu_type"]: r for r in st.summary()}
+    assert summ["cpu-4g"]["samples"] == 2 and summ["cpu-4g"]["infeasible"] == 1
+    assert summ["V100-32"]["by_origin"] == {"imported": 1}
+    with pytest.raises(SpecError, match="incomplete"):
+        st.set_device_figures("cpu-4g", {"hbm_gbps": 3})
+    with pytest.raises(SpecError, match="positive"):
+        st.set_device_figures("cpu-4g", {**figs, "hbm_gbps": -1})
+
+
+def test_rejects_files_that_are_not_stores(tmp_path):
+    p = tmp_path / "other.h5"
+    with h5py.File(p, "w") as f:
+        f.attrs["format"] = "something-else"
+    with pytest.raises(SpecError, match="not a memx profile store"):
+        ProfileStore(p).samples()
+    with pytest.raises(SpecError, match="must not contain '/'"):
+        ProfileStore(tmp_path / "x.h5").append([sample(gpu="a/b")])
+
+
+def _spawn(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_second_writer_gets_store_locked_by_pid(tmp_path):
+    path = tmp_path / "s.h5"
+    holder = _spawn(f"""
+        import sys, time
+        from memx_hpc.profile.store import ProfileStore
+        st = ProfileStore({str(path)!r})
+        with st.writer():
+            print("held", flush=True)
+            time.sleep(30)
+    """)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        st = ProfileStore(path)
+        with pytest.raises(StoreLocked, match=f"store locked by PID {holder.pid}"):
+            st.append([sample()])
+        assert st.samples() == []  # readers do not lock
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is dead now: its lock is stale and is broken with a warning
+    with pytest.warns(UserWarning, match=f"stale lock .* PID {holder.pid}"):
+        assert ProfileStore(path).append([sample()]) == 1
+    assert not Path(str(path) + ".lock").exists()
+
+
+def test_kill_mid_append_never_corrupts(tmp_path):
+    """SIGKILL a writer at varying moments: the file always opens and holds whole batches only."""
+    batch = 300
+    counts = set()
+    for trial, delay in enumerate((0.05, 0.13, 0.29, 0.41)):
+        path = tmp_path / f"s{trial}.h5"
+        w = _spawn(f"""
+            import sys
+            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            from test_store import sample
+            from memx_hpc.profile.store import ProfileStore
+            st = ProfileStore({str(path)!r})
+            for k in range(10**6):
+                st.append([sample(mbs=k * {batch} + i + 1) for i in range({batch})])
+                print(k, flush=True)
+        """)
+        assert w.stdout.readline().strip() == "0", w.stderr.read()  # at least one batch is in
+        time.sleep(delay)
+        w.send_signal(signal.SIGKILL)
+        w.wait()
+        st = ProfileStore(path)
+        mbs = [s.point.micro_batch_size for s in st.samples()]
+        assert len(mbs) % batch == 0 and len(mbs) >= batch  # whole batches only
+        assert sorted(mbs) == list(range(1, len(mbs) + 1))  # no torn or repeated rows
+        counts.add(len(mbs))
+        # The next writer works: a stale lock of the dead PID is broken, its temp file removed.
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert st.append([sample(mbs=10**7)]) == 1
+        if any("stale lock" in str(c.message) for c in caught):
+            assert str(w.pid) in str(caught[0].message)
+        assert not any(".tmp-" in p.name for p in tmp_path.iterdir())
+        assert len(ProfileStore(path).samples()) == len(mbs) + 1
+    assert len(counts) >= 2  # the kills landed at different moments
