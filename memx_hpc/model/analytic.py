@@ -1,0 +1,442 @@
+"""Closed-form costs of a Megatron-LM GPT model: parameters, state and activation memory, FLOPs.
+
+These are the priors and features of the predictor, not its answer: measured
+samples correct them. Every formula names its source. Conventions:
+
+* counts are *per tensor-parallel rank* (what one GPU holds) unless said otherwise;
+* ``e`` is bytes per activation element of ``precision`` (bf16/fp16: 2, fp32: 4),
+  ``m`` bytes per dropout-mask element (1 on CUDA/ROCm; 0 when dropout is off);
+* ``s`` sequence length, ``b`` micro-batch size, ``h`` hidden size, ``a`` attention
+  heads, ``g`` query groups (GQA), ``d = h / a`` head size, ``f`` FFN width per branch,
+  ``t`` tensor-parallel degree, ``V`` padded vocabulary.
+
+Only :func:`exact_params_megatron` imports torch/megatron-core, and it does so in a
+child process so that no process group or model-parallel state leaks into the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from typing import Union
+
+from ..errors import SpecError, SystemFailure
+from ..spec import BYTES_PER_ELEMENT, RECOMPUTE_MODES, GpuType, LayerShape, ModelSpec
+
+ShapeLike = Union[ModelSpec, LayerShape]
+
+#: Megatron-LM's ``--make-vocab-size-divisible-by`` default (megatron/training/arguments.py);
+#: the vocabulary is padded to a multiple of this times TP (``_vocab_size_with_padding``).
+VOCAB_DIVISIBLE_BY = 128
+
+#: Bytes per parameter of the optimizer states: Adam keeps fp32 first and second moments,
+#: Megatron's SGD keeps one fp32 momentum buffer.
+_OPTIMIZER_STATE_BYTES = {"adam": 8, "sgd": 4}
+
+ATTENTION_KINDS = ("sdpa", "core")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_tp(tp: int, *, heads: int | None = None, groups: int | None = None) -> None:
+    if not isinstance(tp, int) or tp < 1:
+        raise SpecError("tensor-parallel degree must be a whole number >= 1", field="tp", found=tp)
+    if heads is not None and heads % tp:
+        raise SpecError(f"num_attention_heads {heads} is not divisible by the tensor-parallel degree",
+                        field="tp", found=tp, allowed="divisors of num_attention_heads")
+    if groups is not None and groups % tp and tp % groups:
+        raise SpecError(f"num_query_groups {groups} and the tensor-parallel degree do not divide",
+                        field="tp", found=tp)
+
+
+def _bytes_per_element(precision: str) -> int:
+    try:
+        return BYTES_PER_ELEMENT[precision]
+    except KeyError:
+        raise SpecError("unknown precision", field="precision", found=precision,
+                        allowed=", ".join(BYTES_PER_ELEMENT)) from None
+
+
+def _kv_hidden(shape: ShapeLike) -> int:
+    """Width of K (or V): query groups times head size (GQA; equal to h without GQA)."""
+    return shape.num_query_groups * (shape.hidden_size // shape.num_attention_heads)
+
+
+def _mlp_branches(shape: ShapeLike) -> int:
+    """SwiGLU's first linear layer has two branches (gate and up); GeLU's one."""
+    return 2 if shape.activation == "swiglu" else 1
+
+
+def _norm_params(model: ModelSpec) -> int:
+    """LayerNorm has weight and bias; RMSNorm only a weight."""
+    return 2 * model.hidden_size if model.normalization == "layernorm" else model.hidden_size
+
+
+def padded_vocab_size(vocab_size: int, tp: int = 1, divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
+    """The vocabulary Megatron-LM allocates: padded to a multiple of ``divisible_by * tp``.
+
+    Source: ``_vocab_size_with_padding`` in megatron/training/tokenizer (Megatron-LM);
+    Sailor's ``llm_info.json`` counts OPT-350's embedding with the same padding (50272 -> 50304).
+    """
+    multiple = divisible_by * tp
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def layer_params(model: ModelSpec, tp: int = 1) -> int:
+    """Parameters of one transformer layer held by one TP rank.
+
+    Megatron-core's GPT layer (local or Transformer Engine spec, same counts):
+    ``linear_qkv`` is column-parallel, ``h x (h + 2·g·d)`` (GQA: K and V have ``g``
+    heads); ``linear_proj`` row-parallel ``h x h``; ``linear_fc1`` column-parallel
+    ``h x f`` per branch (SwiGLU: 2 branches); ``linear_fc2`` row-parallel ``f x h``.
+    Column-parallel biases are split over TP, row-parallel biases are replicated
+    (``RowParallelLinear`` adds its bias after the all-reduce). The two norms are
+    replicated. Biases exist when ``add_bias_linear`` (megatron-core also has
+    ``add_qkv_bias``, which the model spec does not use).
+    """
+    _check_tp(tp, heads=model.num_attention_heads, groups=model.num_query_groups)
+    h, f = model.hidden_size, model.ffn_hidden_size
+    qkv_out = h + 2 * _kv_hidden(model)
+    fc1_out = _mlp_branches(model) * f
+    weights = (h * qkv_out + h * h + h * fc1_out + f * h) // tp
+    biases = 0
+    if model.add_bias_linear:
+        biases = (qkv_out + fc1_out) // tp + 2 * h  # column-parallel split; proj and fc2 replicated
+    return weights + biases + 2 * _norm_params(model)
+
+
+def embedding_params(model: ModelSpec, tp: int = 1) -> int:
+    """Input embedding on the first stage: word embeddings sharded over TP (padded vocabulary,
+    ``VocabParallelEmbedding``) plus learned position embeddings (replicated) when
+    ``position_embedding == 'learned'``; RoPE has no parameters.
+    """
+    _check_tp(tp)
+    words = padded_vocab_size(model.vocab_size, tp) * model.hidden_size // tp
+    pos = model.seq_length * model.hidden_size if model.position_embedding == "learned" else 0
+    return words + pos
+
+
+def head_params(model: ModelSpec, tp: int = 1, *, pp: int = 1) -> int:
+    """Output layer on the last stage (column-parallel ``V x h``, no bias).
+
+    With tied embeddings and one pipeline stage the output layer *is* the word
+    embedding: 0 extra parameters. With ``pp > 1`` Megatron keeps a copy of the word
+    embedding on the last stage and all-reduces its gradient with the first stage
+    (``LanguageModule.setup_embeddings_and_output_layer``), so the copy counts there.
+    """
+    _check_tp(tp)
+    if model.tied_embeddings and pp == 1:
+        return 0
+    return padded_vocab_size(model.vocab_size, tp) * model.hidden_size // tp
+
+
+def stage_params(model: ModelSpec, num_layers: int, *, first: bool, last: bool, tp: int, pp: int) -> int:
+    """Parameters one TP rank of a pipeline stage holds: its layers, the embedding on the
+    first stage, the output layer (see :func:`head_params`) and the final norm on the last."""
+    if num_layers < 0:
+        raise SpecError("a stage cannot have a negative number of layers", field="num_layers", found=num_layers)
+    n = num_layers * layer_params(model, tp)
+    if first:
+        n += embedding_params(model, tp)
+    if last:
+        n += head_params(model, tp, pp=pp) + _norm_params(model)
+    return n
+
+
+def state_bytes(params: int, *, precision: str, optimizer: str, distributed_optimizer: bool, dp: int) -> int:
+    """Weights + gradients + optimizer states per GPU for ``params`` parameters, as Megatron holds them.
+
+    Source: Megatron-LM ``docs/source/api-guide/dist_optimizer.md`` (bytes per parameter,
+    non-distributed / distributed over ``d`` data-parallel ranks):
+    fp16 params & grads: 20 / 4 + 16/d; bf16 params, fp32 grads: 18 / 6 + 12/d;
+    fp32: 16 / 8 + 8/d — the ZeRO-1 partitioning of Rajbhandari et al. 2020 (§5.1).
+    Decomposition: the model weights (e bytes) and the gradient buffer (fp32 for bf16,
+    because Megatron accumulates bf16 gradients in fp32; e bytes otherwise) are never
+    sharded; the fp32 main parameters (mixed precision only), the fp32 main gradients
+    (fp16 only) and the optimizer states (Adam 8, SGD 4 bytes) are sharded by the
+    distributed optimizer.
+    """
+    if params < 0:
+        raise SpecError("parameter count must be >= 0", field="params", found=params)
+    if optimizer not in _OPTIMIZER_STATE_BYTES:
+        raise SpecError("unknown optimizer", field="optimizer", found=optimizer,
+                        allowed=", ".join(_OPTIMIZER_STATE_BYTES))
+    if dp < 1:
+        raise SpecError("data-parallel degree must be >= 1", field="dp", found=dp)
+    e = _bytes_per_element(precision)
+    opt = _OPTIMIZER_STATE_BYTES[optimizer]
+    if precision == "bf16":
+        fixed, shardable = 2 + 4, 4 + opt
+    elif precision == "fp16":
+        fixed, shardable = 2 + 2, 4 + 4 + opt
+    else:
+        fixed, shardable = e + e, opt
+    if distributed_optimizer:
+        return fixed * params + math.ceil(shardable * params / dp)
+    return (fixed + shardable) * params
+
+
+# --------------------------------------------------------------------------- activations
+
+
+def _terms(shape: ShapeLike, *, micro_batch_size: int, precision: str, attention: str,
+           dropout_mask_bytes: int) -> dict[str, float]:
+    """Per-layer saved-activation bytes, split into what TP replicates (without sequence
+    parallelism) and what it divides, before any division (t = 1)."""
+    if attention not in ATTENTION_KINDS:
+        raise SpecError("unknown attention kind", field="attention", found=attention,
+                        allowed=", ".join(ATTENTION_KINDS))
+    if micro_batch_size < 1:
+        raise SpecError("micro-batch size must be >= 1", field="micro_batch_size", found=micro_batch_size)
+    e = _bytes_per_element(precision)
+    m = dropout_mask_bytes
+    s, b, h = shape.seq_length, micro_batch_size, shape.hidden_size
+    a, f = shape.num_attention_heads, shape.ffn_hidden_size
+    sb = s * b
+    # K and V as the attention kernel keeps them: megatron-core's unfused DotProductAttention
+    # expands GQA's K and V to all heads (repeat_interleave) before the batched matmuls, so
+    # they are saved at full width; SDPA / flash attention keep the g-head tensors.
+    kv = h if attention == "core" else _kv_hidden(shape)
+    # Korthikanti et al. 2022, §4.1 (attention 11sbh + 5as²b, MLP 19sbh, norms 4sbh at e=2, m=1),
+    # generalised to e, m, GQA and SwiGLU:
+    replicated = sb * (
+        2 * e * h  # inputs of the two norms
+        + e * h  # QKV matmul input (first norm's output)
+        + e * h  # MLP fc1 input (second norm's output)
+        + 2 * m * h  # dropout masks after attention and after the MLP
+    )
+    divided = sb * (
+        e * h  # Q (for QK^T)
+        + 2 * e * kv  # K (for QK^T) and V (for attention over values)
+        + e * h  # linear_proj input
+        + e * f * (3 if shape.activation == "swiglu" else 2)  # GeLU: its input + fc2 input; SwiGLU: fc1 out (2f) + fc2 in
+    )
+    if attention == "core":
+        # softmax output (e), its dropout mask (m) and the dropout output (e) per score;
+        # without attention dropout the softmax output is the only copy.
+        per_score = (2 * e + m) if m > 0 else e
+        scores = a * s * s * b * per_score
+    else:
+        # fused attention keeps only the log-sum-exp, fp32, one per head and token.
+        scores = 4 * a * s * b
+    return {"replicated": replicated, "divided": divided, "scores": scores, "input": e * sb * h}
+
+
+def activation_bytes_per_layer(model: ShapeLike, *, micro_batch_size: int, tp: int, recompute: str,
+                               precision: str, attention: str, sequence_parallel: bool = False,
+                               dropout_mask_bytes: int = 1) -> int:
+    """Bytes one transformer layer keeps for backward, per in-flight micro-batch, on one TP rank.
+
+    Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+    Models", Eq. 1-2 and Table 2, generalised (``e`` bytes per element, ``m`` per mask
+    element; the paper has e=2, m=1):
+
+    * no recompute, unfused ("core") attention: ``sbh(16e + 2m) + a·s²·b·(2e + m)``;
+      with fused SDPA/flash attention the s² matrices are not kept, only the fp32
+      log-sum-exp: ``sbh(16e + 2m) + 4·a·s·b``;
+    * selective recompute (core attention recomputed): ``sbh(16e + 2m)``;
+    * full recompute: only the layer input, ``e·sbh``.
+
+    GQA shrinks K and V to ``g·d`` wide for SDPA (the unfused kernel expands them); SwiGLU
+    keeps fc1's two-branch output (2f) and fc2's input (f) instead of GeLU's 2 × f.
+    Tensor parallelism divides Q/K/V, the projection input, the MLP interior and the
+    scores by ``t``; the norm inputs, the two matmul inputs and the dropout masks are
+    replicated unless sequence parallelism also divides them (the paper's
+    ``sbh(10 + 24/t + 5as/(ht))``). The full-recompute checkpoint is replicated without
+    sequence parallelism (Megatron's ``distribute_saved_activations`` is off by default).
+    Small per-token statistics of the norms (mean/rstd) are left out (< 0.1 %).
+    """
+    if recompute not in RECOMPUTE_MODES:
+        raise SpecError("unknown recompute mode", field="recompute", found=recompute,
+                        allowed=", ".join(RECOMPUTE_MODES))
+    _check_tp(tp, heads=model.num_attention_heads, groups=model.num_query_groups)
+    if dropout_mask_bytes < 0:
+        raise SpecError("dropout mask bytes must be >= 0", field="dropout_mask_bytes", found=dropout_mask_bytes)
+    t = _terms(model, micro_batch_size=micro_batch_size, precision=precision, attention=attention,
+               dropout_mask_bytes=dropout_mask_bytes)
+    if recompute == "full":
+        return int(t["input"] // tp if sequence_parallel else t["input"])
+    rep = t["replicated"] / tp if sequence_parallel else t["replicated"]
+    total = rep + t["divided"] / tp
+    if recompute == "none":
+        total += t["scores"] / tp
+    return int(round(total))
+
+
+def embedding_activation_bytes(shape: ShapeLike, *, micro_batch_size: int, tp: int, precision: str,
+                               sequence_parallel: bool = False, dropout_mask_bytes: int = 1) -> int:
+    """Saved activations of the input embedding: only its output dropout mask (``m·sbh``);
+    the lookup keeps the token ids, which are negligible (Korthikanti et al. 2022, §4.3)."""
+    s, b, h = shape.seq_length, micro_batch_size, shape.hidden_size
+    total = dropout_mask_bytes * s * b * h
+    return int(total // tp if sequence_parallel else total)
+
+
+def head_activation_bytes(shape: ShapeLike, *, micro_batch_size: int, tp: int, precision: str,
+                          sequence_parallel: bool = False) -> int:
+    """Saved activations of the final norm, output layer and loss: the norm input and the
+    output layer's input (``e·sbh`` each; replicated without sequence parallelism) and the
+    fp32 logits the cross entropy keeps (``4·s·b·V/t``, Korthikanti et al. 2022, §4.3)."""
+    e = _bytes_per_element(precision)
+    s, b, h = shape.seq_length, micro_batch_size, shape.hidden_size
+    v = padded_vocab_size(shape.vocab_size, tp)
+    rep = 2 * e * s * b * h
+    if sequence_parallel:
+        rep //= tp
+    return int(rep + 4 * s * b * v // tp)
+
+
+# --------------------------------------------------------------------------- FLOPs and bytes moved
+
+
+def layer_flops(model_or_shape: ShapeLike, *, micro_batch_size: int) -> float:
+    """Forward FLOPs of one transformer layer (whole layer, all TP ranks together).
+
+    Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+    Clusters", §5.1: ``24·b·s·h² + 4·b·s²·h`` per layer forward (multiply-add = 2 FLOPs),
+    generalised: QKV ``2sbh(h + 2gd)``, projection ``2sbh²``, MLP ``2sbhf`` per matrix
+    (GeLU 2 matrices, SwiGLU 3), scores and attention over values ``4bs²h`` (the paper
+    counts the full s² product, causal masking or not). Backward is 2x forward.
+    """
+    s, b, h = model_or_shape.seq_length, micro_batch_size, model_or_shape.hidden_size
+    f = model_or_shape.ffn_hidden_size
+    mats = 3 if model_or_shape.activation == "swiglu" else 2
+    return float(2 * s * b * h * (h + 2 * _kv_hidden(model_or_shape)) + 2 * s * b * h * h
+                 + 2 * s * b * h * f * mats + 4 * b * s * s * h)
+
+
+def attention_score_flops(model_or_shape: ShapeLike, *, micro_batch_size: int) -> float:
+    """The ``4·b·s²·h`` part of :func:`layer_flops` (what selective recompute repeats)."""
+    s, b, h = model_or_shape.seq_length, micro_batch_size, model_or_shape.hidden_size
+    return float(4 * b * s * s * h)
+
+
+def head_flops(shape: ShapeLike, *, micro_batch_size: int) -> float:
+    """Forward FLOPs of the output layer: ``2·s·b·h·V`` (Narayanan et al. 2021, §5.1)."""
+    return float(2 * shape.seq_length * micro_batch_size * shape.hidden_size * padded_vocab_size(shape.vocab_size))
+
+
+def layer_traffic_bytes(shape: ShapeLike, *, micro_batch_size: int, tp: int, precision: str,
+                        attention: str, sequence_parallel: bool = False) -> float:
+    """Device-memory bytes the memory-bound (non-matmul) kernels of one layer's forward move
+    on one TP rank: the per-kernel roofline's second term (Williams et al. 2009).
+
+    Counted: two norms (read + write ``sbh``), two bias-dropout-adds (read x and residual,
+    write out and the mask), the activation function (GeLU: read f, write f; SwiGLU: read
+    2f, write f), RoPE-free Q/K/V reads and output write of fused attention, or for the
+    unfused kernel the s² score matrix written by QK^T, read/written by softmax and dropout.
+    Matmul operand traffic is left out (compute-bound at these sizes).
+    """
+    e = _bytes_per_element(precision)
+    m = 1
+    s, b, h = shape.seq_length, micro_batch_size, shape.hidden_size
+    a, f = shape.num_attention_heads, shape.ffn_hidden_size
+    sb = s * b
+    rep = sb * (2 * 2 * e * h + 2 * (4 * e + m) * h)
+    if sequence_parallel:
+        rep /= tp
+    act = (3 if shape.activation == "swiglu" else 2) * e * f
+    if attention == "core":
+        att = a * s * s * b * (e + 2 * e + 2 * e + m)
+    else:
+        att = e * sb * (2 * h + 2 * _kv_hidden(shape))
+    return float(rep + (sb * act + att) / tp)
+
+
+def tp_allreduce_bytes(shape: ShapeLike, *, micro_batch_size: int, precision: str) -> float:
+    """Bytes of the tensor-parallel collectives of one layer's forward: two all-reduces
+    (or, with sequence parallelism, all-gather + reduce-scatter of the same volume) of
+    the ``s·b·h`` activation (Shoeybi et al. 2019, Megatron-LM, §3, Fig. 4)."""
+    return float(2 * _bytes_per_element(precision) * shape.seq_length * micro_batch_size * shape.hidden_size)
+
+
+def ring_allreduce_ms(message_bytes: float, group_size: int, link_gbps: float) -> float:
+    """Ring all-reduce time: ``2(n-1)/n · bytes / bandwidth`` (Patarasuk & Yuan 2009)."""
+    if group_size <= 1:
+        return 0.0
+    return 2.0 * (group_size - 1) / group_size * message_bytes / (link_gbps * 1e9) * 1e3
+
+
+def optimizer_step_ms(params: int, gpu: GpuType, *, precision: str, optimizer: str,
+                      distributed_optimizer: bool, dp: int) -> float:
+    """Memory-bandwidth-bound optimizer step for ``params`` parameters on one GPU (ms).
+
+    An element-wise Adam step over the fp32 main copy reads the main parameter, the
+    gradient and both moments and writes parameter and moments back (7 × 4 bytes), then
+    writes the half-precision model weight (2 bytes): 30 bytes per parameter at peak
+    device bandwidth (SGD: 5 × 4 + 2). With the distributed optimizer each rank steps
+    only its 1/dp shard. A lower bound: real steps run at 60-90 % of peak bandwidth.
+    """
+    if dp < 1:
+        raise SpecError("data-parallel degree must be >= 1", field="dp", found=dp)
+    if optimizer not in _OPTIMIZER_STATE_BYTES:
+        raise SpecError("unknown optimizer", field="optimizer", found=optimizer,
+                        allowed=", ".join(_OPTIMIZER_STATE_BYTES))
+    per_param = (7 if optimizer == "adam" else 5) * 4
+    if precision != "fp32":
+        per_param += _bytes_per_element(precision)
+    n = params / dp if distributed_optimizer else params
+    return n * per_param / (gpu.hbm_gbps * 1e9) * 1e3
+
+
+# --------------------------------------------------------------------------- exact count (megatron-core)
+
+
+_EXACT_SCRIPT = r"""
+import json, sys, warnings
+warnings.filterwarnings("ignore")
+import torch, torch.nn.functional as F
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+spec = json.loads(sys.argv[1])
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+ps.initialize_model_parallel(1, 1)
+norm = "RMSNorm" if spec["normalization"] == "rmsnorm" else "LayerNorm"
+swiglu = spec["activation"] == "swiglu"
+cfg = TransformerConfig(
+    num_layers=spec["num_layers"], hidden_size=spec["hidden_size"],
+    num_attention_heads=spec["num_attention_heads"], num_query_groups=spec["num_query_groups"],
+    ffn_hidden_size=spec["ffn_hidden_size"], gated_linear_unit=swiglu,
+    activation_func=F.silu if swiglu else F.gelu, bias_activation_fusion=False,
+    normalization=norm, add_bias_linear=spec["add_bias_linear"], use_cpu_initialization=True)
+with torch.device("meta"):
+    model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization=norm),
+                     vocab_size=spec["vocab_size"], max_sequence_length=spec["seq_length"],
+                     position_embedding_type="learned_absolute" if spec["position_embedding"] == "learned" else "rope",
+                     share_embeddings_and_output_weights=spec["tied_embeddings"])
+print(json.dumps(sum(p.numel() for p in model.parameters())))
+ps.destroy_model_parallel()
+dist.destroy_process_group()
+"""
+
+
+def exact_params_megatron(model: ModelSpec, *, pad_vocab: bool = True, timeout_s: float = 120.0) -> int:
+    """Total parameters of ``model`` as megatron-core's ``GPTModel`` builds it (TP = PP = 1).
+
+    The model is built under ``torch.device("meta")`` (no memory) in a child Python so
+    that the process group and megatron's model-parallel globals stay out of the caller.
+    ``pad_vocab`` pads the vocabulary as Megatron-LM's training script does. Used to
+    check the closed forms above exactly (Llama-2-7B: 6,738,415,616).
+    """
+    spec = {k: getattr(model, k) for k in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+                                            "ffn_hidden_size", "seq_length", "activation", "normalization",
+                                            "add_bias_linear", "position_embedding", "tied_embeddings")}
+    spec["vocab_size"] = padded_vocab_size(model.vocab_size) if pad_vocab else model.vocab_size
+    try:
+        proc = subprocess.run([sys.executable, "-c", _EXACT_SCRIPT, json.dumps(spec)], capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise SystemFailure(f"building {model.name} on the meta device took longer than {timeout_s:g} s") from None
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise SystemFailure(f"megatron-core could not build {model.name}: {' / '.join(tail)}")
+    return int(json.loads(proc.stdout.strip().splitlines()[-1]))

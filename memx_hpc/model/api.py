@@ -1,0 +1,243 @@
+"""The interface between cost models and the search: what is asked, what comes back.
+
+The search composes a plan from per-layer costs. It asks a :class:`CostModel` for a
+batch of :class:`LayerQuery` rows and gets an ``(n, 2)`` array: forward+backward
+milliseconds of ONE layer (or embedding / head) for ONE micro-batch on one GPU of a
+TP group (recomputation and the layer's own tensor-parallel collectives included),
+and the activation bytes that layer keeps for backward per in-flight micro-batch.
+
+Two implementations: :class:`AnalyticCostModel` (datasheet roofline + the analytic
+memory formula; the fallback before anything is fitted, and the "pure roofline"
+baseline) and :class:`memx_hpc.model.predictor.Predictor` (XGBoost, fitted on samples).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from ..errors import SpecError
+from ..spec import PRECISIONS, RECOMPUTE_MODES, GpuType, LayerShape
+from . import analytic
+
+QUERY_KINDS = ("layer", "embedding", "head")
+PROVENANCES = ("measured", "imported", "augmented", "datasheet-only")
+
+#: Runtime memory beyond allocated tensors, per device, when nothing was measured:
+#: the driver context (CUDA 12 with lazy module loading ~0.5 GiB on A100/H100; HIP's is
+#: larger), NCCL/RCCL communicator buffers (NCCL_BUFFSIZE 4 MiB x channels x peers, a few
+#: hundred MiB for TP + DP + PP groups), cuBLAS/hipBLAS workspaces, and the caching
+#: allocator's reserved-but-unallocated slack. Sailor's measured GH200 plans
+#: (../shared/data/sailor/validation_dev) show the device figure exceeding allocated bytes
+#: by GiBs, so these defaults are deliberately not small. A fitted Predictor replaces them.
+DEFAULT_OVERHEAD_GIB = {"nvidia": 1.5, "amd": 2.0, "intel": 1.5, "cpu": 0.25}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerQuery:
+    """One cost question: a layer of ``shape`` on ``gpu_type`` at one setting.
+
+    ``kind`` is ``layer`` (one transformer layer), ``embedding`` (input embedding) or
+    ``head`` (final norm, output layer and loss). ``tp`` is the tensor-parallel degree;
+    costs are per GPU of the TP group.
+    """
+
+    gpu_type: str
+    kind: str = "layer"
+    shape: LayerShape
+    tp: int
+    micro_batch_size: int
+    recompute: str
+    precision: str
+    attention: str = "sdpa"
+    sequence_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in QUERY_KINDS:
+            raise SpecError("unknown query kind", field="kind", found=self.kind, allowed=", ".join(QUERY_KINDS))
+        if self.recompute not in RECOMPUTE_MODES:
+            raise SpecError("unknown recompute mode", field="recompute", found=self.recompute,
+                            allowed=", ".join(RECOMPUTE_MODES))
+        if self.precision not in PRECISIONS:
+            raise SpecError("unknown precision", field="precision", found=self.precision,
+                            allowed=", ".join(PRECISIONS))
+        if self.attention not in analytic.ATTENTION_KINDS:
+            raise SpecError("unknown attention kind", field="attention", found=self.attention,
+                            allowed=", ".join(analytic.ATTENTION_KINDS))
+        for name in ("tp", "micro_batch_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SpecError(f"{name} must be a whole number >= 1", field=name, found=v)
+        if self.sequence_parallel and self.tp == 1:
+            raise SpecError("sequence parallelism needs tp > 1", field="sequence_parallel", found=True)
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """What the search needs from a cost model."""
+
+    identity: str  # stable hex digest; changes when the model or its training data change
+
+    def predict(self, queries: Sequence[LayerQuery]) -> np.ndarray:
+        """``(n, 2)`` float64: ``[:, 0]`` forward+backward ms of ONE layer for ONE micro-batch
+        (recompute included), ``[:, 1]`` activation bytes kept for backward per in-flight
+        micro-batch."""
+        ...
+
+    def overhead_bytes(self, gpu_type: str) -> int:
+        """Per-device runtime context + communication buffers + allocator slack beyond
+        allocated tensors."""
+        ...
+
+    def provenance(self, gpu_type: str) -> str:
+        """Where this GPU type's numbers come from: measured | imported | augmented | datasheet-only."""
+        ...
+
+
+def forward_fraction(recompute: str) -> float:
+    """Share of the forward pass in a layer's forward+backward time.
+
+    Backward costs about twice the forward (two matmuls per forward matmul: Narayanan
+    et al. 2021, §5.1), so 1/3 without recompute. Full recompute runs the forward again
+    inside the backward: 1/(1 + 1 + 2) = 1/4. Selective recompute repeats only the
+    attention scores (a few % of the layer), so it stays at 1/3.
+    """
+    if recompute not in RECOMPUTE_MODES:
+        raise SpecError("unknown recompute mode", field="recompute", found=recompute,
+                        allowed=", ".join(RECOMPUTE_MODES))
+    return 0.25 if recompute == "full" else 1.0 / 3.0
+
+
+def resolve_gpu(where: Any, name: str) -> GpuType:
+    """A GPU type from a Site (site types, then the catalog, aliases included) or a Catalog."""
+    if hasattr(where, "gpu"):
+        return where.gpu(name)
+    if hasattr(where, "get"):
+        return where.get(name)
+    raise TypeError(f"expected a Site or a Catalog, got {type(where).__name__}")
+
+
+# --------------------------------------------------------------------------- roofline
+
+
+def roofline_components(q: LayerQuery, gpu: GpuType) -> dict[str, float]:
+    """The per-kernel roofline of one query on ``gpu`` at datasheet peaks (ms).
+
+    ``compute_ms``: FLOPs per TP rank / peak dense throughput; ``memory_ms``: bytes the
+    memory-bound kernels move / peak bandwidth (Williams et al. 2009, "Roofline");
+    ``comm_ms``: the layer's TP collectives over the GPU's link (ring all-reduce);
+    each for forward+backward with recomputation. ``fwd_*`` are the forward parts.
+    """
+    peak = gpu.peak_tflops(q.precision) * 1e12
+    bw = gpu.hbm_gbps * 1e9
+    s = q.shape
+    b, t = q.micro_batch_size, q.tp
+    e = analytic.BYTES_PER_ELEMENT[q.precision]
+    if q.kind == "layer":
+        fwd_flops = analytic.layer_flops(s, micro_batch_size=b) / t
+        fwd_bytes = analytic.layer_traffic_bytes(s, micro_batch_size=b, tp=t, precision=q.precision,
+                                                 attention=q.attention, sequence_parallel=q.sequence_parallel)
+        fwd_comm = analytic.ring_allreduce_ms(analytic.tp_allreduce_bytes(s, micro_batch_size=b, precision=q.precision),
+                                              t, gpu.link_gbps)
+        flops, traffic, comm = 3 * fwd_flops, 3 * fwd_bytes, 2 * fwd_comm
+        if q.recompute == "full":
+            flops, traffic, comm = flops + fwd_flops, traffic + fwd_bytes, comm + fwd_comm
+        elif q.recompute == "selective":
+            flops += analytic.attention_score_flops(s, micro_batch_size=b) / t
+            if q.attention == "core":
+                traffic += s.num_attention_heads * s.seq_length ** 2 * b * 3 * e / t
+    elif q.kind == "embedding":
+        v = analytic.padded_vocab_size(s.vocab_size, t)
+        sbh = s.seq_length * b * s.hidden_size
+        fwd_flops = 0.0
+        fwd_bytes = (2 * e + 1) * sbh
+        # backward: a dense gradient of the (V/t) x h table is zeroed, scattered into and
+        # accumulated into the fp32 main-gradient buffer.
+        flops, traffic = 0.0, fwd_bytes + e * sbh + (e + 4 + 4) * v * s.hidden_size / t
+        fwd_comm = analytic.ring_allreduce_ms(e * sbh, t, gpu.link_gbps)
+        comm = fwd_comm
+    else:  # head: final norm, output layer, vocab-parallel cross entropy
+        v = analytic.padded_vocab_size(s.vocab_size, t)
+        sb = s.seq_length * b
+        fwd_flops = 2.0 * sb * s.hidden_size * v / t
+        # logits written (e), cast to fp32 (read e, write 4), softmax read/write (4 + 4),
+        # plus the final norm (read + write e·sbh)
+        fwd_bytes = (3 * e + 12) * sb * v / t + 2 * e * sb * s.hidden_size
+        flops, traffic = 3 * fwd_flops, 3 * fwd_bytes
+        fwd_comm = analytic.ring_allreduce_ms(3 * 4 * sb, t, gpu.link_gbps)
+        comm = fwd_comm + analytic.ring_allreduce_ms(e * sb * s.hidden_size, t, gpu.link_gbps)
+    return {"compute_ms": flops / peak * 1e3, "memory_ms": traffic / bw * 1e3, "comm_ms": comm,
+            "fwd_compute_ms": fwd_flops / peak * 1e3, "fwd_memory_ms": fwd_bytes / bw * 1e3, "fwd_comm_ms": fwd_comm,
+            "flops": flops, "traffic_bytes": traffic}
+
+
+def roofline_ms(q: LayerQuery, gpu: GpuType) -> float:
+    """Forward+backward ms at datasheet peaks: compute + memory-bound kernels + TP collectives."""
+    c = roofline_components(q, gpu)
+    return c["compute_ms"] + c["memory_ms"] + c["comm_ms"]
+
+
+def analytic_activation_bytes(q: LayerQuery, *, dropout_mask_bytes: int = 1) -> int:
+    """The analytic memory formula for any query kind (see :mod:`memx_hpc.model.analytic`)."""
+    if q.kind == "layer":
+        return analytic.activation_bytes_per_layer(
+            q.shape, micro_batch_size=q.micro_batch_size, tp=q.tp, recompute=q.recompute, precision=q.precision,
+            attention=q.attention, sequence_parallel=q.sequence_parallel, dropout_mask_bytes=dropout_mask_bytes)
+    if q.kind == "embedding":
+        return analytic.embedding_activation_bytes(q.shape, micro_batch_size=q.micro_batch_size, tp=q.tp,
+                                                   precision=q.precision, sequence_parallel=q.sequence_parallel,
+                                                   dropout_mask_bytes=dropout_mask_bytes)
+    return analytic.head_activation_bytes(q.shape, micro_batch_size=q.micro_batch_size, tp=q.tp,
+                                          precision=q.precision, sequence_parallel=q.sequence_parallel)
+
+
+def default_overhead_bytes(gpu: GpuType) -> int:
+    """:data:`DEFAULT_OVERHEAD_GIB` for the GPU's vendor, in bytes."""
+    return int(DEFAULT_OVERHEAD_GIB.get(gpu.vendor, 1.5) * 2**30)
+
+
+class AnalyticCostModel:
+    """Datasheet roofline time and analytic activation memory: no data needed.
+
+    The fallback the search uses before a predictor is fitted, and the benchmark's
+    "pure roofline" baseline. ``compute_efficiency`` scales the peak throughput
+    (1.0: the pure roofline; real layers reach 0.3-0.7 of peak).
+    """
+
+    def __init__(self, site: Any, *, compute_efficiency: float = 1.0, dropout_mask_bytes: int = 1) -> None:
+        if not 0 < compute_efficiency <= 1:
+            raise SpecError("compute efficiency must be in (0, 1]", field="compute_efficiency",
+                            found=compute_efficiency)
+        self.site = site
+        self.compute_efficiency = compute_efficiency
+        self.dropout_mask_bytes = dropout_mask_bytes
+        self.identity = _digest({"model": "analytic-roofline", "version": 1, "efficiency": compute_efficiency,
+                                 "mask": dropout_mask_bytes,
+                                 "site_gpus": [asdict(g) for g in getattr(site, "gpu_types", ())]})
+
+    def predict(self, queries: Sequence[LayerQuery]) -> np.ndarray:
+        out = np.empty((len(queries), 2), dtype=np.float64)
+        gpus: dict[str, GpuType] = {}
+        for i, q in enumerate(queries):
+            g = gpus.get(q.gpu_type)
+            if g is None:
+                g = gpus[q.gpu_type] = resolve_gpu(self.site, q.gpu_type)
+            c = roofline_components(q, g)
+            out[i, 0] = c["compute_ms"] / self.compute_efficiency + c["memory_ms"] + c["comm_ms"]
+            out[i, 1] = analytic_activation_bytes(q, dropout_mask_bytes=self.dropout_mask_bytes)
+        return out
+
+    def overhead_bytes(self, gpu_type: str) -> int:
+        return default_overhead_bytes(resolve_gpu(self.site, gpu_type))
+
+    def provenance(self, gpu_type: str) -> str:
+        resolve_gpu(self.site, gpu_type)  # unknown names are a user error here too
+        return "datasheet-only"
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
