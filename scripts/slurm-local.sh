@@ -24,6 +24,7 @@
 set -euo pipefail
 
 STATE="${MEMX_SLURM_DIR:-/var/tmp/memx-slurm}"
+FOREIGN_ETC=0
 MARKER="# written by memx-hpc scripts/slurm-local.sh"
 CLUSTER=memx
 START_TIMEOUT="${MEMX_SLURM_START_TIMEOUT:-60}"
@@ -107,7 +108,7 @@ daemon_pid() {
   exe=$(daemon_exe "$1")
   # comm is truncated to 15 chars; compare the executable name from cmdline too
   if [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$exe" ]] ||
-     [[ $(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | head -n1) == *"/$exe" ]]; then
+     [[ $( { tr '\0' '\n' <"/proc/$pid/cmdline"; } 2>/dev/null | head -n1) == *"/$exe" ]]; then
     echo "$pid"
     return 0
   fi
@@ -143,7 +144,16 @@ spawn() {
   # Without job control a background child is not a process-group leader, so
   # setsid(1) calls setsid() and execs in place: $! is the daemon's PID.
   setsid "$@" </dev/null >"$LOGDIR/$name.out" 2>&1 &
-  echo $! >"$(pidfile "$name")"
+  local pid=$! i
+  echo "$pid" >"$(pidfile "$name")"
+  # Until the child has exec'd, /proc/PID/comm still says bash or setsid and
+  # alive() would call the daemon dead: wait for the exec (or the exit).
+  for ((i = 0; i < 100; i++)); do
+    alive "$name" && return 0
+    [[ -d /proc/$pid ]] || return 0
+    [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) == Z ]] && return 0
+    sleep 0.05
+  done
 }
 
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -232,7 +242,7 @@ AccountingStorageHost=localhost
 AccountingStoragePort=$DBD_PORT
 # The slurmdbd connection ignores AuthInfo; it takes the munge socket from here.
 AccountingStoragePass=$MUNGE_SOCK
-AccountingStorageTRES=gres/gpu
+AccountingStorageTRES=gres/gpu,gres/gpu:a100,gres/gpu:mi250,gres/gpu:v100
 JobCompType=jobcomp/none
 EOF
     i=0
@@ -303,6 +313,7 @@ install_etc_config() {
     fi
   done
   if [[ $foreign == 1 ]]; then
+    FOREIGN_ETC=1
     log "NOT overwriting /etc/slurm/slurm.conf or gres.conf: they were not written by this script."
     log "Slurm clients will not find this local cluster by themselves. Export SLURM_CONF in every shell that uses it:"
     echo "export SLURM_CONF=$CONF"
@@ -348,8 +359,6 @@ check_all_alive() {
   done
 }
 
-sctl() { SLURM_CONF="$CONF" "$@"; }
-
 nodes_idle() {
   local out
   out=$(SLURM_CONF="$CONF" timeout 5 sinfo -h -N -p debug -o '%N %t') || return 1
@@ -381,6 +390,14 @@ sacct_answers() { SLURM_CONF="$CONF" timeout 10 sacct -n -X -S now-1hour -o JobI
 mysql_ping() { timeout 5 mariadb-admin --no-defaults --socket="$DB_SOCK" -uroot ping; }
 
 # -------------------------------------------------------------------- start --
+START_OK=1
+on_start_exit() {
+  if [[ $START_OK != 1 ]]; then
+    log "start failed; stopping what was started (logs stay in $LOGDIR)"
+    cmd_stop >/dev/null 2>&1 || true
+  fi
+}
+
 cmd_start() {
   need_root
   local t0=$SECONDS d running=0 stale=0
@@ -388,8 +405,9 @@ cmd_start() {
     if alive "$d"; then running=$((running + 1)); elif [[ -e $(pidfile "$d") ]]; then stale=1; fi
   done
   if ((running == ${#DAEMONS[@]})); then
-    if nodes_idle_or_busy; then
+    if SLURM_CONF="$CONF" timeout 5 sinfo -h -o %P >/dev/null 2>&1; then
       install_etc_config
+      fix_nodes || true
       log "already running (state dir $STATE); nothing to do"
       return 0
     fi
@@ -416,7 +434,8 @@ cmd_start() {
   install_etc_config
 
   DEADLINE=$((SECONDS + START_TIMEOUT))
-  trap 'log "start failed; stopping what was started (logs stay in $LOGDIR)"; cmd_stop >/dev/null 2>&1 || true' ERR
+  START_OK=0
+  trap on_start_exit EXIT
 
   # munge ---------------------------------------------------------------
   if [[ ! -s $MUNGE_DIR/munge.key ]]; then
@@ -482,19 +501,15 @@ cmd_start() {
   done
   wait_for slurmdbd "sacct answering" sacct_answers
   check_all_alive "${DAEMONS[@]}"
-  trap - ERR
+  START_OK=1
+  trap - EXIT
 
   log "started in $((SECONDS - t0)) s; state dir $STATE"
+  if [[ $FOREIGN_ETC == 1 ]]; then
+    log "REMINDER: /etc/slurm/slurm.conf belongs to another Slurm; before using this cluster run:"
+    echo "export SLURM_CONF=$CONF"
+  fi
   SLURM_CONF="$CONF" timeout 5 sinfo -o '%P %D %t %N %G' || true
-}
-
-# Like nodes_idle but also accepts allocated/mixed nodes (jobs running).
-nodes_idle_or_busy() {
-  local out n
-  out=$(SLURM_CONF="$CONF" timeout 5 sinfo -h -N -p debug -o '%N %t') || return 1
-  for n in "${NODES[@]}"; do
-    grep -qE "^$n (idle|mix|alloc|comp)" <<<"$out" || return 1
-  done
 }
 
 # --------------------------------------------------------------------- stop --

@@ -1,0 +1,73 @@
+"""``memx-hpc status``: what the tool sees — the site, Slurm, the store, the predictor, the cache."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from .common import add_json, add_site, emit_json, table
+
+HELP = "show what is in place: Slurm, the profile store, the fitted predictor, the cache"
+DESCRIPTION = """\
+Show the state a plan would start from: whether Slurm answers (and its partitions),
+what the profile store holds per GPU type (measured, imported, augmented samples),
+whether a fitted predictor is saved next to the store, and the prediction cache.
+
+example:
+  memx-hpc status --site site_configs/local.yaml
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("status", help=HELP, description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_site(p)
+    p.add_argument("--store", metavar="PATH", help="profile store (default: the site's, then $MEMX_STORE)")
+    add_json(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..slurm.local_cluster import partitions, slurm_available
+    from ..spec import load_site
+
+    site = load_site(args.site)
+    store_path = Path(args.store) if args.store else site.store
+    out: dict = {"site": site.name, "store": str(store_path), "cache": str(site.cache)}
+    has_sbatch = shutil.which("sbatch") is not None
+    up = slurm_available() if has_sbatch else False
+    out["slurm"] = {"installed": has_sbatch, "answers": up}
+    if up:
+        found = partitions()
+        out["slurm"]["partitions"] = {p.name: (p.name in found) for p in site.partitions}
+    if store_path.exists():
+        from ..profile.store import ProfileStore
+        out["store_summary"] = ProfileStore(store_path).summary()
+    else:
+        out["store_summary"] = []
+    model_file = store_path.with_suffix(".predictor.ubj")
+    out["predictor"] = str(model_file) if model_file.exists() else None
+    if args.json:
+        emit_json(out)
+        return 0
+    print(f"site {site.name}")
+    if not has_sbatch:
+        print("slurm: not installed here (plans profile through local subprocesses)")
+    elif not up:
+        print("slurm: installed but not answering (scripts/slurm-local.sh start for the local cluster)")
+    else:
+        missing = [k for k, v in out["slurm"]["partitions"].items() if not v]
+        print("slurm: answers" + (f"; partitions missing from sinfo: {', '.join(missing)}" if missing else
+                                  "; every site partition is there"))
+    print(f"store: {store_path}" + ("" if store_path.exists() else " (empty: nothing profiled or imported yet)"))
+    if out["store_summary"]:
+        rows = []
+        for r in out["store_summary"]:
+            rows.append((r.get("gpu_type"), r.get("samples", r.get("total", "")),
+                         ", ".join(f"{k} {v}" for k, v in sorted(r.get("by_origin", {}).items())),
+                         ", ".join(f"{k} {v}" for k, v in sorted(r.get("by_kind", {}).items()))))
+        table(rows, ["gpu type", "samples", "by origin", "by kind"])
+    print(f"predictor: {out['predictor'] or 'not fitted yet (memx-hpc fit, or plan fits it)'}")
+    print(f"cache: {site.cache}" + ("" if site.cache.exists() else " (none yet)"))
+    return 0
