@@ -1,0 +1,394 @@
+"""The space of plans Megatron-LM can run on a site, enumerated by index.
+
+A plan is a *skeleton* (TP, DP, micro-batch, and an ordered sequence of partition
+groups, each hosting one or more consecutive pipeline stages) times a *layer split*
+times a *recompute assignment*:
+
+* **Skeletons.** TP is a power of two that divides the attention heads, the query
+  groups and the FFN width (Megatron shards all three by TP), and divides the GPUs per
+  node of every partition used (TP groups never straddle nodes). DP divides
+  ``global_batch / micro_batch``. Partition groups are ordered sequences of distinct
+  partitions (stage order matters: in 1F1B the first stage holds the most in-flight
+  micro-batches); a partition with ``s`` stages needs ``s * dp`` TP groups of its own.
+* **Layer splits** (``layer_granularity`` = g). Each group's total layer count is a
+  multiple of g (the last group also takes ``num_layers % g``); inside a group the
+  layers are split as evenly as possible, the remainder going to the group's later
+  stages (they hold fewer in-flight micro-batches). With ``split_within_groups`` every
+  stage's count is on the g grid instead (all compositions; larger). A group split of
+  ``u = num_layers // g`` units over G groups gives C(u-1, G-1) splits, so the count is
+  set by g, not by how uneven a split may be.
+* **Recompute.** Each stage gets its own level from ``none < selective < full on
+  ceil(n*j/steps) of its n layers`` (j = 1..steps), restricted to the modes the job
+  allows — heterogeneous recomputation. Within one partition group the levels are
+  non-increasing along the pipeline: stages of a group run on identical GPUs with
+  (nearly) equal layers, and an earlier stage holds at least as many in-flight
+  micro-batches (``min(p - i, m)``), so recomputing more on a later stage than on an
+  earlier one of the same group never lowers the peak memory and costs the same time.
+
+Enumeration is deterministic and needs no materialised list of plans: ``len(space)``
+is computed from closed-form counts, and any index range can be decoded on its own
+(``iter_range``, ``decode``), so MPI ranks split the space without talking.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from ..errors import SpecError
+from ..spec import Plan, Recompute, Site, Stage, TrainJob
+
+# Codes of the per-layer recompute mode used by the vectorised cost composition.
+MODE_NONE, MODE_SELECTIVE, MODE_FULL = 0, 1, 2
+MODE_NAMES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpaceOptions:
+    """Knobs that set the size of the space (see the module docstring).
+
+    ``layer_granularity`` None: ``max(1, num_layers // 8)``, so a group split has at most
+    8 units. ``max_pipeline_stages`` None: the job's limit, else ``min(num_layers, 8)``.
+    ``tp_degrees`` / ``micro_batch_sizes`` empty: powers of two / the job's candidates
+    (every power of two dividing the global batch up to 16 when the job names none).
+    """
+
+    layer_granularity: int | None = None
+    max_pipeline_stages: int | None = None
+    tp_degrees: tuple[int, ...] = ()
+    micro_batch_sizes: tuple[int, ...] = ()
+    full_recompute_steps: int = 2
+    recompute_spread: int | None = 0
+    split_within_groups: bool = False
+    sequence_parallel: bool = False
+    max_partitions: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("layer_granularity", "max_pipeline_stages", "max_partitions"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise SpecError(f"{name} must be a whole number >= 1", field=name, found=v)
+        if not isinstance(self.full_recompute_steps, int) or self.full_recompute_steps < 1:
+            raise SpecError("must be a whole number >= 1", field="full_recompute_steps",
+                            found=self.full_recompute_steps)
+        for name in ("tp_degrees", "micro_batch_sizes"):
+            for v in getattr(self, name):
+                if not isinstance(v, int) or v < 1:
+                    raise SpecError("expected whole numbers >= 1", field=name, found=getattr(self, name))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Level:
+    """One recompute level: ``base`` mode for the layers not fully recomputed, and the
+    fraction of the stage's layers under full recompute (k = ceil(n * full_fraction))."""
+
+    base: str
+    full_fraction: float
+
+    def for_stage(self, num_layers: int) -> Recompute:
+        k = full_layers(num_layers, self.full_fraction)
+        if k == 0:
+            return Recompute(mode=self.base)
+        return Recompute(mode="full", num_layers=None if k == num_layers else k)
+
+    def label(self) -> str:
+        if self.full_fraction == 0:
+            return self.base
+        return "full" if self.full_fraction == 1 else f"full:{self.full_fraction:g}"
+
+
+def full_layers(num_layers, fraction):
+    """k = ceil(n * fraction), exact for the fractions j/steps used here (works on arrays)."""
+    # A small epsilon keeps ceil(4 * 0.5) at 2 despite binary fractions such as 1/3 * 3.
+    return np.ceil(np.asarray(num_layers) * fraction - 1e-9).astype(np.int64) if isinstance(
+        num_layers, np.ndarray) else int(math.ceil(num_layers * fraction - 1e-9))
+
+
+def recompute_levels(job: TrainJob, steps: int) -> tuple[Level, ...]:
+    """Levels ordered by memory saved (and time spent): none < selective < full fractions."""
+    out = []
+    if "none" in job.recompute_modes:
+        out.append(Level(base="none", full_fraction=0.0))
+    if "selective" in job.recompute_modes:
+        out.append(Level(base="selective", full_fraction=0.0))
+    if "full" in job.recompute_modes:
+        out += [Level(base="none", full_fraction=j / steps) for j in range(1, steps + 1)]
+    if not out:
+        raise SpecError("no recompute mode allowed", field="recompute_modes", found=list(job.recompute_modes),
+                        allowed="none, selective, full")
+    return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Skeleton:
+    """TP, DP, micro-batch and the ordered partition groups ``((partition index, stages), ...)``."""
+
+    tp: int
+    dp: int
+    micro_batch_size: int
+    groups: tuple[tuple[int, int], ...]
+
+    @property
+    def pp(self) -> int:
+        return sum(s for _, s in self.groups)
+
+    @property
+    def structure(self) -> tuple[int, ...]:
+        return tuple(s for _, s in self.groups)
+
+    def stage_partitions(self) -> list[int]:
+        return [p for p, s in self.groups for _ in range(s)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Block:
+    """A run of consecutive plan indices decoded into arrays (B plans, P = max stages).
+
+    ``skeleton`` indexes ``space.skeletons``; ``layers`` / ``levels`` are (B, P) with 0 / -1
+    past a plan's last stage.
+    """
+
+    start: int
+    skeleton: np.ndarray
+    layers: np.ndarray
+    levels: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.skeleton.shape[0])
+
+    @property
+    def indices(self) -> np.ndarray:
+        return np.arange(self.start, self.start + len(self), dtype=np.int64)
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, v = [], 1
+    while v <= limit:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def _compositions(total: int, lows: list[int]) -> list[tuple[int, ...]]:
+    """All (x_1..x_G) with x_i >= lows[i] and sum == total, in lexicographic order."""
+    out: list[tuple[int, ...]] = []
+
+    def rec(i: int, left: int, acc: list[int]) -> None:
+        if i == len(lows) - 1:
+            if left >= lows[i]:
+                out.append(tuple(acc + [left]))
+            return
+        rest = sum(lows[i + 1:])
+        for x in range(lows[i], left - rest + 1):
+            rec(i + 1, left - x, acc + [x])
+
+    if sum(lows) <= total:
+        rec(0, total, [])
+    return out
+
+
+class PlanSpace:
+    """Every plan of ``job`` on ``site`` that the options allow, by index (see module doc).
+
+    Construction enumerates skeletons only (thousands, not plans); plans are decoded
+    from indices on demand.
+    """
+
+    def __init__(self, site: Site, job: TrainJob, options: SpaceOptions | None = None) -> None:
+        self.site = site
+        self.job = job
+        self.options = options = options or SpaceOptions()
+        model = job.model
+        L = model.num_layers
+        self.granularity = options.layer_granularity or max(1, L // 8)
+        if self.granularity > L:
+            raise SpecError(f"larger than the model's {L} layers", field="layer_granularity",
+                            found=self.granularity)
+        limit = options.max_pipeline_stages or job.max_pipeline_stages or min(L, 8)
+        self.max_stages = min(limit, L)
+        self.levels = recompute_levels(job, options.full_recompute_steps)
+        self.partitions = site.partitions
+        self._split_tables: dict[tuple[int, ...], np.ndarray] = {}
+        self._level_tables: dict[tuple[int, ...], np.ndarray] = {}
+        self.skeletons = self._enumerate_skeletons()
+        counts = np.array([self._count(sk) for sk in self.skeletons], dtype=np.int64)
+        self._counts = counts
+        self._ends = np.cumsum(counts) if len(counts) else np.zeros(0, dtype=np.int64)
+        self._starts = self._ends - counts
+        # Flat per-skeleton descriptors for vectorised decoding.
+        self._nlev = np.array([len(self._level_table(sk.structure)) for sk in self.skeletons], dtype=np.int64)
+        self.max_pp = max((sk.pp for sk in self.skeletons), default=1)
+
+    # ------------------------------------------------------------------ candidates
+
+    def tp_candidates(self) -> list[int]:
+        m = self.job.model
+        tps = self.options.tp_degrees or tuple(_powers_of_two(max(p.gpus_per_node for p in self.partitions)))
+        return [t for t in sorted(set(tps))
+                if m.num_attention_heads % t == 0 and m.num_query_groups % t == 0 and m.ffn_hidden_size % t == 0]
+
+    def micro_batch_candidates(self) -> list[int]:
+        gbs = self.job.global_batch_size
+        mbs = self.options.micro_batch_sizes or self.job.micro_batch_sizes or tuple(
+            b for b in _powers_of_two(16) if gbs % b == 0)
+        return sorted(b for b in set(mbs) if gbs % b == 0)
+
+    def _partition_sequences(self, tp: int) -> list[tuple[int, ...]]:
+        usable = [i for i, p in enumerate(self.partitions) if p.gpus_per_node % tp == 0]
+        most = min(len(usable), self.options.max_partitions or len(usable), self.max_stages)
+        out = []
+        for g in range(1, most + 1):
+            out += list(itertools.permutations(usable, g))
+        return out
+
+    def _enumerate_skeletons(self) -> list[Skeleton]:
+        gbs = self.job.global_batch_size
+        out: list[Skeleton] = []
+        for tp in self.tp_candidates():
+            seqs = self._partition_sequences(tp)
+            groups_cap = {i: p.nodes * (p.gpus_per_node // tp) for i, p in enumerate(self.partitions)}
+            for mbs in self.micro_batch_candidates():
+                for dp in range(1, gbs // mbs + 1):
+                    if (gbs // mbs) % dp:
+                        continue
+                    for seq in seqs:
+                        ranges = [range(1, min(groups_cap[i] // dp, self.max_stages) + 1) for i in seq]
+                        if any(len(r) == 0 for r in ranges):
+                            continue
+                        for counts in itertools.product(*ranges):
+                            if sum(counts) > self.max_stages:
+                                continue
+                            sk = Skeleton(tp=tp, dp=dp, micro_batch_size=mbs, groups=tuple(zip(seq, counts)))
+                            if len(self._split_table(sk.structure)):
+                                out.append(sk)
+        return out
+
+    # ------------------------------------------------------------------ splits and levels
+
+    def _split_table(self, structure: tuple[int, ...]) -> np.ndarray:
+        """(n_splits, pp) layers per stage for a group structure ``(s_1, ..., s_G)``."""
+        t = self._split_tables.get(structure)
+        if t is not None:
+            return t
+        L, g = self.job.model.num_layers, self.granularity
+        u, r = divmod(L, g)
+        pp = sum(structure)
+        rows: list[list[int]] = []
+        if self.options.split_within_groups:
+            # every stage on the grid; the last stage also takes the remainder
+            lows = [1] * (pp - 1) + [max(1, math.ceil((1 - r) / g))]
+            for comp in _compositions(u, lows):
+                row = [c * g for c in comp]
+                row[-1] += r
+                if row[-1] >= 1:
+                    rows.append(row)
+        else:
+            G = len(structure)
+            lows = [math.ceil(s / g) for s in structure[:-1]] + [max(0, math.ceil((structure[-1] - r) / g))]
+            for comp in _compositions(u, lows):
+                totals = [c * g for c in comp]
+                totals[-1] += r
+                row: list[int] = []
+                for n, s in zip(totals, structure):
+                    base, rem = divmod(n, s)
+                    row += [base + (1 if i >= s - rem else 0) for i in range(s)]
+                if min(row) >= 1:
+                    rows.append(row)
+            del G
+        t = np.array(rows, dtype=np.int32).reshape(len(rows), pp)
+        self._split_tables[structure] = t
+        return t
+
+    def _level_table(self, structure: tuple[int, ...]) -> np.ndarray:
+        """(n_assignments, pp) recompute level per stage, non-increasing within each group."""
+        t = self._level_tables.get(structure)
+        if t is not None:
+            return t
+        R = len(self.levels)
+        per_group = []
+        for s in structure:
+            # combinations_with_replacement gives non-decreasing tuples; reversed -> non-increasing
+            seqs = [tuple(reversed(c)) for c in itertools.combinations_with_replacement(range(R), s)]
+            spread = self.options.recompute_spread
+            per_group.append([c for c in seqs if spread is None or c[0] - c[-1] <= spread])
+        rows = [sum(parts, ()) for parts in itertools.product(*per_group)]
+        t = np.array(rows, dtype=np.int8).reshape(len(rows), sum(structure))
+        self._level_tables[structure] = t
+        return t
+
+    def _count(self, sk: Skeleton) -> int:
+        return len(self._split_table(sk.structure)) * len(self._level_table(sk.structure))
+
+    # ------------------------------------------------------------------ indexing
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def skeleton_of(self, index: int) -> int:
+        if not 0 <= index < len(self):
+            raise IndexError(f"plan index {index} outside 0..{len(self) - 1}")
+        return int(np.searchsorted(self._ends, index, side="right"))
+
+    def decode(self, start: int, stop: int) -> Block:
+        """Plans ``start..stop-1`` as arrays (vectorised; no Plan objects)."""
+        start, stop = max(0, start), min(stop, len(self))
+        idx = np.arange(start, stop, dtype=np.int64)
+        P = self.max_pp
+        sk = np.searchsorted(self._ends, idx, side="right").astype(np.int64)
+        local = idx - self._starts[sk]
+        nlev = self._nlev[sk]
+        split_id, level_id = np.divmod(local, nlev)
+        layers = np.zeros((len(idx), P), dtype=np.int32)
+        levels = np.full((len(idx), P), -1, dtype=np.int8)
+        if len(idx):
+            # Consecutive indices share a skeleton in runs: fill each run with one gather.
+            bounds = np.flatnonzero(np.diff(sk)) + 1
+            for a, b in zip(np.r_[0, bounds], np.r_[bounds, len(idx)]):
+                s = self.skeletons[int(sk[a])]
+                st = s.structure
+                pp = s.pp
+                layers[a:b, :pp] = self._split_table(st)[split_id[a:b]]
+                levels[a:b, :pp] = self._level_table(st)[level_id[a:b]]
+        return Block(start=start, skeleton=sk, layers=layers, levels=levels)
+
+    def iter_blocks(self, start: int = 0, stop: int | None = None, *, block_size: int = 65536) -> Iterator[Block]:
+        """Decode ``start..stop-1`` in blocks of at most ``block_size`` plans (streaming)."""
+        stop = len(self) if stop is None else min(stop, len(self))
+        for a in range(start, stop, block_size):
+            yield self.decode(a, min(a + block_size, stop))
+
+    def plan_at(self, index: int) -> Plan:
+        """The Plan object at ``index``."""
+        s = self.skeletons[self.skeleton_of(index)]
+        b = self.decode(index, index + 1)
+        return self.plan_from(s, b.layers[0, :s.pp].tolist(), b.levels[0, :s.pp].tolist())
+
+    def plan_from(self, s: Skeleton, layers: list[int], levels: list[int]) -> Plan:
+        parts = s.stage_partitions()
+        stages = tuple(Stage(partition=self.partitions[p].name, num_layers=int(n),
+                             recompute=self.levels[int(lv)].for_stage(int(n)))
+                       for p, n, lv in zip(parts, layers, levels))
+        return Plan(tp=s.tp, dp=s.dp, micro_batch_size=s.micro_batch_size,
+                    global_batch_size=self.job.global_batch_size, stages=stages,
+                    sequence_parallel=self.options.sequence_parallel and s.tp > 1)
+
+    def iter_range(self, start: int, stop: int) -> Iterator[tuple[int, Plan]]:
+        """``(index, Plan)`` for ``start..stop-1``; for tests and reports (slow path)."""
+        for b in self.iter_blocks(start, stop, block_size=4096):
+            for j in range(len(b)):
+                s = self.skeletons[int(b.skeleton[j])]
+                yield b.start + j, self.plan_from(s, b.layers[j, :s.pp].tolist(), b.levels[j, :s.pp].tolist())
+
+    def rank_range(self, rank: int, size: int) -> tuple[int, int]:
+        """The contiguous index range of ``rank`` among ``size`` (balanced to one plan)."""
+        n = len(self)
+        return n * rank // size, n * (rank + 1) // size
+
+    def describe(self) -> dict:
+        return {"plans": len(self), "skeletons": len(self.skeletons), "layer_granularity": self.granularity,
+                "max_pipeline_stages": self.max_stages, "recompute_levels": [lv.label() for lv in self.levels],
+                "tp": self.tp_candidates(), "micro_batch_sizes": self.micro_batch_candidates()}
