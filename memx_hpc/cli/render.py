@@ -1,0 +1,109 @@
+"""``memx-hpc render``: the sbatch script for a plan, checked with ``bash -n`` and, where
+Slurm answers, ``sbatch --test-only``; ``--submit`` submits it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import add_job, add_json, add_site, emit_json
+
+HELP = "write the heterogeneous sbatch script that launches a plan with Megatron-LM"
+
+DESCRIPTION = """\
+Render a plan (from 'memx-hpc plan', or written by hand) into an sbatch script with one
+'#SBATCH hetjob' component per run of consecutive pipeline stages on one partition,
+one srun across the components, and the Megatron-LM command line (argument names of
+Megatron-LM core_r0.16.0) with each component's own recompute flags.
+
+Plans Megatron-LM cannot run are refused with the reason (unknown partition, TP larger
+than a node, more nodes than the partition has, a cross-vendor pipeline without
+pipeline_comm.backend: ucc, ...). The script is checked with 'bash -n'; when Slurm
+answers, 'sbatch --test-only' says whether this cluster would accept it."""
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("render", help=HELP, description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--plan", required=True, metavar="PLAN.json", help="plan file (memx-plan/1)")
+    add_site(p)
+    add_job(p)
+    p.add_argument("--out", metavar="FILE", help="where to write the script (default: the plan file with .sbatch)")
+    p.add_argument("--iters", type=int, metavar="N", help="training iterations (default: the job's train_iters)")
+    p.add_argument("--log-dir", metavar="DIR", help="folder for the job's output (default: the site's work_dir)")
+    p.add_argument("--chdir", metavar="DIR", help="the job's working directory (default: where it is submitted)")
+    p.add_argument("--extra", action="append", default=[], metavar="ARG",
+                   help="a further Megatron-LM argument for every rank (repeat; e.g. --extra=--data-path "
+                        "--extra=/data/mix); with data arguments also pass --no-mock-data")
+    p.add_argument("--no-mock-data", action="store_true",
+                   help="do not add --mock-data/--tokenizer-type NullTokenizer (give data arguments via --extra)")
+    p.add_argument("--no-test-only", action="store_true",
+                   help="skip 'sbatch --test-only' (e.g. when rendering for another cluster)")
+    p.add_argument("--submit", action="store_true", help="submit the script and print the job id")
+    add_json(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import SpecError
+    from ..planfile import load_plan
+    from ..slurm import render as r
+    from ..spec import GeneralPlan, load_job, load_site
+
+    site = load_site(args.site)
+    job = load_job(args.job)
+    plan = load_plan(args.plan)
+    if isinstance(plan, GeneralPlan):
+        raise SpecError("a general plan (per-replica GPU types or TP) can be predicted but Megatron-LM cannot "
+                        "run it; render needs uniform tp and dp with one partition per stage", file=args.plan)
+    request = r.describe(plan, site, job, iters=args.iters, extra=args.extra, log_dir=args.log_dir,
+                         workdir=args.chdir, mock_data=not args.no_mock_data)
+    script = r.render_request(request)
+    out = Path(args.out) if args.out else Path(args.plan).with_suffix(".sbatch")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(script, encoding="utf-8")
+    except OSError as e:
+        raise SpecError(f"cannot write the script: {e}", field="--out", found=str(out)) from None
+    r.check_syntax(out)
+
+    verdict = None
+    if not args.no_test_only:
+        from ..slurm.local_cluster import slurm_available
+
+        if slurm_available(timeout=5.0):
+            verdict = r.test_only(out)
+    job_id = None
+    if args.submit and (verdict is None or verdict.accepted):
+        job_id = r.submit(out)
+
+    if args.json:
+        emit_json({
+            "script": str(out), "bash_n": "ok", "megatron_version": request.megatron_version,
+            "world_size": request.world_size, "layout": request.layout,
+            "components": [{"index": c.index, "partition": c.partition, "stages": list(c.stages),
+                            "ranks": [c.first_rank, c.first_rank + c.num_ranks - 1], "nodes": c.nodes,
+                            "tasks_per_node": c.tasks_per_node, "layers": c.num_layers,
+                            "recompute": c.recompute.label()} for c in request.components],
+            "test_only": None if verdict is None else {"accepted": verdict.accepted, "message": verdict.message},
+            "job_id": job_id,
+        })
+    else:
+        print(f"wrote {out}: {len(request.components)} hetjob component(s), {request.world_size} rank(s)")
+        for c in request.components:
+            print(f"  component {c.index}: {c.partition}, stages {c.stages_label}, ranks {c.ranks_label}, "
+                  f"{c.nodes} node(s) x {c.tasks_per_node} task(s), layers {c.layers_label}, "
+                  f"recompute {c.recompute_label}")
+        print("bash -n: ok")
+        if verdict is not None:
+            print(f"sbatch --test-only: {'accepted' if verdict.accepted else 'REJECTED'}: {verdict.message}")
+        elif not args.no_test_only:
+            print("sbatch --test-only: skipped (Slurm did not answer)")
+        if job_id is not None:
+            print(f"submitted: job {job_id}")
+    if verdict is not None and not verdict.accepted:
+        if not args.json:
+            print("memx-hpc render: this cluster would not run the script (see above); --no-test-only skips "
+                  "the check", flush=True)
+        return 1
+    return 0

@@ -1,0 +1,609 @@
+"""From a plan to a heterogeneous sbatch script that launches Megatron-LM, and what to do with it.
+
+Describe, then act (torchx's Slurm scheduler builds a request and materialises it):
+
+* :func:`describe` turns ``(Plan, Site, TrainJob)`` into a :class:`LaunchRequest`: one
+  :class:`Component` (a ``#SBATCH hetjob`` component) per run of consecutive stages on one
+  partition, with its Slurm request, environment and Megatron-LM command line. It refuses,
+  with a :class:`~memx_hpc.errors.SpecError` that says why, every plan Megatron-LM cannot
+  run and every value that cannot be put into a script safely.
+* :func:`render` is ``describe`` + the Jinja template ``templates/megatron.sbatch.j2``
+  (StrictUndefined, ``shell_quote`` on every value from a site or job file). Pure.
+* :func:`check_syntax` (``bash -n``), :func:`test_only` (``sbatch --test-only``) and
+  :func:`submit` (``sbatch``) act on a written script.
+
+Megatron-LM argument names are those of Megatron-LM core_r0.16.0
+(``megatron/training/arguments.py``); the site's ``megatron_version`` must name it.
+The per-stage layer split is ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t``
+a transformer layer, ``L`` the loss, ``|`` between stages: ``Et*14|t*10L``), which, unlike
+``--decoder-first/last-pipeline-num-layers``, allows any number of layers on every stage.
+
+Global ranks follow Megatron's default order ``tp-cp-ep-dp-pp``: TP fastest, then DP,
+then pipeline stage. So the ``tp*dp`` ranks of a stage are contiguous, a stage's TP and DP
+groups stay inside its partition, and one ``srun ... : ...`` across the components (ranks
+numbered component by component) gives every rank the stage the plan put it on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import SpecError, SystemFailure
+from ..spec import Plan, Recompute, Site, Stage, TrainJob
+
+__all__ = ["SUPPORTED_MEGATRON_VERSIONS", "SbatchOption", "EnvVar", "Component", "LaunchRequest",
+           "VendorLaunch", "describe", "render", "render_request", "pipeline_layout", "recompute_args",
+           "check_syntax", "TestOnly", "test_only", "submit", "TEMPLATE"]
+
+#: The Megatron-LM versions whose argument names this renderer emits.
+SUPPORTED_MEGATRON_VERSIONS = ("core_r0.16.0",)
+TEMPLATE = "megatron.sbatch.j2"
+
+# Slurm option values: partition, GRES type, account, QoS and job names (Slurm's own
+# names use these characters; anything else in an #SBATCH line is refused, since sbatch
+# parses those lines itself and a newline would end the directive).
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_UNSAFE_CHARS = ("\n", "\r", "\x00")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VendorLaunch:
+    """What differs per vendor when launching: the collective library's name (for messages),
+    the container runtime's GPU flag, and variables every rank of that vendor needs."""
+
+    comm_library: str
+    apptainer_flags: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+
+# A small registry: a new vendor is an entry here, not a code change elsewhere.
+# CUDA_DEVICE_MAX_CONNECTIONS=1: Megatron-LM's examples set it on NVIDIA GPUs so that
+# communication kernels are scheduled in issue order (needed for TP/SP overlap).
+VENDORS: dict[str, VendorLaunch] = {
+    "nvidia": VendorLaunch(comm_library="NCCL", apptainer_flags=("--nv",),
+                           env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),)),
+    "amd": VendorLaunch(comm_library="RCCL", apptainer_flags=("--rocm",)),
+    "intel": VendorLaunch(comm_library="oneCCL", apptainer_flags=()),
+    "cpu": VendorLaunch(comm_library="gloo", apptainer_flags=()),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SbatchOption:
+    name: str
+    value: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvVar:
+    name: str
+    value: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Component:
+    """One ``#SBATCH hetjob`` component: consecutive stages on one partition."""
+
+    index: int
+    partition: str
+    vendor: str
+    stages: tuple[int, ...]
+    first_rank: int
+    num_ranks: int
+    nodes: int
+    tasks_per_node: int
+    first_layer: int
+    num_layers: int
+    recompute: Recompute
+    sbatch: tuple[SbatchOption, ...]  # "#SBATCH --name=value" lines
+    srun: tuple[SbatchOption, ...]  # this component's options in the srun line
+    setup: tuple[str, ...]  # site shell lines, verbatim (shell code by contract)
+    env: tuple[EnvVar, ...]
+    launcher: tuple[str, ...]  # [container runtime ...] python entry-words
+    args: tuple[tuple[str, ...], ...]  # this component's own Megatron-LM arguments (recompute)
+
+    @property
+    def stages_label(self) -> str:
+        return _range_label(self.stages[0], self.stages[-1])
+
+    @property
+    def ranks_label(self) -> str:
+        return _range_label(self.first_rank, self.first_rank + self.num_ranks - 1)
+
+    @property
+    def layers_label(self) -> str:
+        return f"{_range_label(self.first_layer, self.first_layer + self.num_layers - 1)} ({self.num_layers})"
+
+    @property
+    def recompute_label(self) -> str:
+        return self.recompute.label()
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchRequest:
+    """Everything the template needs, checked: the one object it is rendered from."""
+
+    tool_version: str
+    site_name: str
+    job_name: str
+    megatron_version: str
+    summary: str
+    tp: int
+    pp: int
+    dp: int
+    world_size: int
+    layout: str | None
+    components: tuple[Component, ...]
+    common_args: tuple[tuple[str, ...], ...]  # every rank's Megatron-LM arguments, one flag per tuple
+    master_port_base: int = 20000
+    master_port_span: int = 20000
+
+    @property
+    def megatron_argv(self) -> list[list[str]]:
+        """Each component's full Megatron-LM argument list (for people and tests)."""
+        common = [w for a in self.common_args for w in a]
+        return [common + [w for a in c.args for w in a] for c in self.components]
+
+
+def _range_label(a: int, b: int) -> str:
+    return str(a) if a == b else f"{a}-{b}"
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _no_control(value: str, field: str) -> str:
+    for ch in _UNSAFE_CHARS:
+        if ch in value:
+            raise SpecError("must be a single line (no newline, carriage return or NUL): it goes into a "
+                            "shell script", field=field, found=value)
+    return value
+
+
+def _slurm_name(value: str, field: str) -> str:
+    _no_control(value, field)
+    if not _SLURM_NAME.match(value):
+        raise SpecError("not a Slurm name: it goes into an #SBATCH line, which sbatch parses itself",
+                        field=field, found=value, allowed="letters, digits, '_', '.', '+', '-'")
+    return value
+
+
+def _words(value: str, field: str) -> tuple[str, ...]:
+    """A command given as text (``-m memx_hpc.train.pretrain_gpt``) as shell words, each to be quoted."""
+    _no_control(value, field)
+    try:
+        words = shlex.split(value)
+    except ValueError as e:
+        raise SpecError(f"cannot be split into shell words ({e})", field=field, found=value) from None
+    if not words:
+        raise SpecError("is empty", field=field, found=value)
+    return tuple(words)
+
+
+def _setup_line(line: str, field: str) -> str:
+    """Setup lines are shell code by contract (``module load rocm/6.1``) and run verbatim on the
+    component's nodes before its ranks start; refuse what would break out of the component's
+    function: a newline, unbalanced quotes, a here-document."""
+    _no_control(line, field)
+    try:
+        shlex.split(line, comments=True)
+    except ValueError as e:
+        raise SpecError(f"not a complete shell line ({e})", field=field, found=line) from None
+    if re.search(r"<<(?!<)", line):
+        raise SpecError("here-documents are not allowed in setup lines", field=field, found=line)
+    return line
+
+
+def _env(name: str, value: str, field: str) -> EnvVar:
+    if not _ENV_NAME.match(name):
+        raise SpecError("environment variable names are letters, digits and _", field=field, found=name)
+    return EnvVar(name=name, value=_no_control(value, f"{field}"))
+
+
+# --------------------------------------------------------------------------- Megatron arguments
+
+
+def pipeline_layout(stages: Sequence[Stage]) -> str:
+    """Megatron's ``--pipeline-model-parallel-layout`` for these stages: ``E`` before the first
+    stage's layers, ``L`` after the last stage's, ``|`` between stages (core_r0.16.0,
+    megatron/core/transformer/pipeline_parallel_layer_layout.py)."""
+    parts = []
+    for i, s in enumerate(stages):
+        body = "t" if s.num_layers == 1 else f"t*{s.num_layers}"
+        if i == 0:
+            body = "E" + body
+        if i == len(stages) - 1:
+            body = body + "L"
+        parts.append(body)
+    return "|".join(parts)
+
+
+def recompute_args(recompute: Recompute, num_layers: int) -> tuple[tuple[str, ...], ...]:
+    """Megatron-LM's recompute flags for one stage of ``num_layers`` layers.
+
+    ``selective`` recomputes core attention (Megatron-LM's default module); ``full`` every
+    layer (``uniform`` method, one layer per checkpointed chunk); ``full:K`` the first K
+    layers of the stage (``block`` method: "the number of individual Transformer layers to
+    recompute within each pipeline stage").
+    """
+    if recompute.mode == "none":
+        return ()
+    if recompute.mode == "selective":
+        return (("--recompute-granularity", "selective"),)
+    k = recompute.num_layers
+    if k is not None and k == 0:
+        return ()
+    if k is None:
+        return (("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                ("--recompute-num-layers", "1"))
+    return (("--recompute-granularity", "full"), ("--recompute-method", "block"),
+            ("--recompute-num-layers", str(min(k, num_layers))))
+
+
+def _model_args(job: TrainJob) -> list[tuple[str, ...]]:
+    m = job.model
+    a: list[tuple[str, ...]] = [
+        ("--num-layers", str(m.num_layers)), ("--hidden-size", str(m.hidden_size)),
+        ("--ffn-hidden-size", str(m.ffn_hidden_size)), ("--num-attention-heads", str(m.num_attention_heads)),
+    ]
+    if m.num_query_groups != m.num_attention_heads:
+        a += [("--group-query-attention",), ("--num-query-groups", str(m.num_query_groups))]
+    a += [("--seq-length", str(m.seq_length)), ("--max-position-embeddings", str(m.seq_length))]
+    if m.activation == "swiglu":
+        a.append(("--swiglu",))
+    if not m.tied_embeddings:
+        a.append(("--untie-embeddings-and-output-weights",))
+    if m.position_embedding == "rope":
+        a.append(("--position-embedding-type", "rope"))
+    if m.normalization == "rmsnorm":
+        a.append(("--normalization", "RMSNorm"))
+    if not m.add_bias_linear:
+        a.append(("--disable-bias-linear",))
+    if job.attention == "core":
+        # the unfused kernel that keeps the s x s attention matrices ("sdpa" = Megatron's default)
+        a.append(("--attention-backend", "unfused"))
+    return a
+
+
+# --------------------------------------------------------------------------- describe
+
+
+def _component_runs(plan: Plan) -> list[tuple[str, list[int]]]:
+    """Plan.component_groups(), split further where the recompute setting changes: Megatron-LM
+    takes recompute flags per process, so stages with different settings need different
+    command lines, hence different hetjob components."""
+    runs: list[tuple[str, list[int]]] = []
+    for part, idx in plan.component_groups():
+        for i in idx:
+            if runs and runs[-1][0] == part and plan.stages[runs[-1][1][-1]].recompute == plan.stages[i].recompute \
+                    and runs[-1][1][-1] == i - 1:
+                runs[-1][1].append(i)
+            else:
+                runs.append((part, [i]))
+    return runs
+
+
+def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
+             extra: Sequence[str] = (), job_name: str | None = None, log_dir: str | None = None,
+             workdir: str | None = None, mock_data: bool = True) -> LaunchRequest:
+    """The checked launch request for ``plan`` on ``site``; raises SpecError for anything
+    Megatron-LM cannot run or that cannot be written into a script safely.
+
+    ``iters`` overrides the job's ``train_iters``; ``extra`` are further Megatron-LM
+    arguments for every rank (e.g. ``--data-path``; later flags override earlier ones in
+    Megatron-LM's argparse). ``mock_data`` adds ``--mock-data`` with the NullTokenizer
+    (Megatron-LM's synthetic data), what short measured runs use. ``log_dir`` is where the
+    job's output goes (default: the site's ``work_dir``); ``workdir`` the job's working
+    directory (default: where it is submitted from).
+    """
+    from .. import __version__
+
+    if site.megatron_version not in SUPPORTED_MEGATRON_VERSIONS:
+        raise SpecError("this renderer emits Megatron-LM argument names of another version",
+                        field="megatron_version", found=site.megatron_version,
+                        allowed=", ".join(SUPPORTED_MEGATRON_VERSIONS))
+    model = job.model
+    name = _slurm_name(job_name or job.name, "job name" if job_name else "name")
+    _no_control(site.name, "site name")
+    if plan.num_layers != model.num_layers:
+        raise SpecError(f"the plan's stages hold {plan.num_layers} layers, the model has {model.num_layers}",
+                        field="stages", found=[s.num_layers for s in plan.stages])
+    tp, dp, pp = plan.tp, plan.dp, plan.pp
+    for what, n in (("num_attention_heads", model.num_attention_heads), ("num_query_groups", model.num_query_groups),
+                    ("ffn_hidden_size", model.ffn_hidden_size), ("hidden_size", model.hidden_size)):
+        if n % tp:
+            raise SpecError(f"model {what} {n} is not divisible by the tensor-parallel size (Megatron-LM "
+                            f"splits it across TP ranks)", field="tp", found=tp)
+    if plan.sequence_parallel and tp == 1:
+        raise SpecError("sequence parallelism needs tensor-parallel size > 1 (Megatron-LM refuses it)",
+                        field="sequence_parallel", found=True)
+    if iters is not None and iters < 1:
+        raise SpecError("must be >= 1", field="iters", found=iters)
+
+    partitions = {}
+    for i, s in enumerate(plan.stages):
+        try:
+            partitions[s.partition] = site.partition(s.partition)
+        except SpecError as e:
+            raise SpecError(e.detail, field=f"stages[{i}].partition", found=e.found, allowed=e.allowed) from None
+        _slurm_name(s.partition, f"stages[{i}].partition")
+
+    vendors = {}
+    for pname, p in partitions.items():
+        vendors[pname] = site.gpu(p.gpu_type).vendor
+    stage_vendors = [vendors[s.partition] for s in plan.stages]
+    if len(set(stage_vendors)) > 1 and site.pipeline_comm_backend != "ucc":
+        pairs = sorted({f"{plan.stages[i].partition} ({stage_vendors[i]}) -> {plan.stages[i + 1].partition} "
+                        f"({stage_vendors[i + 1]})" for i in range(pp - 1) if stage_vendors[i] != stage_vendors[i + 1]})
+        raise SpecError("this pipeline crosses vendors (" + "; ".join(pairs) + "), and NCCL/RCCL do not talk "
+                        "to each other: set pipeline_comm.backend: ucc in the site file (Megatron-LM's "
+                        "--pipeline-model-parallel-comm-backend)", field="pipeline_comm.backend",
+                        found=site.pipeline_comm_backend, allowed="ucc")
+
+    stage_gpus = tp * dp
+    first_layer_of = [sum(s.num_layers for s in plan.stages[:i]) for i in range(pp)]
+    runs = _component_runs(plan)
+    nodes_used: dict[str, int] = {}
+    comps: list[Component] = []
+    comm_env = [_env(k, v, f"pipeline_comm.env.{k}") for k, v in site.pipeline_comm_env] \
+        if site.pipeline_comm_backend == "ucc" else []
+    for ci, (pname, idx) in enumerate(runs):
+        p = partitions[pname]
+        pfield = f"partitions[{[q.name for q in site.partitions].index(pname)}]"
+        vendor = vendors[pname]
+        vl = VENDORS.get(vendor, VendorLaunch(comm_library="?", apptainer_flags=()))
+        if tp > p.gpus_per_node:
+            raise SpecError(f"tensor-parallel size {tp} exceeds the {p.gpus_per_node} GPUs per node of "
+                            f"partition {pname}: Megatron-LM's TP groups must stay inside a node",
+                            field="tp", found=tp, allowed=f"<= {p.gpus_per_node}")
+        ranks = stage_gpus * len(idx)
+        nodes = math.ceil(ranks / p.gpus_per_node)
+        if ranks % nodes:
+            raise SpecError(f"{ranks} ranks of stages {_range_label(idx[0], idx[-1])} do not spread evenly over "
+                            f"{nodes} nodes of {p.gpus_per_node} GPUs in partition {pname}",
+                            field="dp", found=dp)
+        per_node = ranks // nodes
+        if per_node % tp:
+            raise SpecError(f"{per_node} ranks per node on partition {pname} would split a tensor-parallel "
+                            f"group of {tp} across nodes", field="tp", found=tp)
+        nodes_used[pname] = nodes_used.get(pname, 0) + nodes
+        if nodes_used[pname] > p.nodes:
+            raise SpecError(f"the plan needs {nodes_used[pname]} nodes of partition {pname}, which has "
+                            f"{p.nodes} (hetjob components do not share nodes)",
+                            field=f"{pfield}.nodes", found=p.nodes)
+        first_rank = idx[0] * stage_gpus
+        n_layers = sum(plan.stages[i].num_layers for i in idx)
+        stage0 = plan.stages[idx[0]]
+
+        sb = [SbatchOption(name="partition", value=pname), SbatchOption(name="nodes", value=str(nodes)),
+              SbatchOption(name="ntasks-per-node", value=str(per_node))]
+        if ci == 0:
+            sb.insert(0, SbatchOption(name="job-name", value=name))
+            out_dir = log_dir if log_dir is not None else os.path.normpath(site.resolve(site.work_dir))
+            _no_control(out_dir, "work_dir")
+            sb.insert(1, SbatchOption(name="output", value=f"{out_dir.rstrip('/')}/{name}-%j.out"))
+            if workdir is not None:
+                sb.insert(2, SbatchOption(name="chdir", value=_no_control(workdir, "workdir")))
+        if p.gres_type is not None:
+            sb.append(SbatchOption(name="gres", value=f"gpu:{_slurm_name(p.gres_type, pfield + '.gres_type')}:{per_node}"))
+        elif vendor != "cpu":
+            sb.append(SbatchOption(name="gres", value=f"gpu:{per_node}"))
+        if p.cpus_per_task is not None:
+            sb.append(SbatchOption(name="cpus-per-task", value=str(p.cpus_per_task)))
+        if p.mem_per_node_gib is not None:
+            sb.append(SbatchOption(name="mem", value=f"{int(p.mem_per_node_gib * 1024)}M"))
+        account = p.account or site.account
+        if account is not None:
+            sb.append(SbatchOption(name="account", value=_slurm_name(
+                account, f"{pfield}.account" if p.account else "slurm.account")))
+        qos = p.qos or site.qos
+        if qos is not None:
+            sb.append(SbatchOption(name="qos", value=_slurm_name(qos, f"{pfield}.qos" if p.qos else "slurm.qos")))
+        sb.append(SbatchOption(name="time", value=str(p.time_limit_min or site.time_limit_min)))
+
+        env = [EnvVar(name=k, value=v) for k, v in vl.env]
+        env += [_env(k, v, f"{pfield}.env.{k}") for k, v in p.env]
+        env += comm_env
+        if p.cpus_per_task is not None:
+            env.append(EnvVar(name="OMP_NUM_THREADS", value=str(p.cpus_per_task)))
+        env += [EnvVar(name="MEMX_COMPONENT", value=str(ci)), EnvVar(name="MEMX_PARTITION", value=pname)]
+        launcher: tuple[str, ...] = ()
+        if p.container is not None:
+            launcher = ("apptainer", "exec", *vl.apptainer_flags, *_words(p.container, f"{pfield}.container"))
+        launcher += _words(p.python, f"{pfield}.python") + _words(p.megatron_entry, f"{pfield}.megatron_entry")
+        comps.append(Component(
+            index=ci, partition=pname, vendor=vendor, stages=tuple(idx), first_rank=first_rank, num_ranks=ranks,
+            nodes=nodes, tasks_per_node=per_node, first_layer=first_layer_of[idx[0]], num_layers=n_layers,
+            recompute=stage0.recompute, sbatch=tuple(sb),
+            srun=(SbatchOption(name="nodes", value=str(nodes)), SbatchOption(name="ntasks-per-node", value=str(per_node)),
+                  SbatchOption(name="kill-on-bad-exit", value="1")),
+            setup=tuple(_setup_line(line, f"{pfield}.setup[{k}]") for k, line in enumerate(p.setup)),
+            env=tuple(env), launcher=launcher,
+            args=recompute_args(stage0.recompute, plan.stages[idx[0]].num_layers)))
+
+    _check_groups(plan, comps)
+
+    layout = pipeline_layout(plan.stages) if pp > 1 else None
+    common: list[tuple[str, ...]] = _model_args(job)
+    common += [("--tensor-model-parallel-size", str(tp)), ("--pipeline-model-parallel-size", str(pp))]
+    if layout is not None:
+        common.append(("--pipeline-model-parallel-layout", layout))
+    if plan.sequence_parallel:
+        common.append(("--sequence-parallel",))
+    if site.pipeline_comm_backend == "ucc" and pp > 1:
+        common.append(("--pipeline-model-parallel-comm-backend", "ucc"))
+    common += [("--micro-batch-size", str(plan.micro_batch_size)),
+               ("--global-batch-size", str(plan.global_batch_size))]
+    if job.precision == "bf16":
+        common.append(("--bf16",))
+    elif job.precision == "fp16":
+        common.append(("--fp16",))
+    if job.distributed_optimizer:
+        common.append(("--use-distributed-optimizer",))
+    if job.optimizer != "adam":
+        common.append(("--optimizer", job.optimizer))
+    common += [("--train-iters", str(iters if iters is not None else job.train_iters)), ("--log-interval", "1"),
+               ("--eval-iters", "0"), ("--lr", "0.0001")]
+    if mock_data:
+        common += [("--mock-data",), ("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(model.vocab_size))]
+    for k, e in enumerate(extra):
+        _no_control(e, f"extra[{k}]")
+    if extra:
+        common.append(tuple(extra))
+
+    summary = (f"tp={tp} pp={pp} dp={dp} micro-batch={plan.micro_batch_size} global-batch={plan.global_batch_size} "
+               f"world={plan.world_size}; stages: " +
+               ", ".join(f"{s.partition}:{s.num_layers}:{s.recompute.label()}" for s in plan.stages))
+    return LaunchRequest(
+        tool_version=__version__, site_name=site.name, job_name=name, megatron_version=site.megatron_version,
+        summary=summary, tp=tp, pp=pp, dp=dp, world_size=plan.world_size, layout=layout,
+        components=tuple(comps), common_args=tuple(common))
+
+
+def _check_groups(plan: Plan, comps: Sequence[Component]) -> None:
+    """Every TP and DP group of Megatron's rank order (tp-cp-ep-dp-pp, cp = ep = 1) must lie in
+    one component's ranks, i.e. in one partition: only pipeline sends may cross partitions."""
+    tp, dp, pp = plan.tp, plan.dp, plan.pp
+    owner = {}
+    for c in comps:
+        for r in range(c.first_rank, c.first_rank + c.num_ranks):
+            owner[r] = c.partition
+    if sorted(owner) != list(range(plan.world_size)):
+        raise SpecError("components do not cover the ranks contiguously (internal error)", found=sorted(owner))
+    for s in range(pp):
+        base = s * tp * dp
+        groups = [[base + d * tp + t for t in range(tp)] for d in range(dp)]  # TP groups
+        groups += [[base + d * tp + t for d in range(dp)] for t in range(tp)]  # DP groups
+        for g in groups:
+            parts = {owner[r] for r in g}
+            if len(parts) > 1:
+                raise SpecError(f"ranks {g} of one TP/DP group would span partitions {sorted(parts)}",
+                                field="stages", found=s)
+
+
+# --------------------------------------------------------------------------- render
+
+
+def _environment():  # noqa: ANN202 - jinja2 type, imported lazily
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(_load_template), undefined=jinja2.StrictUndefined, autoescape=False,
+        keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env.filters["shell_quote"] = _shell_quote
+    return env
+
+
+def _load_template(name: str) -> str:
+    from importlib import resources
+
+    try:
+        return resources.files("memx_hpc.templates").joinpath(name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SystemFailure(f"template {name} is missing from the installation (memx_hpc.templates)") from None
+
+
+def _shell_quote(value: object) -> str:
+    text = str(value)
+    for ch in _UNSAFE_CHARS:
+        if ch in text:  # describe() refuses these first; this keeps the template safe on its own
+            raise SpecError("cannot be quoted into one shell line", found=text)
+    return shlex.quote(text)
+
+
+def render_request(request: LaunchRequest) -> str:
+    """The sbatch script for a described request (the template does no checking of its own)."""
+    return _environment().get_template(TEMPLATE).render(r=request)
+
+
+def render(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None, extra: Sequence[str] = (),
+           job_name: str | None = None, log_dir: str | None = None, workdir: str | None = None,
+           mock_data: bool = True) -> str:
+    """The heterogeneous sbatch script that runs ``plan`` with Megatron-LM on ``site``. Pure:
+    no files, no Slurm. See :func:`describe` for the arguments and the refusals."""
+    return render_request(describe(plan, site, job, iters=iters, extra=extra, job_name=job_name,
+                                   log_dir=log_dir, workdir=workdir, mock_data=mock_data))
+
+
+# --------------------------------------------------------------------------- act
+
+
+def check_syntax(script_path: str | Path) -> None:
+    """``bash -n`` on the script; SystemFailure with bash's message when it does not parse."""
+    try:
+        r = subprocess.run(["bash", "-n", str(script_path)], capture_output=True, text=True, timeout=30,
+                           stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SystemFailure(f"could not run bash -n: {e}") from None
+    if r.returncode != 0:
+        raise SystemFailure(f"bash -n rejects {script_path}: {r.stderr.strip()}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TestOnly:
+    """The verdict of ``sbatch --test-only``: Slurm prints it on stderr."""
+
+    __test__ = False  # not a pytest class
+
+    accepted: bool
+    message: str
+
+
+def _sbatch() -> str:
+    exe = shutil.which("sbatch")
+    if exe is None:
+        raise SystemFailure("sbatch is not on PATH: Slurm's client commands are needed to submit")
+    return exe
+
+
+def _output_dirs(script_path: str | Path) -> list[Path]:
+    dirs = []
+    for line in Path(script_path).read_text(encoding="utf-8").splitlines():
+        m = re.match(r"#SBATCH --(?:output|error)=(.*)$", line)
+        if m:
+            words = shlex.split(m.group(1))
+            if words and "/" in words[0]:
+                dirs.append(Path(words[0]).parent)
+    return dirs
+
+
+def test_only(script_path: str | Path, *, timeout_s: float = 30.0) -> TestOnly:
+    """Ask Slurm whether it would accept and schedule the script (nothing is submitted)."""
+    try:
+        r = subprocess.run([_sbatch(), "--test-only", str(script_path)], capture_output=True, text=True,
+                           timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        raise SystemFailure(f"sbatch --test-only did not answer within {timeout_s:g} s") from None
+    except OSError as e:
+        raise SystemFailure(f"could not run sbatch: {e}") from None
+    message = (r.stderr.strip() or r.stdout.strip())
+    return TestOnly(accepted=r.returncode == 0, message=message)
+
+
+def submit(script_path: str | Path, *, timeout_s: float = 60.0) -> str:
+    """Submit the script with ``sbatch``; returns the job id (a hetjob's leader id).
+    Creates the folder of the script's ``--output`` first (Slurm does not)."""
+    for d in _output_dirs(script_path):
+        d.mkdir(parents=True, exist_ok=True)
+    try:
+        r = subprocess.run([_sbatch(), "--parsable", str(script_path)], capture_output=True, text=True,
+                           timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        raise SystemFailure(f"sbatch did not answer within {timeout_s:g} s") from None
+    except OSError as e:
+        raise SystemFailure(f"could not run sbatch: {e}") from None
+    if r.returncode != 0:
+        raise SystemFailure(f"sbatch refused {script_path}: {r.stderr.strip() or r.stdout.strip()}")
+    job_id = r.stdout.strip().split(";")[0]
+    if not job_id.split("+")[0].isdigit():
+        raise SystemFailure(f"sbatch printed no job id: {r.stdout.strip()!r}")
+    return job_id
