@@ -1,0 +1,135 @@
+"""The profiling runner on this CPU: real megatron-core layers, real gloo process groups.
+
+Each case runs in a fresh Python process (megatron-core's parallel state and the
+process group are per process), as it does under Slurm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from memx_hpc.profile.runner import ProfileTask, RunSettings, TaskResult
+from memx_hpc.spec import LayerShape, ProfilePoint
+
+REPO = Path(__file__).resolve().parents[2]
+SHAPE = LayerShape(hidden_size=128, num_attention_heads=4, num_query_groups=4, ffn_hidden_size=512,
+                   seq_length=64, vocab_size=500)
+
+
+def point(kind: str = "layer", *, mbs: int = 2, tp: int = 1, recompute: str = "none", attention: str = "sdpa",
+          **kw) -> ProfilePoint:
+    return ProfilePoint(gpu_type="cpu-test", kind=kind, shape=SHAPE, tp=tp, micro_batch_size=mbs,
+                        recompute=recompute, precision="fp32", attention=attention, **kw)
+
+
+def run_tasks(tmp_path: Path, task: ProfileTask, *, ranks: int = 1, env: dict | None = None,
+              timeout: float = 240) -> TaskResult:
+    """Run ``task`` in ``ranks`` fresh processes wired as one Slurm job would wire them."""
+    tp = tmp_path / "task.pkl"
+    tp.write_bytes(pickle.dumps(task))
+    procs = []
+    for r in range(ranks):
+        e = {**os.environ, **(env or {})}
+        if ranks > 1:
+            e.update(SLURM_PROCID=str(r), SLURM_NTASKS=str(ranks), SLURM_LOCALID=str(r), SLURM_CPUS_PER_TASK="1",
+                     SLURM_JOB_ID=f"test{os.getpid()}{tmp_path.name[-6:]}")
+        else:
+            for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):
+                e.pop(k, None)
+        out = tmp_path / f"result{r}.pkl"
+        code = textwrap.dedent(f"""
+            import pickle
+            from memx_hpc.profile.runner import run_task
+            task = pickle.load(open({str(tp)!r}, "rb"))
+            pickle.dump(run_task(task), open({str(out)!r}, "wb"))
+        """)
+        procs.append((subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=e, stderr=subprocess.PIPE,
+                                       text=True), out))
+    for p, _ in procs:
+        _, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, err[-3000:]
+    return pickle.loads(procs[0][1].read_bytes())
+
+
+def korthikanti_bytes(*, s: int, b: int, h: int, a: int, e: int, m: int, recompute: str, attention: str) -> int:
+    """Per-layer activation bytes, Korthikanti et al. 2022 Eq. 1-2 generalised to e bytes
+    per element and m per dropout-mask element (the paper: e=2, m=1 gives sbh(34 + 5as/h)).
+    Fused (SDPA) attention keeps the fp32 log-sum-exp (4asb) instead of the s^2 matrices."""
+    if recompute == "full":
+        return e * s * b * h
+    base = s * b * h * (16 * e + 2 * m)
+    if recompute == "selective":
+        return base
+    return base + (4 * a * s * b if attention == "sdpa" else a * s * s * b * (2 * e + m))
+
+
+@pytest.mark.slow
+def test_layer_activation_bytes_match_korthikanti(tmp_path):
+    cases = [("none", "sdpa", 2), ("selective", "sdpa", 2), ("full", "sdpa", 2), ("none", "core", 1),
+             ("none", "sdpa", 4)]
+    pts = tuple(point(recompute=r, attention=att, mbs=b) for r, att, b in cases)
+    task = ProfileTask(gpu_type="cpu-test", vendor="cpu", memory_cap_bytes=2**32, points=pts,
+                       settings=RunSettings(warmup=1, iters=2), rendezvous_dir=str(tmp_path))
+    res = run_tasks(tmp_path, task)
+    assert res.failures == ()
+    assert len(res.samples) == len(cases)
+    for s, (r, att, b) in zip(res.samples, cases):
+        want = korthikanti_bytes(s=SHAPE.seq_length, b=b, h=SHAPE.hidden_size, a=SHAPE.num_attention_heads, e=4,
+                                 m=1, recompute=r, attention=att)
+        assert abs(s.activation_bytes / want - 1) < 0.02, (r, att, b, s.activation_bytes, want)
+        assert s.forward_ms > 0 and s.backward_ms > 0
+        assert s.peak_allocated_bytes > s.activation_bytes
+        assert not s.infeasible and s.origin == "measured"
+        prov = json.loads(s.provenance)
+        assert prov["torch"] and prov["megatron_core"] and prov["vendor"] == "cpu" and prov["host"]
+        assert prov["settings"]["iters"] == 2
+    # recompute trades time for memory: full keeps least and costs most backward time
+    by = {(p.point.recompute, p.point.attention, p.point.micro_batch_size): p for p in res.samples}
+    assert by[("full", "sdpa", 2)].activation_bytes < by[("selective", "sdpa", 2)].activation_bytes \
+        < by[("none", "sdpa", 2)].activation_bytes < by[("none", "sdpa", 4)].activation_bytes
+
+
+@pytest.mark.slow
+def test_memory_cap_gives_infeasible_and_failures_are_reported(tmp_path):
+    pts = (point(mbs=1), point("optimizer"), point("embedding"), point("head"))
+    task = ProfileTask(gpu_type="cpu-test", vendor="cpu", memory_cap_bytes=2**20, points=pts,
+                       settings=RunSettings(warmup=1, iters=2), rendezvous_dir=str(tmp_path), measure_device=True)
+    res = run_tasks(tmp_path, task, env={"MEMX_PROFILE_FAIL": "optimizer"})
+    kinds = {s.point.kind: s for s in res.samples}
+    # a layer does not fit in 1 MiB: known before running (fake tensors) and stored as infeasible
+    assert kinds["layer"].infeasible and kinds["layer"].peak_allocated_bytes > 2**20
+    assert kinds["layer"].forward_ms == 0  # not run
+    assert "FakeTensorMode" in json.loads(kinds["layer"].provenance)["note"]
+    assert [f.point.kind for f in res.failures] == ["optimizer"]
+    assert "injected failure" in res.failures[0].reason
+    assert {"embedding", "head"} <= set(kinds)
+    figs = res.device_figures
+    assert figs and figs["peak_tflops_fp32"] > 0 and figs["hbm_gbps"] > 0 and figs["memory_gib"] == 1 / 1024
+
+
+@pytest.mark.slow
+def test_two_ranks_tp_layer_and_collectives(tmp_path):
+    msg = 2 * SHAPE.seq_length * SHAPE.hidden_size * 4
+    pts = (point(tp=2), point("allreduce", tp=2, group_size=2, message_bytes=msg),
+           point("p2p", group_size=2, message_bytes=msg), point("optimizer", tp=2))
+    task = ProfileTask(gpu_type="cpu-test", vendor="cpu", memory_cap_bytes=2**32, points=pts, world_size=2,
+                       settings=RunSettings(warmup=1, iters=2), rendezvous_dir=str(tmp_path))
+    res = run_tasks(tmp_path, task, ranks=2)
+    assert res.failures == ()
+    kinds = {s.point.kind: s for s in res.samples}
+    assert set(kinds) == {"layer", "allreduce", "p2p", "optimizer"}
+    assert kinds["allreduce"].forward_ms > 0 and kinds["p2p"].forward_ms > 0
+    assert json.loads(kinds["layer"].provenance)["world_size"] == 2
+    # TP=2 halves what each rank keeps of Q/K/V, the projection and MLP interiors
+    want = korthikanti_bytes(s=SHAPE.seq_length, b=2, h=SHAPE.hidden_size, a=SHAPE.num_attention_heads, e=4, m=1,
+                             recompute="none", attention="sdpa")
+    assert kinds["layer"].activation_bytes < 0.8 * want
+    assert json.loads(kinds["optimizer"].provenance)["params"] < 12 * SHAPE.hidden_size ** 2 * 0.6
