@@ -41,7 +41,7 @@ from ..spec import Plan, Recompute, Site, Stage, TrainJob
 
 __all__ = ["SUPPORTED_MEGATRON_VERSIONS", "SbatchOption", "EnvVar", "Component", "LaunchRequest",
            "VendorLaunch", "describe", "render", "render_request", "pipeline_layout", "recompute_args",
-           "check_syntax", "TestOnly", "test_only", "submit", "TEMPLATE"]
+           "check_syntax", "TestOnly", "test_only", "submit", "JobOutcome", "job_states", "wait", "TEMPLATE"]
 
 #: The Megatron-LM versions whose argument names this renderer emits.
 SUPPORTED_MEGATRON_VERSIONS = ("core_r0.16.0",)
@@ -607,3 +607,65 @@ def submit(script_path: str | Path, *, timeout_s: float = 60.0) -> str:
     if not job_id.split("+")[0].isdigit():
         raise SystemFailure(f"sbatch printed no job id: {r.stdout.strip()!r}")
     return job_id
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobOutcome:
+    """How a submitted job ended: its state (the worst over hetjob components) and each component's."""
+
+    job_id: str
+    state: str
+    components: tuple[tuple[str, str], ...]  # (Slurm id such as "17+1", state)
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "COMPLETED"
+
+
+_FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
+          "DEADLINE", "PREEMPTED")
+
+
+def _client(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str] | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def job_states(job_id: str, *, timeout_s: float = 10.0) -> tuple[tuple[str, str], ...]:
+    """``(id, state)`` of a job's allocations from ``sacct`` (``17`` or ``17+0``, ``17+1``, ...)."""
+    r = _client(["sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "JobID,State"], timeout_s)
+    if r is None or r.returncode != 0:
+        return ()
+    out = []
+    for line in r.stdout.splitlines():
+        jid, _, state = line.partition("|")
+        jid = jid.strip()
+        if jid == str(job_id) or jid.startswith(f"{job_id}+"):
+            out.append((jid, (state.split() or ["UNKNOWN"])[0]))
+    return tuple(out)
+
+
+def wait(job_id: str, *, timeout_s: float = 600.0, poll_s: float = 1.0) -> JobOutcome:
+    """Wait until the job has left the queue and accounting has a final state for every component.
+    Raises SystemFailure when it is still running after ``timeout_s`` (it is not cancelled)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = job_states(job_id)
+        if states and all(s in _FINAL for _, s in states):
+            worst = next((s for _, s in states if s != "COMPLETED"), "COMPLETED")
+            return JobOutcome(job_id=str(job_id), state=worst, components=states)
+        if not states:
+            q = _client(["squeue", "-h", "-j", str(job_id), "-o", "%i"], 10.0)
+            gone = q is not None and q.returncode in (0, 1) and not q.stdout.strip()
+            if gone and time.monotonic() > deadline - timeout_s + 5.0:
+                # no accounting on this cluster: the job left the queue, its state is unknown
+                return JobOutcome(job_id=str(job_id), state="UNKNOWN", components=())
+        if time.monotonic() >= deadline:
+            raise SystemFailure(f"job {job_id} did not finish within {timeout_s:g} s "
+                                f"(last states: {dict(states) or 'unknown'}); it is still queued or running")
+        time.sleep(poll_s)
