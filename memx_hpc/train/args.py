@@ -1,0 +1,232 @@
+"""The trainer's command line: Megatron-LM's own argument names (``megatron/training/arguments.py``
+at core_r0.16.0), for every argument :mod:`memx_hpc.slurm.render` emits and the common ones
+around them, so that one rendered script launches either Megatron-LM's ``pretrain_gpt.py``
+(real sites) or ``python -m memx_hpc.train.pretrain_gpt`` (this machine).
+
+Arguments that only make sense on a GPU are accepted and reported as ignored (one log
+line each); an argument Megatron-LM does not have is an error, as in Megatron-LM.
+No torch import here: ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Sequence
+
+# Accepted because Megatron-LM accepts them and scripts pass them; they change nothing
+# on a CPU (kernel fusions, GPU-only memory options). Flag -> why it is ignored here.
+CPU_NO_OP_FLAGS = {
+    "--no-gradient-accumulation-fusion": "gradient accumulation fusion is a CUDA kernel",
+    "--no-persist-layer-norm": "the persistent layer norm is a CUDA kernel",
+    "--no-masked-softmax-fusion": "the masked-softmax fusion is a CUDA kernel",
+    "--no-bias-gelu-fusion": "the bias-GeLU fusion is a CUDA kernel",
+    "--no-bias-swiglu-fusion": "the bias-SwiGLU fusion is a CUDA kernel",
+    "--no-bias-dropout-fusion": "the bias-dropout fusion is a CUDA kernel",
+    "--no-rope-fusion": "the RoPE fusion is a CUDA kernel",
+    "--use-flash-attn": "flash attention is a CUDA kernel",
+    "--use-cpu-initialization": "always on here",
+    "--use-mcore-models": "always megatron-core models here",
+    "--overlap-grad-reduce": "no CUDA streams to overlap on",
+    "--overlap-param-gather": "no CUDA streams to overlap on",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainArgs:
+    """The parsed command line (Megatron-LM names, underscores for dashes)."""
+
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int | None
+    num_attention_heads: int
+    group_query_attention: bool
+    num_query_groups: int | None
+    seq_length: int
+    max_position_embeddings: int | None
+    vocab_size: int
+    make_vocab_size_divisible_by: int
+    swiglu: bool
+    untie_embeddings_and_output_weights: bool
+    position_embedding_type: str
+    normalization: str
+    add_bias_linear: bool
+    attention_dropout: float
+    hidden_dropout: float
+    attention_backend: str
+    transformer_impl: str
+    tensor_model_parallel_size: int
+    pipeline_model_parallel_size: int
+    pipeline_model_parallel_layout: str | None
+    decoder_first_pipeline_num_layers: int | None
+    decoder_last_pipeline_num_layers: int | None
+    pipeline_model_parallel_comm_backend: str | None
+    sequence_parallel: bool
+    distributed_backend: str
+    distributed_timeout_minutes: int
+    use_distributed_optimizer: bool
+    micro_batch_size: int
+    global_batch_size: int | None
+    train_iters: int
+    log_interval: int
+    eval_iters: int
+    eval_interval: int
+    lr: float
+    min_lr: float
+    lr_decay_style: str
+    lr_warmup_iters: int
+    weight_decay: float
+    clip_grad: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
+    optimizer: str
+    seed: int
+    init_method_std: float
+    recompute_granularity: str | None
+    recompute_method: str | None
+    recompute_num_layers: int | None
+    recompute_modules: tuple[str, ...] | None
+    mock_data: bool
+    tokenizer_type: str | None
+    bf16: bool
+    fp16: bool
+    ignored: tuple[tuple[str, str], ...]  # (flag, why) for the log
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m memx_hpc.train.pretrain_gpt",
+        description="Train a GPT with megatron-core (real tensor and pipeline parallel, 1F1B) on "
+                    "this machine's CPUs, from Megatron-LM's own command line.",
+        allow_abbrev=False)
+    m = p.add_argument_group("network size")
+    m.add_argument("--num-layers", type=int, required=True)
+    m.add_argument("--hidden-size", type=int, required=True)
+    m.add_argument("--ffn-hidden-size", type=int, default=None)
+    m.add_argument("--num-attention-heads", type=int, required=True)
+    m.add_argument("--group-query-attention", action="store_true")
+    m.add_argument("--num-query-groups", type=int, default=None)
+    m.add_argument("--max-position-embeddings", type=int, default=None)
+    m.add_argument("--position-embedding-type", default="learned_absolute",
+                   choices=["learned_absolute", "rope", "none"])
+    m.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
+    m.add_argument("--swiglu", action="store_true")
+    m.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    m.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear")
+    m.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    m.add_argument("--attention-dropout", type=float, default=0.1)
+    m.add_argument("--hidden-dropout", type=float, default=0.1)
+    m.add_argument("--attention-backend", default="auto",
+                   choices=["flash", "fused", "unfused", "local", "auto"])
+    m.add_argument("--transformer-impl", default="local", choices=["local", "transformer_engine"])
+
+    d = p.add_argument_group("distributed")
+    d.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    d.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    d.add_argument("--pipeline-model-parallel-layout", default=None)
+    d.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None)
+    d.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None)
+    d.add_argument("--pipeline-model-parallel-comm-backend", default=None, choices=["nccl", "ucc"])
+    d.add_argument("--sequence-parallel", action="store_true")
+    d.add_argument("--distributed-backend", default="nccl", choices=["nccl", "gloo"])
+    d.add_argument("--distributed-timeout-minutes", type=int, default=10)
+    d.add_argument("--use-distributed-optimizer", action="store_true")
+
+    t = p.add_argument_group("training")
+    t.add_argument("--micro-batch-size", type=int, required=True)
+    t.add_argument("--global-batch-size", type=int, default=None)
+    t.add_argument("--train-iters", type=int, required=True)
+    t.add_argument("--log-interval", type=int, default=100)
+    t.add_argument("--eval-iters", type=int, default=100)
+    t.add_argument("--eval-interval", type=int, default=1000)
+    t.add_argument("--lr", type=float, default=None)
+    t.add_argument("--min-lr", type=float, default=0.0)
+    t.add_argument("--lr-decay-style", default="linear", choices=["constant", "linear", "cosine"])
+    t.add_argument("--lr-warmup-iters", type=int, default=0)
+    t.add_argument("--weight-decay", type=float, default=0.01)
+    t.add_argument("--clip-grad", type=float, default=1.0)
+    t.add_argument("--adam-beta1", type=float, default=0.9)
+    t.add_argument("--adam-beta2", type=float, default=0.999)
+    t.add_argument("--adam-eps", type=float, default=1e-8)
+    t.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
+    t.add_argument("--seed", type=int, default=1234)
+    t.add_argument("--init-method-std", type=float, default=0.02)
+    t.add_argument("--recompute-activations", action="store_true")
+    t.add_argument("--recompute-granularity", default=None, choices=["full", "selective"])
+    t.add_argument("--recompute-method", default=None, choices=["uniform", "block"])
+    t.add_argument("--recompute-num-layers", type=int, default=None)
+    t.add_argument("--recompute-modules", nargs="*", default=None)
+
+    data = p.add_argument_group("data and tokenizer")
+    data.add_argument("--mock-data", action="store_true")
+    data.add_argument("--seq-length", type=int, required=True)
+    data.add_argument("--vocab-size", type=int, required=True)
+    data.add_argument("--tokenizer-type", default=None, choices=["NullTokenizer"])
+
+    mp = p.add_argument_group("mixed precision")
+    mp.add_argument("--bf16", action="store_true")
+    mp.add_argument("--fp16", action="store_true")
+
+    ig = p.add_argument_group("accepted and ignored on the CPU")
+    for flag in CPU_NO_OP_FLAGS:
+        ig.add_argument(flag, action="store_true", dest="ignored_" + flag.strip("-").replace("-", "_"))
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
+    """Parse and check the command line the way Megatron-LM's ``validate_args`` does for these names."""
+    p = build_parser()
+    ns = p.parse_args(argv)
+    ignored = tuple((flag, why) for flag, why in CPU_NO_OP_FLAGS.items()
+                    if getattr(ns, "ignored_" + flag.strip("-").replace("-", "_")))
+    if ns.recompute_activations:  # Megatron-LM: --recompute-activations means selective
+        ns.recompute_granularity = "selective"
+    if ns.fp16 and ns.bf16:
+        p.error("--fp16 and --bf16 are mutually exclusive")
+    if ns.pipeline_model_parallel_layout and (ns.decoder_first_pipeline_num_layers is not None
+                                              or ns.decoder_last_pipeline_num_layers is not None):
+        p.error("--pipeline-model-parallel-layout cannot be combined with "
+                "--decoder-first/last-pipeline-num-layers")
+    if ns.recompute_granularity == "full" and ns.recompute_method is None:
+        p.error("--recompute-granularity full needs --recompute-method (uniform or block)")
+    if ns.recompute_method is not None and ns.recompute_num_layers is None:
+        p.error("--recompute-method needs --recompute-num-layers")
+    if ns.num_query_groups is not None and not ns.group_query_attention:
+        ns.num_query_groups = None  # Megatron-LM ignores it without --group-query-attention
+    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size",
+                 "train_iters", "log_interval"):
+        if getattr(ns, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    return TrainArgs(
+        num_layers=ns.num_layers, hidden_size=ns.hidden_size, ffn_hidden_size=ns.ffn_hidden_size,
+        num_attention_heads=ns.num_attention_heads, group_query_attention=ns.group_query_attention,
+        num_query_groups=ns.num_query_groups, seq_length=ns.seq_length,
+        max_position_embeddings=ns.max_position_embeddings, vocab_size=ns.vocab_size,
+        make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by, swiglu=ns.swiglu,
+        untie_embeddings_and_output_weights=ns.untie_embeddings_and_output_weights,
+        position_embedding_type=ns.position_embedding_type, normalization=ns.normalization,
+        add_bias_linear=ns.add_bias_linear, attention_dropout=ns.attention_dropout,
+        hidden_dropout=ns.hidden_dropout, attention_backend=ns.attention_backend,
+        transformer_impl=ns.transformer_impl,
+        tensor_model_parallel_size=ns.tensor_model_parallel_size,
+        pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
+        pipeline_model_parallel_layout=ns.pipeline_model_parallel_layout,
+        decoder_first_pipeline_num_layers=ns.decoder_first_pipeline_num_layers,
+        decoder_last_pipeline_num_layers=ns.decoder_last_pipeline_num_layers,
+        pipeline_model_parallel_comm_backend=ns.pipeline_model_parallel_comm_backend,
+        sequence_parallel=ns.sequence_parallel, distributed_backend=ns.distributed_backend,
+        distributed_timeout_minutes=ns.distributed_timeout_minutes,
+        use_distributed_optimizer=ns.use_distributed_optimizer,
+        micro_batch_size=ns.micro_batch_size, global_batch_size=ns.global_batch_size,
+        train_iters=ns.train_iters, log_interval=ns.log_interval, eval_iters=ns.eval_iters,
+        eval_interval=ns.eval_interval, lr=ns.lr if ns.lr is not None else 1.0e-4, min_lr=ns.min_lr,
+        lr_decay_style=ns.lr_decay_style, lr_warmup_iters=ns.lr_warmup_iters,
+        weight_decay=ns.weight_decay, clip_grad=ns.clip_grad, adam_beta1=ns.adam_beta1,
+        adam_beta2=ns.adam_beta2, adam_eps=ns.adam_eps, optimizer=ns.optimizer, seed=ns.seed,
+        init_method_std=ns.init_method_std, recompute_granularity=ns.recompute_granularity,
+        recompute_method=ns.recompute_method, recompute_num_layers=ns.recompute_num_layers,
+        recompute_modules=tuple(ns.recompute_modules) if ns.recompute_modules is not None else None,
+        mock_data=ns.mock_data, tokenizer_type=ns.tokenizer_type, bf16=ns.bf16, fp16=ns.fp16,
+        ignored=ignored,
+    )

@@ -1,0 +1,419 @@
+"""A GPT trainer on megatron-core that takes Megatron-LM's ``pretrain_gpt.py`` command line.
+
+Run as ``python -m memx_hpc.train.pretrain_gpt ARGS`` (one process per rank, as
+``srun`` or ``torchrun`` start them). It builds megatron-core's ``GPTModel`` from the
+local layer spec, initialises real tensor and pipeline parallel groups, wraps the
+model in megatron-core's ``DistributedDataParallel``, trains ``--train-iters``
+iterations of synthetic data (``--mock-data``) with megatron-core's 1F1B schedule
+(``get_forward_backward_func``) and its optimizer, and logs iteration time and
+memory in Megatron-LM's format (:mod:`memx_hpc.train.logs`).
+
+On a CPU-only PyTorch (this machine, the local Slurm cluster) it uses gloo and the
+redirections of :mod:`memx_hpc.train.cpu`; a few arguments that need a GPU are
+accepted and ignored with one log line each:
+
+* ``--bf16`` / ``--fp16``: the CPU runs fp32 (bf16 matmuls on CPU are emulated and slow,
+  and fp16 is not supported by every CPU kernel);
+* ``--use-distributed-optimizer``: gloo has no reduce-scatter, which megatron-core's
+  distributed optimizer needs; the plain megatron-core optimizer is used instead
+  (identical when the data-parallel size is 1);
+* ``--pipeline-model-parallel-comm-backend ucc``: UCC is for GPUs; gloo carries the
+  pipeline sends too.
+
+Heterogeneous recomputation needs nothing special: each hetjob component's command
+line carries its own ``--recompute-*`` flags, so each rank applies its own.
+
+Rank and world size come from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (what the rendered
+script exports, and what torchrun sets), else ``SLURM_PROCID``/``SLURM_NTASKS``/
+``SLURM_LOCALID``, else a single process. ``MASTER_ADDR``/``MASTER_PORT`` give the
+rendezvous (rank 0's host).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Iterator, Sequence
+
+from .args import TrainArgs, parse_args
+from .logs import iteration_line, layout_line, memory_line
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistEnv:
+    """Where this process sits in the job (from torchrun's or Slurm's variables)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    source: str  # "torchrun" | "slurm" | "single"
+
+
+def dist_env(environ: dict[str, str] | None = None) -> DistEnv:
+    """Rank, world size and rendezvous from the environment."""
+    env = os.environ if environ is None else environ
+    addr = env.get("MASTER_ADDR", "127.0.0.1")
+    port = int(env.get("MASTER_PORT", "29500"))
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistEnv(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+                       local_rank=int(env.get("LOCAL_RANK", "0")), master_addr=addr, master_port=port,
+                       source="torchrun")
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        return DistEnv(rank=int(env["SLURM_PROCID"]), world_size=int(env["SLURM_NTASKS"]),
+                       local_rank=int(env.get("SLURM_LOCALID", "0")), master_addr=addr, master_port=port,
+                       source="slurm")
+    return DistEnv(rank=0, world_size=1, local_rank=0, master_addr=addr,
+                   master_port=port if "MASTER_PORT" in env else _free_port(), source="single")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _set_threads() -> None:
+    # One rank per core: Slurm says how many CPUs a task has; without it torch would start
+    # one thread per core on every rank and the ranks would compete for the same cores.
+    if "OMP_NUM_THREADS" in os.environ or "SLURM_CPUS_PER_TASK" not in os.environ:
+        return
+    try:
+        n = int(os.environ["SLURM_CPUS_PER_TASK"])
+    except ValueError:
+        return
+    import torch
+
+    torch.set_num_threads(max(n, 1))
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """Megatron-LM's vocabulary padding for the NullTokenizer (``_vocab_size_with_padding``
+    in megatron/training/tokenizer): the tokenizer adds one EOD token, then the size is
+    rounded up to a multiple of ``make_vocab_size_divisible_by * tp``."""
+    with_eod = vocab_size + 1
+    multiple = divisible_by * tp
+    return int(math.ceil(with_eod / multiple) * multiple)
+
+
+def _log(rank: int, msg: str) -> None:
+    print(f"[Rank {rank}] {msg}", flush=True)
+
+
+def _now() -> str:
+    return datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _synthetic_batches(*, seed: int, dp_rank: int, micro_batch_size: int, seq_length: int,
+                       vocab_size: int, torch: Any) -> Iterator[dict[str, Any]]:
+    """Mock data: random tokens, next-token labels, a full loss mask and an explicit causal
+    mask (megatron-core's default mask is built on the GPU). Every rank of a data-parallel
+    replica draws the same micro-batches (same seed), so no broadcast is needed."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + dp_rank)
+    causal = torch.triu(torch.ones(seq_length, seq_length, dtype=torch.bool), diagonal=1)
+    attention_mask = causal.view(1, 1, seq_length, seq_length)  # True = masked out (Megatron-LM)
+    position_ids = torch.arange(seq_length, dtype=torch.long).unsqueeze(0).expand(micro_batch_size, -1)
+    while True:
+        text = torch.randint(0, vocab_size, (micro_batch_size, seq_length + 1), generator=gen)
+        yield {"tokens": text[:, :-1].contiguous(), "labels": text[:, 1:].contiguous(),
+               "loss_mask": torch.ones(micro_batch_size, seq_length, dtype=torch.float),
+               "attention_mask": attention_mask, "position_ids": position_ids}
+
+
+def _loss_func(loss_mask: Any, output_tensor: Any) -> tuple[Any, Any, dict[str, Any]]:
+    # As Megatron-LM's pretrain_gpt.loss_func (core_r0.16.0): sum of masked token losses,
+    # the token count, and [loss, tokens] for reporting.
+    import torch
+    losses = output_tensor.view(-1).float()
+    mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * mask)
+    num_tokens = mask.sum().clone().detach().to(torch.int)
+    report = torch.cat([loss.clone().detach().view(1), num_tokens.view(1).float()])
+    return loss, num_tokens, {"lm loss": report}
+
+
+def _forward_step(data_iterator: Iterator[dict[str, Any]], model: Any) -> tuple[Any, Any]:
+    batch = next(data_iterator)
+    output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
+    return output, partial(_loss_func, batch["loss_mask"])
+
+
+def train(args: TrainArgs, env: DistEnv) -> int:
+    """Build, train and log. Returns the process exit code."""
+    import contextlib
+
+    import torch
+
+    on_cpu = not torch.cuda.is_available()
+    with contextlib.ExitStack() as stack:
+        tracker = None
+        if on_cpu:
+            from ..megatron_cpu import cpu_workarounds
+            from .cpu import TensorMemoryTracker, use_cpu
+
+            # The profiler's workarounds (dropout keeps a 1-byte mask as on CUDA, CPU RNG for
+            # recompute), so measured memory means what the profiled layers' memory means;
+            # then the rest of the training path (schedules, DDP, optimizer).
+            stack.enter_context(cpu_workarounds())
+            stack.callback(use_cpu().undo)
+            tracker = stack.enter_context(TensorMemoryTracker())  # before the model: params count
+        stack.callback(_destroy, torch)
+        return _train(args, env, torch, on_cpu, tracker)
+
+
+def _destroy(torch: Any) -> None:
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any) -> int:
+    import random
+
+    import numpy as np
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, \
+        finalize_model_grads
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    from .cpu import rss_bytes
+
+    rank, world = env.rank, env.world_size
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    if world % (tp * pp):
+        _log(rank, f"error: world size {world} is not divisible by tp*pp = {tp * pp}")
+        return 1
+    dp = world // (tp * pp)
+    gbs = args.global_batch_size or args.micro_batch_size * dp
+    if gbs % (args.micro_batch_size * dp):
+        _log(rank, f"error: global batch size {gbs} is not a multiple of micro batch size "
+                   f"{args.micro_batch_size} times data-parallel size {dp}")
+        return 1
+    num_microbatches = gbs // (args.micro_batch_size * dp)
+
+    if on_cpu:
+        for flag, why in args.ignored:
+            _log(rank, f"ignoring {flag} on the CPU: {why}")
+        if args.bf16 or args.fp16:
+            _log(rank, f"{'--bf16' if args.bf16 else '--fp16'} requested: training in fp32 on the CPU "
+                       f"(no native half-precision matmul here)")
+        if args.use_distributed_optimizer:
+            _log(rank, "--use-distributed-optimizer requested: using the plain megatron-core optimizer "
+                       "(gloo has no reduce-scatter); identical when data-parallel size is 1")
+        if args.pipeline_model_parallel_comm_backend == "ucc":
+            _log(rank, "--pipeline-model-parallel-comm-backend ucc requested: gloo carries pipeline "
+                       "sends on the CPU")
+        if args.transformer_impl == "transformer_engine":
+            _log(rank, "--transformer-impl transformer_engine requested: using the local spec on the CPU")
+    backend = "gloo" if on_cpu else args.distributed_backend
+    dtype = torch.float32
+    if not on_cpu and args.bf16:
+        dtype = torch.bfloat16
+    elif not on_cpu and args.fp16:
+        dtype = torch.float16
+
+    if not on_cpu:
+        torch.cuda.set_device(env.local_rank)
+    torch.distributed.init_process_group(
+        backend=backend, init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=rank,
+        world_size=world, timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes))
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        pipeline_model_parallel_comm_backend=None if on_cpu else args.pipeline_model_parallel_comm_backend)
+
+    # Megatron-LM's _set_random_seed: a different seed per pipeline stage.
+    seed = args.seed + 100 * ps.get_pipeline_model_parallel_rank()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    # On the CPU the training RNG tracker would save CUDA generator states; the inference
+    # tracker (no forks) is the documented workaround (ml-stack notes).
+    model_parallel_cuda_manual_seed(seed, inference_rng_tracker=on_cpu)
+
+    ffn = args.ffn_hidden_size
+    if ffn is None:  # Megatron-LM's defaults (validate_args)
+        ffn = int((4 * args.hidden_size * 2 / 3) / 64) * 64 if args.swiglu else 4 * args.hidden_size
+    import torch.nn.functional as F
+
+    # Flash/fused attention (Megatron-LM's default "auto" on GPUs) keeps no s x s matrices;
+    # on the CPU torch SDPA does the same, but only without attention dropout (with it,
+    # CPU SDPA falls back to a path that stores them). "unfused"/"local" keep megatron-core's
+    # DotProductAttention, which stores them, with dropout.
+    flash_like = on_cpu and args.attention_backend in ("auto", "flash", "fused")
+    attention_dropout = args.attention_dropout
+    if flash_like and attention_dropout > 0:
+        _log(rank, f"--attention-backend {args.attention_backend}: torch SDPA on the CPU, without "
+                   f"attention dropout ({attention_dropout} requested)")
+        attention_dropout = 0.0
+    config = TransformerConfig(
+        num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=ffn,
+        num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
+        normalization=args.normalization, add_bias_linear=args.add_bias_linear,
+        gated_linear_unit=args.swiglu, activation_func=F.silu if args.swiglu else F.gelu,
+        attention_dropout=attention_dropout, hidden_dropout=args.hidden_dropout,
+        init_method_std=args.init_method_std,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        sequence_parallel=args.sequence_parallel,
+        pipeline_model_parallel_layout=args.pipeline_model_parallel_layout,
+        num_layers_in_first_pipeline_stage=args.decoder_first_pipeline_num_layers,
+        num_layers_in_last_pipeline_stage=args.decoder_last_pipeline_num_layers,
+        pipeline_dtype=dtype, params_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        use_cpu_initialization=True,
+        recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
+        recompute_num_layers=args.recompute_num_layers,
+        **({"recompute_modules": list(args.recompute_modules)} if args.recompute_modules else {}),
+        # CUDA kernel fusions off on the CPU (their fallbacks are the plain ops)
+        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+        bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        deallocate_pipeline_outputs=True,
+    )
+    vocab = padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by, tp)
+    pre = ps.is_pipeline_first_stage()
+    post = ps.is_pipeline_last_stage()
+    spec = get_gpt_layer_local_spec(normalization=args.normalization)
+    if flash_like:
+        import copy
+
+        from ..megatron_cpu import sdpa_core_attention_class
+
+        spec = copy.deepcopy(spec)
+        spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention_class()
+    model = GPTModel(
+        config=config, transformer_layer_spec=spec,
+        vocab_size=vocab, max_sequence_length=args.max_position_embeddings or args.seq_length,
+        pre_process=pre, post_process=post, parallel_output=True,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type)
+    if not on_cpu:
+        model.cuda(torch.cuda.current_device())
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=dtype != torch.float32, overlap_grad_reduce=False,
+        use_distributed_optimizer=args.use_distributed_optimizer and not on_cpu)
+    ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+    config.no_sync_func = ddp.no_sync
+    config.finalize_model_grads_func = finalize_model_grads
+
+    opt_config = OptimizerConfig(
+        optimizer=args.optimizer, lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+        clip_grad=args.clip_grad, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        params_dtype=dtype, use_distributed_optimizer=args.use_distributed_optimizer and not on_cpu)
+    optimizer = get_megatron_optimizer(opt_config, [ddp])
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=0.0 if args.lr_warmup_iters else args.lr, max_lr=args.lr, min_lr=args.min_lr,
+        lr_warmup_steps=args.lr_warmup_iters * gbs, lr_decay_steps=args.train_iters * gbs,
+        lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
+        wd_incr_steps=args.train_iters * gbs, wd_incr_style="constant")
+
+    stage = ps.get_pipeline_model_parallel_rank()
+    n_layers = get_num_layers_to_build(config, pp_rank=stage)
+    first = get_transformer_layer_offset(config, pp_rank=stage)
+    recompute = args.recompute_granularity or "none"
+    if args.recompute_granularity == "full":
+        recompute += f"/{args.recompute_method}/{args.recompute_num_layers}"
+    n_params = sum(p.numel() for p in model.parameters())
+    _log(rank, layout_line(rank=rank, fields={
+        "world": world, "tp rank": f"{ps.get_tensor_model_parallel_rank()}/{tp}",
+        "pp stage": f"{stage}/{pp}", "dp rank": f"{ps.get_data_parallel_rank()}/{dp}",
+        "layers": f"{first}-{first + n_layers - 1}" if n_layers else "none", "num layers": n_layers,
+        "embedding": pre, "loss": post, "recompute": recompute, "parameters": n_params,
+        "micro batches": num_microbatches,
+        "component": os.environ.get("MEMX_COMPONENT", "-"), "partition": os.environ.get("MEMX_PARTITION", "-"),
+        "node": os.environ.get("SLURMD_NODENAME", "-"), "host": socket.gethostname(),
+        "attention": "sdpa" if flash_like else "core",
+        "device": "cpu" if on_cpu else f"cuda:{torch.cuda.current_device()}", "backend": backend,
+    })[len(f"[Rank {rank}] "):])
+
+    data = _synthetic_batches(seed=args.seed, dp_rank=ps.get_data_parallel_rank(),
+                              micro_batch_size=args.micro_batch_size, seq_length=args.seq_length,
+                              vocab_size=args.vocab_size, torch=torch)
+    fwd_bwd = get_forward_backward_func()
+    last_rank = world - 1
+    dp_group = ps.get_data_parallel_group()
+    interval_ms: list[float] = []
+    reported_memory = False
+
+    def report_memory(iteration: int) -> None:
+        if ps.get_data_parallel_rank() != 0:
+            return  # as Megatron-LM: one report per model-parallel rank
+        if on_cpu:
+            cur, peak = rss_bytes()
+            line = memory_line(rank=rank, iteration=iteration, allocated_bytes=tracker.allocated_bytes,
+                               max_allocated_bytes=tracker.max_allocated_bytes, reserved_bytes=cur,
+                               max_reserved_bytes=peak)
+        else:
+            line = memory_line(rank=rank, iteration=iteration, allocated_bytes=torch.cuda.memory_allocated(),
+                               max_allocated_bytes=torch.cuda.max_memory_allocated(),
+                               reserved_bytes=torch.cuda.memory_reserved(),
+                               max_reserved_bytes=torch.cuda.max_memory_reserved())
+        print(line, flush=True)
+
+    for iteration in range(1, args.train_iters + 1):
+        torch.distributed.barrier()
+        t0 = time.perf_counter()
+        ddp.zero_grad_buffer()
+        optimizer.zero_grad()
+        losses = fwd_bwd(forward_step_func=_forward_step, data_iterator=data, model=[ddp],
+                         num_microbatches=num_microbatches, seq_length=args.seq_length,
+                         micro_batch_size=args.micro_batch_size, decoder_seq_length=args.seq_length,
+                         forward_only=False)
+        ok, grad_norm, _ = optimizer.step()
+        scheduler.step(increment=gbs)
+        torch.distributed.barrier()  # the iteration ends when the slowest stage is done
+        interval_ms.append((time.perf_counter() - t0) * 1000.0)
+
+        if iteration % args.log_interval == 0 or iteration == args.train_iters:
+            lm_loss = None
+            if post and losses:
+                tot = torch.stack([x["lm loss"] for x in losses]).sum(dim=0)
+                torch.distributed.all_reduce(tot, group=dp_group)
+                lm_loss = float(tot[0] / max(tot[1].item(), 1.0))
+            if rank == last_rank:
+                print(iteration_line(
+                    iteration=iteration, train_iters=args.train_iters, consumed_samples=iteration * gbs,
+                    elapsed_ms=sum(interval_ms) / len(interval_ms),
+                    learning_rate=optimizer.param_groups[0]["lr"], global_batch_size=gbs, lm_loss=lm_loss,
+                    grad_norm=float(grad_norm) if grad_norm is not None else None, timestamp=_now()),
+                    flush=True)
+            interval_ms.clear()
+            if not reported_memory:
+                report_memory(iteration)
+                reported_memory = True
+    report_memory(args.train_iters)
+    torch.distributed.barrier()
+    if rank == 0:
+        print(f"[after training is done] datetime: {_now()}", flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import warnings
+
+    args = parse_args(argv)
+    # Known, harmless notices that would otherwise repeat on every rank of every run.
+    warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
+    warnings.filterwarnings("ignore", message=".*full scope is deprecated.*")
+    _set_threads()
+    env = dist_env()
+    return train(args, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
