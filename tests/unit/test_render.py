@@ -1,0 +1,429 @@
+"""The sbatch renderer: golden scripts of the example sites, Megatron-LM argument names,
+refusals with reasons, and hostile site/job values that must be quoted or refused.
+
+Regenerate the golden files after an intended change with ``MEMX_UPDATE_GOLDEN=1 pytest
+tests/unit/test_render.py`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from memx_hpc.cli.main import main
+from memx_hpc.errors import SpecError
+from memx_hpc.planfile import load_plan
+from memx_hpc.slurm.render import describe, pipeline_layout, recompute_args, render
+from memx_hpc.spec import Plan, Recompute, Stage, load_job, load_site, site_from_mapping
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden"
+LOCAL = ROOT / "site_configs" / "local.yaml"
+CROSS = ROOT / "site_configs" / "example-cross-vendor.yaml"
+
+# (golden name, site, job, plan, iters)
+CASES = [
+    ("local-pp2-a100-mi250", LOCAL, "tiny-gpt", "local-pp2-a100-mi250", 5),
+    ("local-tp2-v100", LOCAL, "tiny-gpt", "local-tp2-v100", None),
+    ("local-pp3", LOCAL, "tiny-gpt", "local-pp3", 3),
+    ("cross-vendor-gpt3-2.7b", CROSS, "gpt3-2.7b", "cross-vendor-gpt3-2.7b", 20),
+    ("cross-vendor-llama2-7b", CROSS, "llama2-7b", "cross-vendor-llama2-7b", None),
+]
+
+
+def _render_case(site: Path, job: str, plan: str, iters: int | None) -> str:
+    text = render(load_plan(GOLDEN / "plans" / f"{plan}.json"), load_site(site), load_job(ROOT / "jobs" / f"{job}.yaml"),
+                  iters=iters)
+    # the only machine-specific part: the site's work_dir, resolved next to the site file
+    return text.replace(str(ROOT), "@REPO@")
+
+
+@pytest.mark.parametrize("name,site,job,plan,iters", CASES, ids=[c[0] for c in CASES])
+def test_golden(name: str, site: Path, job: str, plan: str, iters: int | None, tmp_path: Path) -> None:
+    text = _render_case(site, job, plan, iters)
+    path = GOLDEN / f"{name}.sbatch"
+    if os.environ.get("MEMX_UPDATE_GOLDEN") == "1":
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"no golden file {path}; run with MEMX_UPDATE_GOLDEN=1 to create it"
+    assert text == path.read_text(encoding="utf-8"), f"{name}: rendered script differs from {path}"
+    script = tmp_path / "s.sbatch"
+    script.write_text(text)
+    r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def _argv_of(text: str, component: int) -> list[str]:
+    """The command line of one component's function, as bash would split it."""
+    body = text.split(f"memx_component_{component}() {{", 1)[1].split("\n}", 1)[0]
+    exec_part = body.split("  exec ", 1)[1].replace("\\\n", " ")
+    return shlex.split(exec_part)
+
+
+def test_cross_vendor_arguments_and_components() -> None:
+    site, job = load_site(CROSS), load_job(ROOT / "jobs" / "gpt3-2.7b.yaml")
+    plan = load_plan(GOLDEN / "plans" / "cross-vendor-gpt3-2.7b.json")
+    req = describe(plan, site, job)
+    assert [(c.partition, c.stages, c.first_rank, c.num_ranks, c.nodes, c.tasks_per_node) for c in req.components] == [
+        ("gpu_a100", (0, 1), 0, 8, 2, 4), ("gpu_mi250x", (2, 3), 8, 8, 1, 8), ("gpu_v100", (4,), 16, 4, 1, 4)]
+    text = render(plan, site, job)
+    argv = [_argv_of(text, i) for i in range(3)]
+    for a in argv:
+        flags = dict(zip(a, a[1:]))
+        assert flags["--tensor-model-parallel-size"] == "2" and flags["--pipeline-model-parallel-size"] == "5"
+        assert flags["--pipeline-model-parallel-layout"] == "Et*9|t*9|t*5|t*5|t*4L"
+        assert flags["--pipeline-model-parallel-comm-backend"] == "ucc"
+        assert flags["--micro-batch-size"] == "1" and flags["--global-batch-size"] == "64"
+        assert "--bf16" in a and "--use-distributed-optimizer" in a
+        assert flags["--num-layers"] == "32" and flags["--hidden-size"] == "2560"
+    # heterogeneous recomputation: each component carries its own flags, and only its own
+    assert "--recompute-granularity" not in argv[0]
+    assert dict(zip(argv[1], argv[1][1:]))["--recompute-granularity"] == "selective"
+    v = dict(zip(argv[2], argv[2][1:]))
+    assert (v["--recompute-granularity"], v["--recompute-method"], v["--recompute-num-layers"]) == ("full", "block", "2")
+    # vendor environments and the site's UCC settings reach every component
+    comp = text.split("memx_component_1() {", 1)[1].split("\n}", 1)[0]
+    assert "module load rocm/6.1" in comp and "export NCCL_SOCKET_IFNAME=hsn0" in comp
+    assert "export UCC_TLS=ucp" in comp and "--rocm" not in comp  # no container on this site
+    assert "#SBATCH --account=proj123" in text and "#SBATCH --qos=normal" in text
+    assert "#SBATCH --gres=gpu:mi250x:8" in text and text.count("#SBATCH hetjob") == 2
+    # one srun across three components, in rank order
+    srun = text[text.index("\nsrun "):]
+    assert shlex.split(srun.replace("\\\n", " ")).count(":") == 2
+    assert srun.index("memx_component_0") < srun.index("memx_component_1") < srun.index("memx_component_2")
+
+
+def test_mixed_recompute_on_one_partition_splits_components() -> None:
+    req = describe(load_plan(GOLDEN / "plans" / "cross-vendor-llama2-7b.json"), load_site(CROSS),
+                   load_job(ROOT / "jobs" / "llama2-7b.yaml"))
+    assert [(c.partition, c.stages, c.recompute.label()) for c in req.components] == [
+        ("gpu_a100", (0,), "none"), ("gpu_a100", (1,), "full:4"), ("gpu_mi250x", (2,), "selective"),
+        ("gpu_v100", (3,), "full")]
+    argv = req.megatron_argv
+    assert "--sequence-parallel" in argv[0] and "--swiglu" in argv[0] and "--untie-embeddings-and-output-weights" in argv[0]
+    assert argv[0][argv[0].index("--normalization") + 1] == "RMSNorm"
+    assert argv[0][argv[0].index("--position-embedding-type") + 1] == "rope"
+    assert argv[0][argv[0].index("--seq-length") + 1] == "2048"
+
+
+def test_layout_and_recompute_flags() -> None:
+    st = [Stage(partition="a", num_layers=n) for n in (3, 1, 1)]
+    assert pipeline_layout(st) == "Et*3|t|tL"
+    assert pipeline_layout(st[:1]) == "Et*3L"
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    parsed = PipelineParallelLayerLayout.parse_str_to_list("Et*9|t*9|t*5|t*5|t*4L")
+    assert [sum(x.name == "decoder" for x in stage) for stage in parsed] == [9, 9, 5, 5, 4]
+    assert recompute_args(Recompute(), 4) == ()
+    assert recompute_args(Recompute(mode="full", num_layers=0), 4) == ()
+    assert recompute_args(Recompute(mode="full", num_layers=9), 4)[-1] == ("--recompute-num-layers", "4")
+    assert recompute_args(Recompute(mode="full"), 4)[1] == ("--recompute-method", "uniform")
+
+
+def test_rendered_arguments_parse_in_the_trainer() -> None:
+    """The local site's entry takes exactly what the renderer emits (Megatron-LM's names)."""
+    from memx_hpc.train.args import parse_args
+
+    req = describe(load_plan(GOLDEN / "plans" / "local-pp2-a100-mi250.json"), load_site(LOCAL),
+                   load_job(ROOT / "jobs" / "tiny-gpt.yaml"), iters=5)
+    a0, a1 = (parse_args(argv) for argv in req.megatron_argv)
+    assert a0.pipeline_model_parallel_layout == "Et*3|tL" and a0.train_iters == 5
+    assert a0.recompute_granularity is None
+    assert (a1.recompute_granularity, a1.recompute_method, a1.recompute_num_layers) == ("full", "uniform", 1)
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def _local():
+    return load_site(LOCAL), load_job(ROOT / "jobs" / "tiny-gpt.yaml")
+
+
+def _plan(*stages: tuple[str, int], tp: int = 1, dp: int = 1, mbs: int = 1, gbs: int = 8, sp: bool = False) -> Plan:
+    return Plan(tp=tp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs, sequence_parallel=sp,
+                stages=tuple(Stage(partition=p, num_layers=n) for p, n in stages))
+
+
+@pytest.mark.parametrize("plan,field,words", [
+    (_plan(("nvidia_h100", 4)), "stages[0].partition", "unknown partition"),
+    (_plan(("nvidia_a100", 4), tp=4), "tp", "exceeds the 2 GPUs per node"),
+    (_plan(("nvidia_a100", 2), ("nvidia_a100", 2), tp=2), "nodes", "needs 2 nodes of partition nvidia_a100"),
+    (_plan(("nvidia_a100", 3), ("amd_mi250", 2)), "stages", "hold 5 layers"),
+    (_plan(("nvidia_a100", 4), sp=True), "sequence_parallel", "tensor-parallel size > 1"),
+])
+def test_refusals_name_the_reason(plan: Plan, field: str, words: str) -> None:
+    site, job = _local()
+    with pytest.raises(SpecError) as e:
+        render(plan, site, job)
+    assert field in (e.value.field or "") and words in str(e.value)
+
+
+def test_cross_vendor_pipeline_needs_ucc() -> None:
+    site = load_site(CROSS)
+    site = dataclasses.replace(site, pipeline_comm_backend="nccl")
+    job = load_job(ROOT / "jobs" / "gpt3-2.7b.yaml")
+    plan = _plan(("gpu_a100", 16), ("gpu_mi250x", 16), gbs=64)
+    with pytest.raises(SpecError) as e:
+        render(plan, site, job)
+    assert e.value.field == "pipeline_comm.backend" and "crosses vendors" in str(e.value)
+    assert "gpu_a100 (nvidia) -> gpu_mi250x (amd)" in str(e.value)
+    # same vendor on both sides: NCCL is fine
+    render(_plan(("gpu_a100", 16), ("gpu_v100", 16), gbs=64), site, job)
+
+
+def test_tp_that_does_not_divide_heads_is_refused() -> None:
+    site = load_site(CROSS)
+    job = load_job(ROOT / "jobs" / "gpt3-2.7b.yaml")  # 32 heads, hidden 2560
+    with pytest.raises(SpecError, match="not divisible by the tensor-parallel size"):
+        render(_plan(("gpu_mi250x", 32), tp=3, gbs=63), site, job)
+
+
+def test_unsupported_megatron_version_is_refused() -> None:
+    site, job = _local()
+    with pytest.raises(SpecError) as e:
+        render(_plan(("nvidia_a100", 4)), dataclasses.replace(site, megatron_version="core_r0.9.0"), job)
+    assert e.value.field == "megatron_version"
+
+
+# --------------------------------------------------------------------------- hostile values
+
+
+HOSTILE = ["a'; echo pwned", "two words", "$(touch {marker})", "`touch {marker}`", '"; touch {marker}; "']
+NEWLINE = "ok\ntouch {marker}"
+
+
+def _site_with(tmp: Path, mutate) -> dict:
+    import yaml
+
+    data = yaml.safe_load(LOCAL.read_text())
+    data = json.loads(json.dumps(data))
+    data["work_dir"] = str(tmp / "runs")
+    mutate(data)
+    return data
+
+
+def _fake_bin(tmp: Path) -> Path:
+    """scontrol and srun stand-ins: srun runs each component's function locally, one rank each."""
+    b = tmp / "bin"
+    b.mkdir(exist_ok=True)
+    (b / "scontrol").write_text(textwrap.dedent("""\
+        #!/bin/bash
+        if [ "$2" = hostnames ]; then echo a100n0; else echo "NodeName=a100n0 NodeAddr=127.0.0.1 State=IDLE"; fi
+        """))
+    (b / "srun").write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import os, subprocess, sys
+        comps, cur = [], []
+        for a in sys.argv[1:]:
+            if a == ":":
+                comps.append(cur); cur = []
+            else:
+                cur.append(a)
+        comps.append(cur)
+        rc = 0
+        for rank, c in enumerate(comps):
+            i = c.index("bash")
+            env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NTASKS=str(len(comps)), SLURM_LOCALID="0")
+            rc |= subprocess.run(c[i:], env=env).returncode
+        sys.exit(rc)
+        """))
+    for f in b.iterdir():
+        f.chmod(f.stat().st_mode | stat.S_IXUSR)
+    return b
+
+
+def _recorder(tmp: Path) -> Path:
+    """A stand-in python: records its argv and environment, runs nothing."""
+    p = tmp / "record-python"
+    p.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import json, os, sys
+        with open(os.path.join({str(tmp)!r}, "rank%s.json" % os.environ["RANK"]), "w") as f:
+            json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, f)
+        """))
+    p.chmod(0o755)
+    return p
+
+
+def _run_script(tmp: Path, text: str) -> subprocess.CompletedProcess:
+    script = tmp / "job.sbatch"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    env = dict(os.environ, PATH=f"{_fake_bin(tmp)}:{os.environ['PATH']}", SLURM_JOB_ID="4242",
+               SLURM_JOB_NODELIST_HET_GROUP_0="a100n0")
+    return subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp, timeout=60)
+
+
+PLAN2 = _plan(("nvidia_a100", 3), ("amd_mi250", 1), mbs=2)
+
+
+def _two_partitions(data: dict, key: str, value) -> None:
+    for p in data["partitions"][:2]:
+        p[key] = value
+
+
+@pytest.mark.parametrize("raw", HOSTILE + [NEWLINE])
+def test_hostile_env_values_arrive_verbatim_or_are_refused(raw: str, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    value = raw.format(marker=marker)
+    rec = _recorder(tmp_path)
+
+    def mutate(d: dict) -> None:
+        for p in d["partitions"]:
+            p["python"] = str(rec)
+            p["megatron_entry"] = "-m memx_hpc.train.pretrain_gpt"
+            p["env"] = {"MEMX_TEST_VALUE": value}
+        d["pipeline_comm"] = {"backend": "nccl", "env": {"UCX_TLS": value}}
+        d["name"] = value if "\n" not in value else "local"
+
+    site = site_from_mapping(_site_with(tmp_path, mutate))
+    job = load_job(ROOT / "jobs" / "tiny-gpt.yaml")
+    if "\n" in value:
+        with pytest.raises(SpecError) as e:
+            render(PLAN2, site, job)
+        assert "MEMX_TEST_VALUE" in (e.value.field or "")
+        return
+    r = _run_script(tmp_path, render(PLAN2, site, job, extra=[value]))
+    assert r.returncode == 0, r.stderr
+    assert not marker.exists(), "a hostile value was executed"
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got["env"]["MEMX_TEST_VALUE"] == value
+        assert got["argv"][-1] == value  # the extra argument, one word, unchanged
+        assert got["env"]["RANK"] == str(rank) and got["env"]["MASTER_ADDR"] == "127.0.0.1"
+        assert got["env"]["MASTER_PORT"] == str(20000 + 4242 % 20000)
+
+
+@pytest.mark.parametrize("raw", HOSTILE)
+def test_hostile_launcher_words_are_quoted_or_refused(raw: str, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    value = raw.format(marker=marker)
+    for key in ("python", "megatron_entry", "container"):
+        site = site_from_mapping(_site_with(tmp_path, lambda d: _two_partitions(d, key, value)))
+        try:
+            text = render(PLAN2, site, load_job(ROOT / "jobs" / "tiny-gpt.yaml"))
+        except SpecError as e:  # unbalanced quotes cannot be split into words
+            assert key in (e.field or "") and "'" in value
+            continue
+        _run_script(tmp_path, text)  # the launcher fails to start: that is all it may do
+        assert not marker.exists(), f"{key}={value!r} was executed"
+
+
+@pytest.mark.parametrize("key", ["gres_type", "account", "qos", "name"])
+@pytest.mark.parametrize("raw", HOSTILE + [NEWLINE])
+def test_hostile_slurm_names_are_refused(key: str, raw: str, tmp_path: Path) -> None:
+    value = raw.format(marker=tmp_path / "pwned")
+    site = load_site(LOCAL)
+    parts = list(site.partitions)
+    parts[0] = dataclasses.replace(parts[0], **{key: value})  # past the site file's own checks
+    site = dataclasses.replace(site, partitions=tuple(parts))
+    plan = PLAN2 if key != "name" else _plan((value, 3), ("amd_mi250", 1), mbs=2)
+    with pytest.raises(SpecError) as e:
+        render(plan, site, load_job(ROOT / "jobs" / "tiny-gpt.yaml"))
+    assert key in (e.value.field or "") or "partition" in (e.value.field or "")
+
+
+@pytest.mark.parametrize("raw", HOSTILE + [NEWLINE])
+def test_hostile_site_slurm_options_and_job_name_are_refused(raw: str, tmp_path: Path) -> None:
+    value = raw.format(marker=tmp_path / "pwned")
+    site, job = _local()
+    for kw, field in (({"account": value}, "slurm.account"), ({"qos": value}, "slurm.qos")):
+        with pytest.raises(SpecError) as e:
+            render(PLAN2, dataclasses.replace(site, **kw), job)
+        assert e.value.field == field
+    with pytest.raises(SpecError) as e:
+        render(PLAN2, site, dataclasses.replace(job, name=value))
+    assert e.value.field == "name"
+
+
+@pytest.mark.parametrize("raw", HOSTILE)
+def test_hostile_work_dir_is_quoted(raw: str, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    value = raw.format(marker=marker)
+    site, job = _local()
+    text = render(PLAN2, dataclasses.replace(site, work_dir=str(tmp_path / value)), job)
+    out = [line for line in text.splitlines() if line.startswith("#SBATCH --output=")][0]
+    assert shlex.split(out.split("=", 1)[1]) == [f"{tmp_path / value}/tiny-gpt-%j.out"]
+    with pytest.raises(SpecError):
+        render(PLAN2, dataclasses.replace(site, work_dir=str(tmp_path) + "\nx"), job)
+
+
+def test_setup_lines_run_only_inside_their_component(tmp_path: Path) -> None:
+    """Setup lines are shell code by contract (module load ...): never run by the batch
+    part of the script, only by each component on its nodes; lines that would escape their
+    component's function are refused."""
+    marker = tmp_path / "setup-ran"
+    rec = _recorder(tmp_path)
+
+    def mutate(d: dict) -> None:
+        for p in d["partitions"]:
+            p["python"] = str(rec)
+            p["setup"] = [f"touch {marker}.$MEMX_PARTITION_SEEN", "export MEMX_SETUP_DONE=yes"]
+    site = site_from_mapping(_site_with(tmp_path, mutate))
+    text = render(PLAN2, site, load_job(ROOT / "jobs" / "tiny-gpt.yaml"))
+    batch_part = text[:text.index("memx_component_0() {")] + text[text.index("\nsrun "):]
+    assert "touch" not in batch_part
+    r = _run_script(tmp_path, text)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "setup-ran.").exists()  # ran in the components, before their environment
+    assert json.loads((tmp_path / "rank1.json").read_text())["env"]["MEMX_SETUP_DONE"] == "yes"
+    for bad in ("echo 'unbalanced", "cat <<EOF", "a\nb"):
+        site2 = site_from_mapping(_site_with(tmp_path, lambda d: d["partitions"][0].update(setup=[bad])))
+        with pytest.raises(SpecError) as e:
+            render(PLAN2, site2, load_job(ROOT / "jobs" / "tiny-gpt.yaml"))
+        assert e.value.field == "partitions[0].setup[0]"
+
+
+def test_single_component_job_finds_its_head_node(tmp_path: Path) -> None:
+    """A one-component job is not a hetjob: the rendezvous comes from SLURM_JOB_NODELIST."""
+    rec = _recorder(tmp_path)
+    site = site_from_mapping(_site_with(tmp_path, lambda d: [p.update(python=str(rec)) for p in d["partitions"]]))
+    text = render(_plan(("nvidia_v100", 4), tp=2), site, load_job(ROOT / "jobs" / "tiny-gpt.yaml"))
+    assert "#SBATCH hetjob" not in text
+    script = tmp_path / "one.sbatch"
+    script.write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PATH=f"{_fake_bin(tmp_path)}:{os.environ['PATH']}", SLURM_JOB_ID="7", SLURM_JOB_NODELIST="v100n0")
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "rank0.json").read_text())["env"]["MASTER_PORT"] == "20007"
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_cli_render_writes_and_checks(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "s.sbatch"
+    rc = main(["render", "--plan", str(GOLDEN / "plans" / "cross-vendor-gpt3-2.7b.json"), "--site", str(CROSS),
+               "--job", str(ROOT / "jobs" / "gpt3-2.7b.yaml"), "--out", str(out), "--no-test-only", "--json"])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["bash_n"] == "ok" and data["world_size"] == 20 and len(data["components"]) == 3
+    assert out.read_text().startswith("#!/bin/bash")
+
+
+def test_cli_render_general_plan_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    plan = tmp_path / "general.json"
+    plan.write_text(json.dumps({"format": "memx-plan/1", "micro_batch_size": 1, "global_batch_size": 8, "stages": [
+        {"num_layers": 4, "replicas": [{"gpu_type": "A100-80", "tp": 2}, {"gpu_type": "V100-32", "tp": 1}]}]}))
+    rc = main(["render", "--plan", str(plan), "--site", str(LOCAL), "--job", str(ROOT / "jobs" / "tiny-gpt.yaml"),
+               "--no-test-only"])
+    assert rc == 1 and "cannot run it" in capsys.readouterr().err
+
+
+def test_cli_render_bad_plan_names_field(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps({"format": "memx-plan/1", "tp": 1, "dp": 1, "micro_batch_size": 1,
+                                "global_batch_size": 8, "stages": [{"partition": "gpu_a100", "num_layers": 4}]}))
+    rc = main(["render", "--plan", str(plan), "--site", str(LOCAL), "--job", str(ROOT / "jobs" / "tiny-gpt.yaml"),
+               "--no-test-only"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "stages[0].partition" in err and "Traceback" not in err

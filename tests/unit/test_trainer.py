@@ -1,0 +1,168 @@
+"""The CPU trainer (``python -m memx_hpc.train.pretrain_gpt``): Megatron-LM's command line,
+real runs of 1 and 2 processes over gloo, and its Megatron-LM style log lines."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memx_hpc.train.args import parse_args
+from memx_hpc.train.logs import iteration_line, memory_line, parse_log
+from memx_hpc.train.pretrain_gpt import dist_env, padded_vocab_size
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+        "--max-position-embeddings", "32", "--vocab-size", "128", "--micro-batch-size", "2",
+        "--global-batch-size", "4", "--log-interval", "1", "--mock-data", "--tokenizer-type", "NullTokenizer"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(argv: list[str], world: int, *, timeout: float = 120.0) -> list[subprocess.CompletedProcess]:
+    """``world`` trainer processes with torchrun's variables (one thread each: 2 cores here)."""
+    port = str(_free_port())
+    procs = []
+    for rank in range(world):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port, OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, "-m", "memx_hpc.train.pretrain_gpt", *argv], env=env,
+                                      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    out = []
+    try:
+        for p in procs:
+            stdout, _ = p.communicate(timeout=timeout)
+            out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, ""))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return out
+
+
+def test_single_process_trains_and_logs_like_megatron() -> None:
+    (r,) = _launch([*TINY, "--train-iters", "2", "--bf16", "--use-distributed-optimizer"], 1)
+    assert r.returncode == 0, r.stdout[-3000:]
+    log = parse_log(r.stdout)
+    assert [i.iteration for i in log.iterations] == [1, 2] and log.iterations[0].train_iters == 2
+    assert all(i.elapsed_ms > 0 and i.lm_loss is not None for i in log.iterations)
+    # random tokens over a 128-word vocabulary (padded to 128 + 1 EOD -> 256): loss ~ ln(256)
+    assert 4.0 < log.iterations[0].lm_loss < 7.0
+    assert [(m.rank, m.iteration) for m in log.memory] == [(0, 1), (0, 2)]
+    last = log.memory[-1]
+    assert 0 < last.allocated_mb <= last.max_allocated_mb and last.reserved_mb <= last.max_reserved_mb
+    (layout,) = log.layouts
+    assert layout["layers"] == "0-3" and layout["embedding"] == layout["loss"] == "True"
+    # GPU-only requests are not silently dropped: each says what was done instead
+    assert "--bf16 requested: training in fp32 on the CPU" in r.stdout
+    assert "--use-distributed-optimizer requested" in r.stdout
+
+
+@pytest.mark.slow
+def test_two_stage_pipeline_with_layout_and_own_recompute() -> None:
+    """PP=2 over gloo with an uneven layout (3 + 1 layers) and full recompute: both ranks run
+    the same command line here; under Slurm each component gets its own recompute flags."""
+    argv = [*TINY, "--train-iters", "3", "--pipeline-model-parallel-size", "2",
+            "--pipeline-model-parallel-layout", "Et*3|tL", "--recompute-granularity", "full",
+            "--recompute-method", "block", "--recompute-num-layers", "2"]
+    r0, r1 = _launch(argv, 2)
+    assert r0.returncode == 0 and r1.returncode == 0, (r0.stdout[-2000:], r1.stdout[-2000:])
+    log = parse_log(r0.stdout + r1.stdout)
+    assert log.iterations_done == 3
+    assert "iteration" not in r0.stdout.replace("iterations)", "")  # only the last rank logs iterations
+    by_rank = {d["rank"]: d for d in log.layouts}
+    assert (by_rank["0"]["layers"], by_rank["0"]["num layers"], by_rank["0"]["loss"]) == ("0-2", "3", "False")
+    assert (by_rank["1"]["layers"], by_rank["1"]["num layers"], by_rank["1"]["embedding"]) == ("3-3", "1", "False")
+    assert by_rank["0"]["recompute"] == "full/block/2"
+    assert sorted(log.peak_memory_mb()) == [0, 1]
+
+
+def test_unknown_argument_is_refused_like_megatron(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as e:
+        parse_args([*TINY, "--train-iters", "1", "--no-such-flag"])
+    assert e.value.code == 2 and "--no-such-flag" in capsys.readouterr().err
+
+
+def test_argument_checks_follow_megatron() -> None:
+    with pytest.raises(SystemExit):
+        parse_args([*TINY, "--train-iters", "1", "--recompute-granularity", "full"])  # needs a method
+    with pytest.raises(SystemExit):
+        parse_args([*TINY, "--train-iters", "1", "--bf16", "--fp16"])
+    a = parse_args([*TINY, "--train-iters", "1", "--recompute-activations", "--no-gradient-accumulation-fusion"])
+    assert a.recompute_granularity == "selective"  # Megatron-LM: --recompute-activations = selective
+    assert a.ignored == (("--no-gradient-accumulation-fusion", "gradient accumulation fusion is a CUDA kernel"),)
+
+
+def test_rank_from_torchrun_then_slurm_variables() -> None:
+    e = dist_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234",
+                  "SLURM_PROCID": "0", "SLURM_NTASKS": "9"})
+    assert (e.rank, e.world_size, e.local_rank, e.master_addr, e.master_port, e.source) == (3, 4, 1, "10.0.0.1", 1234,
+                                                                                          "torchrun")
+    e = dist_env({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "MASTER_PORT": "5"})
+    assert (e.rank, e.world_size, e.source) == (1, 2, "slurm")
+    assert dist_env({}).world_size == 1
+
+
+def test_vocab_padding_is_megatrons() -> None:
+    # NullTokenizer adds EOD; pad to a multiple of make_vocab_size_divisible_by * tp
+    assert padded_vocab_size(1024, 128, 1) == 1152
+    assert padded_vocab_size(50257, 128, 2) == 50432
+    assert padded_vocab_size(127, 128, 1) == 128
+
+
+def test_log_lines_round_trip() -> None:
+    text = "\n".join([
+        iteration_line(iteration=1, train_iters=3, consumed_samples=8, elapsed_ms=900.0, learning_rate=1e-4,
+                       global_batch_size=8, lm_loss=7.0, grad_norm=1.5, timestamp="2025-01-01 00:00:00"),
+        iteration_line(iteration=2, train_iters=3, consumed_samples=16, elapsed_ms=410.0, learning_rate=1e-4,
+                       global_batch_size=8, lm_loss=6.9, grad_norm=None, timestamp="2025-01-01 00:00:01"),
+        iteration_line(iteration=3, train_iters=3, consumed_samples=24, elapsed_ms=390.0, learning_rate=1e-4,
+                       global_batch_size=8, lm_loss=None, grad_norm=None, timestamp="2025-01-01 00:00:02"),
+        memory_line(rank=1, iteration=3, allocated_bytes=2**20, max_allocated_bytes=3 * 2**20,
+                    reserved_bytes=5 * 2**20, max_reserved_bytes=6 * 2**20),
+        "unrelated noise | iteration",
+    ])
+    log = parse_log(text)
+    assert log.iterations_done == 3 and log.iteration_ms() == pytest.approx(400.0)  # median of 2, 3
+    assert log.iterations[1].lm_loss == pytest.approx(6.9) and log.iterations[2].lm_loss is None
+    assert log.peak_memory_mb() == {1: 3.0} and log.peak_reserved_mb() == {1: 6.0}
+
+
+def test_megatron_lm_log_line_parses() -> None:
+    """A line as Megatron-LM's training_log prints it on a GPU cluster."""
+    line = (" [2025-03-01 12:00:00] iteration       10/     100 | consumed samples:          640 | elapsed time per "
+            "iteration (ms): 1234.5 | throughput per GPU (TFLOP/s/GPU): 150.2 | learning rate: 1.500000E-04 | "
+            "global batch size:    64 | lm loss: 8.123456E+00 | loss scale: 1.0 | grad norm: 2.345 | "
+            "number of skipped iterations:   0 | number of nan iterations:   0 |")
+    mem = "[Rank 0] (after 10 iterations) memory (MB) | allocated: 1000.5 | max allocated: 30000.25 | " \
+          "reserved: 32000.0 | max reserved: 32000.0"
+    log = parse_log([line, mem])
+    (it,) = log.iterations
+    assert (it.iteration, it.train_iters, it.elapsed_ms, it.lm_loss) == (10, 100, 1234.5, pytest.approx(8.123456))
+    assert log.peak_memory_mb() == {0: 30000.25}
+
+
+def test_memory_tracker_counts_storages_once() -> None:
+    import torch
+
+    from memx_hpc.train.cpu import TensorMemoryTracker
+
+    with TensorMemoryTracker() as t:
+        a = torch.zeros(1000, 250)  # 1,000,000 bytes
+        v = a.view(-1)  # a view: no new storage
+        b = a + 1
+        assert t.allocated_bytes == 2_000_000 and t.max_allocated_bytes == 2_000_000
+        del b
+        assert t.allocated_bytes == 1_000_000
+        c = torch.ones(10)
+        assert t.max_allocated_bytes == 2_000_000 and t.allocated_bytes == 1_000_040
+    del a, v, c
