@@ -316,6 +316,7 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         clip_grad=args.clip_grad, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         params_dtype=dtype, use_distributed_optimizer=args.use_distributed_optimizer and not on_cpu)
     optimizer = get_megatron_optimizer(opt_config, [ddp])
+    config.grad_scale_func = optimizer.scale_loss  # as Megatron-LM's setup: fp16 loss scaling
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0 if args.lr_warmup_iters else args.lr, max_lr=args.lr, min_lr=args.min_lr,
         lr_warmup_steps=args.lr_warmup_iters * gbs, lr_decay_steps=args.train_iters * gbs,
@@ -408,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parse_args(argv)
     # Known, harmless notices that would otherwise repeat on every rank of every run.
-    warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
+    warnings.filterwarnings("ignore", message=".*Apex .*not installed.*")
     warnings.filterwarnings("ignore", message=".*full scope is deprecated.*")
     _set_threads()
     env = dist_env()
