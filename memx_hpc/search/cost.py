@@ -334,8 +334,8 @@ class Composer:
         ctx = np.array(ctx_rows, dtype=np.float64).reshape(len(ctx_rows), 13)
         self._ctx_t = np.ascontiguousarray(ctx[:, 0:3])
         self._ctx_a = np.ascontiguousarray(ctx[:, 3:6])
-        self._ctx_emb = ctx[:, 6:8]
-        self._ctx_head = ctx[:, 8:10]
+        self._ctx_emb = np.ascontiguousarray(ctx[:, 6:8])
+        self._ctx_head = np.ascontiguousarray(ctx[:, 8:10])
         self._ctx_over = ctx[:, 10]
         self._ctx_cap = ctx[:, 11]
         self._state = np.array(state_rows).reshape(len(state_rows), L + 1)
@@ -345,6 +345,23 @@ class Composer:
                         last=sk_last, link=sk_link, sync=sk_sync, tied=sk_tied)
         self._sk_m, self._sk_pp = sk_m, sk_pp
         self.contexts = tuple(ctx_ids)
+        self._sp = sp
+
+    def set_predictions(self, predictions: Predictions) -> None:
+        """Replace the per-layer values of every context with those ``predictions`` holds
+        (values it lacks are kept)."""
+        for c, (gpu, tp, mbs) in enumerate(self.contexts):
+            qs = context_queries(self.job, gpu, tp, mbs, self._sp)
+            for j, q in enumerate(qs):
+                v = predictions.get(q)
+                if v is None:
+                    continue
+                if j < 3:
+                    self._ctx_t[c, j], self._ctx_a[c, j] = v
+                elif j == 3:
+                    self._ctx_emb[c] = v
+                else:
+                    self._ctx_head[c] = v
 
     def _context_row(self, predictions: Predictions, overhead: Mapping[str, int], gpu: str, tp: int, mbs: int,
                      sp: bool) -> list[float]:

@@ -19,11 +19,15 @@ times a *recompute assignment*:
   set by g, not by how uneven a split may be.
 * **Recompute.** Each stage gets its own level from ``none < selective < full on
   ceil(n*j/steps) of its n layers`` (j = 1..steps), restricted to the modes the job
-  allows — heterogeneous recomputation. Within one partition group the levels are
-  non-increasing along the pipeline: stages of a group run on identical GPUs with
-  (nearly) equal layers, and an earlier stage holds at least as many in-flight
-  micro-batches (``min(p - i, m)``), so recomputing more on a later stage than on an
-  earlier one of the same group never lowers the peak memory and costs the same time.
+  allows — heterogeneous recomputation: memory-poor partitions recompute while
+  memory-rich ones do not, and k follows each stage's layer count. Within one
+  partition group the levels never increase along the pipeline: the group's stages run
+  on identical GPUs with (nearly) equal layers, and an earlier stage holds at least as
+  many in-flight micro-batches (``min(p - i, m)``), so recomputing more on a later
+  stage than on an earlier one of the same group never lowers the peak memory and
+  costs the same time. ``recompute_spread`` bounds how far a group's levels may differ
+  (default 0: one level per group, which keeps the space at C(u-1, G-1) x R^G plans per
+  skeleton for R levels and G groups).
 
 Enumeration is deterministic and needs no materialised list of plans: ``len(space)``
 is computed from closed-form counts, and any index range can be decoded on its own
@@ -52,9 +56,17 @@ class SpaceOptions:
     """Knobs that set the size of the space (see the module docstring).
 
     ``layer_granularity`` None: ``max(1, num_layers // 8)``, so a group split has at most
-    8 units. ``max_pipeline_stages`` None: the job's limit, else ``min(num_layers, 8)``.
-    ``tp_degrees`` / ``micro_batch_sizes`` empty: powers of two / the job's candidates
-    (every power of two dividing the global batch up to 16 when the job names none).
+    8 units (on the 20-GPU example site a grid of 8 layers loses 15-25 % in score against
+    4 or 2, and 2 finds nothing better than 4). ``max_pipeline_stages`` None: the job's
+    limit, else ``min(num_layers, 4)``. ``tp_degrees`` / ``micro_batch_sizes`` empty: powers
+    of two / the job's candidates (every power of two dividing the global batch up to 16
+    when the job names none). ``recompute_spread``: how far the levels of one partition
+    group's stages may differ (0: one level per group; None: any non-increasing
+    sequence). ``selective_with_sdpa``: with fused attention (the job's ``attention:
+    sdpa``) selective recompute repeats the attention kernel but saves only its per-head
+    log-sum-exp statistics (``4·a·s·b`` bytes per layer, Korthikanti et al. 2022 as
+    generalised in :mod:`memx_hpc.model.analytic`), so it is dominated by ``none`` and
+    left out unless this is set.
     """
 
     layer_granularity: int | None = None
@@ -63,6 +75,7 @@ class SpaceOptions:
     micro_batch_sizes: tuple[int, ...] = ()
     full_recompute_steps: int = 2
     recompute_spread: int | None = 0
+    selective_with_sdpa: bool = False
     split_within_groups: bool = False
     sequence_parallel: bool = False
     max_partitions: int | None = None
@@ -72,6 +85,9 @@ class SpaceOptions:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise SpecError(f"{name} must be a whole number >= 1", field=name, found=v)
+        if self.recompute_spread is not None and (not isinstance(self.recompute_spread, int)
+                                                  or self.recompute_spread < 0):
+            raise SpecError("must be a whole number >= 0", field="recompute_spread", found=self.recompute_spread)
         if not isinstance(self.full_recompute_steps, int) or self.full_recompute_steps < 1:
             raise SpecError("must be a whole number >= 1", field="full_recompute_steps",
                             found=self.full_recompute_steps)
@@ -108,12 +124,17 @@ def full_layers(num_layers, fraction):
         num_layers, np.ndarray) else int(math.ceil(num_layers * fraction - 1e-9))
 
 
-def recompute_levels(job: TrainJob, steps: int) -> tuple[Level, ...]:
-    """Levels ordered by memory saved (and time spent): none < selective < full fractions."""
+def recompute_levels(job: TrainJob, steps: int, *, selective_with_sdpa: bool = False) -> tuple[Level, ...]:
+    """Levels ordered by memory saved (and time spent): none < selective < full fractions.
+
+    Selective is left out under fused attention unless asked for (see SpaceOptions), but
+    kept when it is the only mode the job allows besides full.
+    """
     out = []
     if "none" in job.recompute_modes:
         out.append(Level(base="none", full_fraction=0.0))
-    if "selective" in job.recompute_modes:
+    dominated = job.attention == "sdpa" and not selective_with_sdpa and "none" in job.recompute_modes
+    if "selective" in job.recompute_modes and not dominated:
         out.append(Level(base="selective", full_fraction=0.0))
     if "full" in job.recompute_modes:
         out += [Level(base="none", full_fraction=j / steps) for j in range(1, steps + 1)]
@@ -208,9 +229,10 @@ class PlanSpace:
         if self.granularity > L:
             raise SpecError(f"larger than the model's {L} layers", field="layer_granularity",
                             found=self.granularity)
-        limit = options.max_pipeline_stages or job.max_pipeline_stages or min(L, 8)
+        limit = options.max_pipeline_stages or job.max_pipeline_stages or min(L, 4)
         self.max_stages = min(limit, L)
-        self.levels = recompute_levels(job, options.full_recompute_steps)
+        self.levels = recompute_levels(job, options.full_recompute_steps,
+                                       selective_with_sdpa=options.selective_with_sdpa)
         self.partitions = site.partitions
         self._split_tables: dict[tuple[int, ...], np.ndarray] = {}
         self._level_tables: dict[tuple[int, ...], np.ndarray] = {}
@@ -287,7 +309,6 @@ class PlanSpace:
                 if row[-1] >= 1:
                     rows.append(row)
         else:
-            G = len(structure)
             lows = [math.ceil(s / g) for s in structure[:-1]] + [max(0, math.ceil((structure[-1] - r) / g))]
             for comp in _compositions(u, lows):
                 totals = [c * g for c in comp]
@@ -298,7 +319,6 @@ class PlanSpace:
                     row += [base + (1 if i >= s - rem else 0) for i in range(s)]
                 if min(row) >= 1:
                     rows.append(row)
-            del G
         t = np.array(rows, dtype=np.int32).reshape(len(rows), pp)
         self._split_tables[structure] = t
         return t

@@ -1,0 +1,377 @@
+"""The search: stream the space, compose, score, keep the top-K and the Pareto front.
+
+Serial by default. Under ``mpiexec -n N`` or ``srun`` (mpi4py, imported only when the
+process was started by an MPI launcher) the ranks split the plan indices into N
+contiguous ranges without talking; the unique stage signatures of the whole space are
+looked up in the cache by rank 0, the misses are split round-robin so each rank
+predicts a disjoint share, and the answers are shared with ``allgather``. Each rank
+keeps its own top-K (by score, then plan index), time-only top-K, Pareto front and
+feasible-time array; rank 0 merges them. Ties are broken by plan index and every plan's
+numbers are computed row by row, so 1 and N ranks give the same answer.
+
+Memory stays bounded for any size of space: blocks of ``block_size`` plans are decoded,
+composed and dropped; what is kept is K plans, the Pareto front, and 8 bytes per
+feasible plan (its iteration time, to give each reported plan its time-only rank).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import SpecError, SystemFailure
+from ..model.api import LayerQuery
+from ..spec import Plan
+from .cache import CacheStats, PredictionCache, signature
+from .cost import Composer, CostOptions, Prediction, context_queries, predict_plan, required_queries
+from .objective import Weights, log_score
+from .space import MODE_NAMES, PlanSpace
+
+#: Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun)
+#: set in every rank; without one of them mpi4py is never imported.
+MPI_ENV_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
+                "SLURM_STEP_NUM_TASKS")
+
+
+def launched_under_mpi() -> bool:
+    """True when an MPI launcher started this process with more than one task (or may have)."""
+    env = os.environ
+    if env.get("SLURM_STEP_NUM_TASKS", "1") not in ("", "1"):
+        return True
+    return any(v in env for v in MPI_ENV_VARS if v != "SLURM_STEP_NUM_TASKS")
+
+
+def mpi_comm(*, required: bool = False):
+    """``MPI.COMM_WORLD`` when running under MPI with more than one rank, else None.
+
+    ``required``: raise SystemFailure instead of returning None (the ``--mpi`` flag).
+    """
+    if not launched_under_mpi():
+        if required:
+            raise SystemFailure("--mpi given, but this process was not started by an MPI launcher; "
+                                "run it as 'mpiexec -n N memx-hpc ...' or 'srun --mpi=pmi2 -n N memx-hpc ...'")
+        return None
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise SystemFailure(f"launched under MPI but mpi4py cannot be imported: {e}") from None
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() <= 1:
+        if required:
+            raise SystemFailure("--mpi given, but the MPI world has one rank (with srun, pass --mpi=pmi2)")
+        return None
+    return comm
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    """``use_cache`` False asks the cost model for every stage of every plan (no signature
+    table): the baseline the hash-signature cache is measured against."""
+
+    top_k: int = 10
+    weights: Weights = field(default_factory=Weights)
+    block_size: int = 65536
+    use_cache: bool = True
+    cost: CostOptions = field(default_factory=CostOptions)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.top_k, int) or self.top_k < 1:
+            raise SpecError("must be a whole number >= 1", field="top", found=self.top_k)
+        if self.block_size < 1:
+            raise SpecError("must be >= 1", field="block_size", found=self.block_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoredPlan:
+    """A plan with its prediction; ``rank`` by score and ``time_rank`` by iteration time
+    alone (1 = fastest; plans with equal time share a rank), among feasible plans."""
+
+    index: int
+    plan: Plan
+    prediction: Prediction
+    score: float
+    rank: int
+    time_rank: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParetoPoint:
+    """A plan no other feasible plan beats on both iteration time and peak memory utilisation."""
+
+    index: int
+    iteration_ms: float
+    max_utilisation: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchStats:
+    plans: int
+    feasible: int
+    seconds: float
+    compose_seconds: float
+    ranks: int
+    peak_rss_bytes: int
+    cache: dict
+    space: dict
+
+    @property
+    def plans_per_s(self) -> float:
+        return self.plans / self.seconds if self.seconds > 0 else float("inf")
+
+    def to_dict(self) -> dict:
+        return {"plans": self.plans, "feasible": self.feasible, "seconds": self.seconds,
+                "compose_seconds": self.compose_seconds, "plans_per_s": self.plans_per_s, "ranks": self.ranks,
+                "peak_rss_bytes": self.peak_rss_bytes, "cache": self.cache, "space": self.space}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchResult:
+    top: tuple[ScoredPlan, ...]
+    time_top: tuple[ScoredPlan, ...]
+    pareto: tuple[ParetoPoint, ...]
+    weights: Weights
+    stats: SearchStats
+
+
+# --------------------------------------------------------------------------- streaming keepers
+
+
+def _take_best(keys: np.ndarray, idx: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k smallest (key, index) pairs, ordered; ties by index. Infinite keys are dropped."""
+    fin = np.isfinite(keys)
+    keys, idx = keys[fin], idx[fin]
+    if len(keys) > k:
+        kth = np.partition(keys, k - 1)[k - 1]
+        sel = keys <= kth  # keeps every tie of the k-th key
+        keys, idx = keys[sel], idx[sel]
+    order = np.lexsort((idx, keys))[:k]
+    return keys[order], idx[order]
+
+
+def _front(t: np.ndarray, u: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Positions of the non-dominated points (minimise t and u; ties by index)."""
+    if not len(t):
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((idx, u, t))
+    us = u[order]
+    prev_min = np.minimum.accumulate(np.r_[np.inf, us[:-1]])
+    return order[us < prev_min]
+
+
+@dataclass
+class _Keeper:
+    k: int
+    score: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0, dtype=np.int64))
+    time: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0, dtype=np.int64))
+    front: tuple[np.ndarray, np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64))
+    times: list = field(default_factory=list)
+    plans: int = 0
+    feasible: int = 0
+    lookups: int = 0
+
+    def add(self, idx: np.ndarray, ls: np.ndarray, it: np.ndarray, util: np.ndarray, feasible: np.ndarray) -> None:
+        self.plans += len(idx)
+        self.feasible += int(feasible.sum())
+        s0, i0 = self.score
+        self.score = _take_best(np.r_[s0, ls], np.r_[i0, idx], self.k)
+        t0, j0 = self.time
+        self.time = _take_best(np.r_[t0, it], np.r_[j0, idx], self.k)
+        f = np.flatnonzero(feasible)
+        ft, fu, fi = self.front
+        t = np.r_[ft, it[f]]
+        u = np.r_[fu, util[f]]
+        ii = np.r_[fi, idx[f]]
+        keep = _front(t, u, ii)
+        self.front = (t[keep], u[keep], ii[keep])
+        self.times.append(it[f].astype(np.float64))
+
+    def sorted_times(self) -> np.ndarray:
+        return np.sort(np.concatenate(self.times)) if self.times else np.zeros(0)
+
+
+# --------------------------------------------------------------------------- predictions
+
+
+def _predict_all(queries: list[LayerQuery], cost_model, cache: PredictionCache | None, comm,
+                 stats: CacheStats) -> dict[LayerQuery, tuple[float, float]]:
+    """Answers for every unique query: cache hits, then the misses predicted (split over ranks)."""
+    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+    identity = cost_model.identity
+    sigs = [signature(identity, q) for q in queries]
+    known: dict[str, tuple[float, float]] = {}
+    if rank == 0 and cache is not None:
+        known = cache.get_many(sigs)
+    if comm is not None:
+        known = comm.bcast(known, root=0)
+    missing = [i for i, s in enumerate(sigs) if s not in known]
+    mine = missing[rank::size]
+    vals = cost_model.predict([queries[i] for i in mine]) if mine else np.zeros((0, 2))
+    part = {sigs[i]: (float(v[0]), float(v[1])) for i, v in zip(mine, vals)}
+    if comm is not None:
+        for other in comm.allgather(part):
+            known.update(other)
+    else:
+        known.update(part)
+    new = {sigs[i]: known[sigs[i]] for i in missing}
+    if rank == 0 and cache is not None and new:
+        cache.put_many(new)
+    stats.unique = len(queries)
+    stats.hits = len(queries) - len(missing)
+    stats.predicted = len(missing)
+    if cache is not None:
+        stats.file_hits = cache.stats.file_hits
+        stats.invalidated = cache.stats.invalidated
+        stats.path = cache.stats.path
+    return {q: known[s] for q, s in zip(queries, sigs)}
+
+
+def _block_queries(space: PlanSpace, block, sp: bool) -> list[LayerQuery]:
+    """Every query of every stage of every plan in ``block``, not deduplicated (no cache)."""
+    out: list[LayerQuery] = []
+    job = space.job
+    levels = space.levels
+    for j in range(len(block)):
+        sk = space.skeletons[int(block.skeleton[j])]
+        parts = sk.stage_partitions()
+        for i in range(sk.pp):
+            gpu = space.partitions[parts[i]].gpu_type
+            lv = levels[int(block.levels[j, i])]
+            qs = context_queries(job, gpu, sk.tp, sk.micro_batch_size, sp)
+            n = int(block.layers[j, i])
+            k = lv.for_stage(n)
+            # full recompute also needs the plain layer: its activations are rebuilt in backward
+            modes = ["full", "none"] if k.mode == "full" else [lv.base]
+            out += [qs[MODE_NAMES.index(m)] for m in modes]
+            if i == 0:
+                out.append(qs[3])
+            if i == sk.pp - 1:
+                out.append(qs[4])
+    return out
+
+
+# --------------------------------------------------------------------------- the search
+
+
+def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None,
+           cache: PredictionCache | None = None, comm=None,
+           progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    """Search ``space`` with ``cost_model``; see the module docstring. Every rank returns the result."""
+    options = options or SearchOptions()
+    t0 = time.perf_counter()
+    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+    stats = CacheStats()
+    queries = required_queries(space)
+    if options.use_cache:
+        predictions = _predict_all(queries, cost_model, cache, comm, stats)
+    else:
+        # every block asks the model for its own plans' stages; until then nothing is known
+        # (a value no plan of a block uses is multiplied by zero layers)
+        predictions = {q: (0.0, 0.0) for q in queries}
+        stats.unique = len(queries)
+    gpus = sorted({p.gpu_type for p in space.partitions})
+    overhead = {g: int(cost_model.overhead_bytes(g)) for g in gpus}
+    composer = Composer(space, predictions, overhead_bytes=overhead, options=options.cost)
+    start, stop = space.rank_range(rank, size)
+    keeper = _Keeper(k=options.top_k)
+    sp = space.options.sequence_parallel
+    t_compose = time.perf_counter()
+    done = 0
+    for block in space.iter_blocks(start, stop, block_size=options.block_size):
+        if not options.use_cache:
+            qs = _block_queries(space, block, sp)
+            vals = np.asarray(cost_model.predict(qs), dtype=np.float64)
+            stats.predicted += len(qs)
+            stats.lookups += len(qs)
+            composer.set_predictions({q: (float(v[0]), float(v[1])) for q, v in zip(qs, vals)})
+        cost = composer.compose(block)
+        ls = log_score(cost.iteration_ms, cost.max_utilisation, cost.balance, options.weights)
+        keeper.add(block.indices, ls, cost.iteration_ms, cost.max_utilisation, cost.feasible)
+        if options.use_cache:
+            keeper.lookups += int((block.levels >= 0).sum())
+        done += len(block)
+        if progress is not None and rank == 0:
+            progress(min(done * size, len(space)), len(space))
+    compose_s = time.perf_counter() - t_compose
+    if options.use_cache:
+        stats.lookups = keeper.lookups
+    times = keeper.sorted_times()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if comm is not None:
+        parts = comm.gather((keeper.score, keeper.time, keeper.front, keeper.plans, keeper.feasible, keeper.lookups,
+                             rss, compose_s), root=0)
+        if rank == 0:
+            merged = _Keeper(k=options.top_k)
+            merged.score = _take_best(np.concatenate([p[0][0] for p in parts]),
+                                      np.concatenate([p[0][1] for p in parts]), options.top_k)
+            merged.time = _take_best(np.concatenate([p[1][0] for p in parts]),
+                                     np.concatenate([p[1][1] for p in parts]), options.top_k)
+            ft = np.concatenate([p[2][0] for p in parts])
+            fu = np.concatenate([p[2][1] for p in parts])
+            fi = np.concatenate([p[2][2] for p in parts])
+            keep = _front(ft, fu, fi)
+            merged.front = (ft[keep], fu[keep], fi[keep])
+            merged.plans = sum(p[3] for p in parts)
+            merged.feasible = sum(p[4] for p in parts)
+            if options.use_cache:
+                stats.lookups = sum(p[5] for p in parts)
+            rss = max(p[6] for p in parts)
+            compose_s = max(p[7] for p in parts)
+            keeper_view = merged
+        else:
+            keeper_view = None
+        keeper_view = comm.bcast(keeper_view, root=0)
+        # time-only rank of every reported plan: count faster feasible plans on every rank
+        targets = _report_indices(keeper_view)
+        target_times = _times_of(space, composer, targets)
+        local = np.searchsorted(times, target_times, side="left") if len(targets) else np.zeros(0, dtype=np.int64)
+        faster = comm.allreduce(np.asarray(local, dtype=np.int64))
+        stats.lookups = comm.bcast(stats.lookups, root=0)
+        rss = comm.bcast(rss, root=0)
+        compose_s = comm.bcast(compose_s, root=0)
+        keeper = keeper_view
+    else:
+        targets = _report_indices(keeper)
+        target_times = _times_of(space, composer, targets)
+        faster = np.searchsorted(times, target_times, side="left") if len(targets) else np.zeros(0, dtype=np.int64)
+    time_rank = {int(i): int(f) + 1 for i, f in zip(targets, faster)}
+    top = _scored(space, cost_model, options, keeper.score[1], keeper.score[0], time_rank)
+    time_top = _scored(space, cost_model, options, keeper.time[1], None, time_rank)
+    ft, fu, fi = keeper.front
+    pareto = tuple(ParetoPoint(index=int(i), iteration_ms=float(t), max_utilisation=float(u))
+                   for t, u, i in zip(ft, fu, fi))
+    seconds = time.perf_counter() - t0
+    if comm is not None:
+        seconds = comm.bcast(seconds, root=0)
+    st = SearchStats(plans=keeper.plans, feasible=keeper.feasible, seconds=seconds, compose_seconds=compose_s,
+                     ranks=size, peak_rss_bytes=int(rss), cache=stats.to_dict(), space=space.describe())
+    return SearchResult(top=top, time_top=time_top, pareto=pareto, weights=options.weights, stats=st)
+
+
+def _report_indices(k: _Keeper) -> np.ndarray:
+    return np.unique(np.r_[k.score[1], k.time[1]]).astype(np.int64)
+
+
+def _times_of(space: PlanSpace, composer: Composer, indices: np.ndarray) -> np.ndarray:
+    """Iteration times of given plans, from the same vectorised composition as the search."""
+    out = np.empty(len(indices))
+    for j, i in enumerate(indices):
+        out[j] = composer.compose(space.decode(int(i), int(i) + 1)).iteration_ms[0]
+    return out
+
+
+def _scored(space: PlanSpace, cost_model, options: SearchOptions, indices, log_scores,
+            time_rank: dict[int, int]) -> tuple[ScoredPlan, ...]:
+    out = []
+    for r, i in enumerate(indices):
+        plan = space.plan_at(int(i))
+        pred = predict_plan(plan, space.site, space.job, cost_model, options=options.cost)
+        ls = float(log_scores[r]) if log_scores is not None else float(
+            log_score(pred.iteration_ms, pred.max_utilisation, pred.balance, options.weights))
+        out.append(ScoredPlan(index=int(i), plan=plan, prediction=pred, score=float(np.exp(ls)), rank=r + 1,
+                              time_rank=time_rank.get(int(i), 0)))
+    return tuple(out)
