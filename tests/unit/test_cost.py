@@ -1,0 +1,258 @@
+"""Cost composition against hand-computed cases, and the vectorised path against the scalar one."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import numpy as np
+import pytest
+
+from memx_hpc.errors import SpecError
+from memx_hpc.model import analytic
+from memx_hpc.search.cost import (Composer, CostOptions, p2p_bytes, predict_general, predict_plan, required_queries,
+                                  stage_layout, sync_ms_per_param)
+from memx_hpc.search.simulate import simulate_1f1b
+from memx_hpc.search.space import PlanSpace, SpaceOptions
+from memx_hpc.spec import (GeneralPlan, GeneralStage, Link, ModelSpec, Partition, Plan, Recompute, Replica, Site,
+                           Stage, job_for_model)
+
+GiB = 2**30
+
+
+class LinearModel:
+    """A small explicit cost model: every number can be worked out by hand.
+
+    Layer time ``T[gpu] * mbs / tp`` ms, times 1 / 1.25 / 4/3 for none / selective / full;
+    activations ``act * mbs / tp`` bytes (act = 1e8 unless given) times 1 / 0.8 / 0.1;
+    embedding 1 ms and 1e6 bytes,
+    head 5 ms and 5e7 bytes per micro-batch; 1 GiB of runtime overhead per GPU.
+    """
+
+    T = {"A100-80": 10.0, "V100-32": 25.0, "H100-SXM": 5.0}
+    MODE_T = {"none": 1.0, "selective": 1.25, "full": 4 / 3}
+    MODE_A = {"none": 1.0, "selective": 0.8, "full": 0.1}
+
+    def __init__(self, scale: float = 1.0, act: float = 1e8) -> None:
+        self.scale = scale
+        self.act = act
+        self.identity = hashlib.sha256(f"linear-{scale}-{act}".encode()).hexdigest()
+        self.calls = 0
+        self.rows = 0
+
+    def predict(self, queries):
+        self.calls += 1
+        self.rows += len(queries)
+        out = np.zeros((len(queries), 2))
+        for i, q in enumerate(queries):
+            b = q.micro_batch_size
+            if q.kind == "layer":
+                out[i] = (self.scale * self.T[q.gpu_type] * b / q.tp * self.MODE_T[q.recompute],
+                          self.act * b / q.tp * self.MODE_A[q.recompute])
+            elif q.kind == "embedding":
+                out[i] = (1.0 * b, 1e6 * b)
+            else:
+                out[i] = (5.0 * b, 5e7 * b)
+        return out
+
+    def overhead_bytes(self, gpu_type):
+        return GiB
+
+    def provenance(self, gpu_type):
+        return "measured"
+
+
+def small_model(layers=4):
+    return ModelSpec(name="small", num_layers=layers, hidden_size=1024, num_attention_heads=8, num_query_groups=8,
+                     ffn_hidden_size=4096, vocab_size=1000, seq_length=512)
+
+
+def two_partition_site(**kw) -> Site:
+    parts = (Partition(name="pA", gpu_type="A100-80", nodes=1, gpus_per_node=4, inter_node_gbps=25),
+             Partition(name="pV", gpu_type="V100-32", nodes=1, gpus_per_node=4, inter_node_gbps=12.5))
+    return Site(name="two", partitions=parts, links=(Link(a="pA", b="pV", gbps=10.0),), **kw)
+
+
+def test_hand_computed_plan():
+    site = two_partition_site()
+    job = job_for_model(small_model(), 4, precision="bf16", optimizer="adam", distributed_optimizer=True)
+    plan = Plan(tp=1, dp=2, micro_batch_size=1, global_batch_size=4,
+                stages=(Stage(partition="pA", num_layers=3), Stage(partition="pV", num_layers=1,
+                                                                   recompute=Recompute(mode="full"))))
+    pred = predict_plan(plan, site, job, LinearModel())
+    s0, s1 = pred.stages
+    assert pred.num_microbatches == 2
+    # times per micro-batch: 3 A100 layers + embedding; 1 V100 layer fully recomputed + head
+    assert s0.forward_ms + s0.backward_ms == pytest.approx(3 * 10 + 1)
+    assert s0.forward_ms == pytest.approx((3 * 10 + 1) / 3)
+    assert s1.forward_ms + s1.backward_ms == pytest.approx(25 * 4 / 3 + 5)
+    assert s1.forward_ms == pytest.approx(25 * 4 / 3 / 4 + 5 / 3)
+    # activations: stage 0 holds min(2 - 0, 2) = 2 micro-batches, stage 1 one, plus the rebuilt layer
+    assert s0.in_flight == 2 and s1.in_flight == 1
+    assert s0.activation_bytes == 2 * (3e8 + 1e6)
+    assert s1.activation_bytes == 1e7 + 5e7 + (1e8 - 1e7)
+    p0 = analytic.stage_params(job.model, 3, first=True, last=False, tp=1, pp=2)
+    p1 = analytic.stage_params(job.model, 1, first=False, last=True, tp=1, pp=2)
+    st0 = analytic.state_bytes(p0, precision="bf16", optimizer="adam", distributed_optimizer=True, dp=2)
+    st1 = analytic.state_bytes(p1, precision="bf16", optimizer="adam", distributed_optimizer=True, dp=2)
+    assert s0.state_bytes == st0 and s0.peak_bytes == st0 + 2 * (3e8 + 1e6) + GiB
+    assert s1.peak_bytes == st1 + 1e7 + 5e7 + 9e7 + GiB
+    # p2p: s*b*h*2 bytes over the 10 GB/s link between the partitions
+    c = 512 * 1 * 1024 * 2 / (10 * 1e6)
+    assert s0.send_ms == pytest.approx(c)
+    # DP sync: distributed optimizer, (d-1)/d * (4 + 2) bytes per parameter, DP group inside one node
+    assert s0.grad_sync_ms == pytest.approx(p0 * 0.5 * 6 / (300 * 1e6))
+    assert s1.grad_sync_ms == pytest.approx(p1 * 0.5 * 6 / (150 * 1e6))
+    tied = analytic.embedding_params(job.model, 1) * 4 / (10 * 1e6)
+    sim = simulate_1f1b([s0.forward_ms, s1.forward_ms], [s0.backward_ms, s1.backward_ms], [c], 2)
+    opt0 = analytic.optimizer_step_ms(p0, site.gpu("A100-80"), precision="bf16", optimizer="adam",
+                                      distributed_optimizer=True, dp=2)
+    opt1 = analytic.optimizer_step_ms(p1, site.gpu("V100-32"), precision="bf16", optimizer="adam",
+                                      distributed_optimizer=True, dp=2)
+    want = max(sim.stage_finish_ms[0] + s0.grad_sync_ms + opt0 + tied,
+               sim.stage_finish_ms[1] + s1.grad_sync_ms + opt1 + tied)
+    assert pred.iteration_ms == pytest.approx(want)
+    assert pred.pipeline_ms == pytest.approx(sim.total_ms)
+    assert pred.tokens_per_s == pytest.approx(4 * 512 / (want / 1e3))
+    u0, u1 = s0.peak_bytes / site.gpu("A100-80").memory_bytes, s1.peak_bytes / site.gpu("V100-32").memory_bytes
+    assert pred.max_utilisation == pytest.approx(max(u0, u1))
+    assert pred.balance == pytest.approx(max(u0, u1) / ((u0 + u1) / 2))
+    assert pred.feasible and pred.peak_by_gpu_type() == {"A100-80": s0.peak_bytes, "V100-32": s1.peak_bytes}
+
+
+def test_partial_full_recompute_costs_k_full_and_the_rest_none():
+    site = two_partition_site()
+    job = job_for_model(small_model(8), 4)
+    mk = lambda rc: Plan(tp=1, dp=1, micro_batch_size=1, global_batch_size=4,  # noqa: E731
+                         stages=(Stage(partition="pA", num_layers=8, recompute=rc),))
+    model = LinearModel()
+    k3 = predict_plan(mk(Recompute(mode="full", num_layers=3)), site, job, model).stages[0]
+    assert k3.time_ms == pytest.approx(3 * 10 * 4 / 3 + 5 * 10 + 1 + 5)
+    assert k3.activation_bytes == 1 * (3 * 1e7 + 5 * 1e8 + 1e6 + 5e7) + (1e8 - 1e7)
+    assert k3.recompute == "full:3"
+    sel = predict_plan(mk(Recompute(mode="selective")), site, job, model).stages[0]
+    assert sel.time_ms == pytest.approx(8 * 12.5 + 6) and sel.activation_bytes == 8 * 0.8e8 + 1e6 + 5e7
+
+
+def test_grad_reduce_formulas():
+    job = job_for_model(small_model(), 8, precision="bf16", distributed_optimizer=False)
+    # ring all-reduce of fp32 gradients: 2 (d-1)/d * 4 bytes per parameter
+    assert sync_ms_per_param(job, 4, 25.0) == pytest.approx(2 * 3 / 4 * 4 / 25e6)
+    assert sync_ms_per_param(job, 1, 25.0) == 0.0
+    fp16 = dataclasses.replace(job, precision="fp16")
+    assert sync_ms_per_param(fp16, 2, 10.0) == pytest.approx(2 * 1 / 2 * 2 / 10e6)
+    dist = dataclasses.replace(job, distributed_optimizer=True)
+    assert sync_ms_per_param(dist, 4, 25.0) == pytest.approx(3 / 4 * (4 + 2) / 25e6)
+    assert p2p_bytes(job, micro_batch_size=2, tp=4, sequence_parallel=True) == 512 * 2 * 1024 * 2 / 4
+    assert p2p_bytes(job, micro_batch_size=2, tp=4, sequence_parallel=False) == 512 * 2 * 1024 * 2
+
+
+def test_stage_layout_intra_and_inter_node():
+    site = Site(name="s", partitions=(Partition(name="a", gpu_type="A100-80", nodes=2, gpus_per_node=4,
+                                                intra_node_gbps=300, inter_node_gbps=25),
+                                      Partition(name="b", gpu_type="V100-32", nodes=1, gpus_per_node=4)),
+                inter_partition_gbps=5)
+    # tp*dp = 2: stages a0 on slots 0-1, a1 on 2-3 (same node), a2 on 4-5 (next node)
+    links, dps = stage_layout(site, ["a", "a", "a", "b"], 2, 1)
+    assert links == [300, 25, 5]
+    assert dps == [300, 300, 300, site.intra_gbps("b")]
+    # tp*dp = 8 spans both nodes: the DP ring crosses the network
+    links, dps = stage_layout(site, ["a"], 2, 4)
+    assert dps == [25]
+
+
+def test_infeasible_above_capacity_minus_margin():
+    site = two_partition_site(memory_safety_margin=0.1)
+    job = job_for_model(small_model(4), 64)
+    model = LinearModel(act=1e9)
+    plan = Plan(tp=1, dp=1, micro_batch_size=8, global_batch_size=64, stages=(Stage(partition="pA", num_layers=4),))
+    pred = predict_plan(plan, site, job, model)
+    cap = site.gpu("A100-80").memory_bytes
+    assert pred.stages[0].peak_bytes == pred.stages[0].state_bytes + 4 * 8e9 + 1e6 * 8 + 5e7 * 8 + GiB
+    assert pred.feasible == (pred.stages[0].peak_bytes <= 0.9 * cap) and pred.feasible
+    deep = Plan(tp=1, dp=1, micro_batch_size=8, global_batch_size=64,
+                stages=(Stage(partition="pV", num_layers=2), Stage(partition="pA", num_layers=2)))
+    d = predict_plan(deep, site, job, model)
+    assert d.stages[0].in_flight == 2
+    assert not d.feasible and "stage 0 (V100-32)" in d.reason and "90%" in d.reason
+    ok = predict_plan(dataclasses.replace(deep, stages=(Stage(partition="pV", num_layers=2,
+                                                              recompute=Recompute(mode="full")),
+                                                        deep.stages[1])), site, job, model)
+    assert ok.feasible  # recomputing on the memory-poor GPU makes it fit
+
+
+def _composed(space, model, options=None):
+    preds = {q: tuple(v) for q, v in zip(required_queries(space), model.predict(required_queries(space)))}
+    comp = Composer(space, preds, overhead_bytes={p.gpu_type: model.overhead_bytes(p.gpu_type)
+                                                   for p in space.partitions}, options=options)
+    return comp, comp.compose(space.decode(0, len(space)))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_vectorised_composition_equals_scalar(overlap):
+    site = two_partition_site(memory_safety_margin=0.3)
+    job = job_for_model(small_model(6), 16, recompute_modes=("none", "selective", "full"), attention="core")
+    space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=3, recompute_spread=None))
+    model = LinearModel(act=1e9)
+    opts = CostOptions(overlap_grad_reduce=overlap)
+    _, cost = _composed(space, model, opts)
+    assert 0 < cost.feasible.sum() < len(space)  # both kinds present
+    rng = np.random.default_rng(0)
+    for i in sorted(rng.choice(len(space), 500, replace=False)):
+        plan = space.plan_at(int(i))
+        pred = predict_plan(plan, site, job, model, options=opts)
+        assert pred.feasible == cost.feasible[i]
+        assert pred.max_utilisation == pytest.approx(cost.max_utilisation[i], rel=1e-12)
+        assert pred.balance == pytest.approx(cost.balance[i], rel=1e-12)
+        if pred.feasible:
+            assert pred.iteration_ms == pytest.approx(cost.iteration_ms[i], rel=1e-12)
+        else:
+            assert cost.iteration_ms[i] == np.inf
+
+
+def test_general_plan_matches_plan_and_takes_the_slowest_replica():
+    site = two_partition_site()
+    job = job_for_model(small_model(4), 8)
+    model = LinearModel()
+    plan = Plan(tp=1, dp=2, micro_batch_size=1, global_batch_size=8,
+                stages=(Stage(partition="pA", num_layers=2), Stage(partition="pA", num_layers=2)))
+    same = GeneralPlan(micro_batch_size=1, global_batch_size=8, stages=tuple(
+        GeneralStage(num_layers=2, replicas=(Replica(gpu_type="A100-80", tp=1, partition="pA"),) * 2)
+        for _ in range(2)))
+    a = predict_plan(plan, site, job, model)
+    b = predict_general(same, site, job, model)
+    assert [s.time_ms for s in a.stages] == pytest.approx([s.time_ms for s in b.stages[::2]])
+    assert a.stages[0].peak_bytes == b.stages[0].peak_bytes
+    mixed = GeneralPlan(micro_batch_size=1, global_batch_size=8, stages=(
+        GeneralStage(num_layers=2, replicas=(Replica(gpu_type="A100-80", tp=2), Replica(gpu_type="V100-32", tp=4))),
+        GeneralStage(num_layers=2, replicas=(Replica(gpu_type="A100-80", tp=1),))))
+    m = predict_general(mixed, site, job, model)
+    assert m.stage_ms[0] == pytest.approx(max(2 * 10 / 2 + 1, 2 * 25 / 4 + 1) * 4 / 8)  # 4 micro-batches of 8
+    assert m.stage_ms[1] == pytest.approx(2 * 10 + 5)
+    assert {s.gpu_type for s in m.stages} == {"A100-80", "V100-32"} and len(m.stages) == 3
+    # the V100 replica synchronises the A100 replica's (tp 2) shard, twice its own
+    v = next(s for s in m.stages if s.gpu_type == "V100-32")
+    a2 = next(s for s in m.stages if s.gpu_type == "A100-80" and s.stage == 0)
+    assert v.grad_sync_ms == pytest.approx(a2.grad_sync_ms)
+
+
+def test_bad_plans_are_spec_errors():
+    site = two_partition_site()
+    job = job_for_model(small_model(4), 8)
+    model = LinearModel()
+    with pytest.raises(SpecError, match="unknown partition"):
+        predict_plan(Plan(tp=1, dp=1, micro_batch_size=1, global_batch_size=8,
+                          stages=(Stage(partition="nope", num_layers=4),)), site, job, model)
+    with pytest.raises(SpecError, match="layers"):
+        predict_plan(Plan(tp=1, dp=1, micro_batch_size=1, global_batch_size=8,
+                          stages=(Stage(partition="pA", num_layers=3),)), site, job, model)
+    with pytest.raises(SpecError, match="GPUs of partition"):
+        predict_plan(Plan(tp=4, dp=2, micro_batch_size=1, global_batch_size=8,
+                          stages=(Stage(partition="pA", num_layers=4),)), site, job, model)
+    with pytest.raises(SpecError, match="full recompute of 5"):
+        predict_plan(Plan(tp=1, dp=1, micro_batch_size=1, global_batch_size=8,
+                          stages=(Stage(partition="pA", num_layers=4, recompute=Recompute(mode="full", num_layers=5)),)),
+                     site, job, model)
+    with pytest.raises(SpecError, match="unknown GPU type"):
+        predict_general(GeneralPlan(micro_batch_size=1, global_batch_size=8, stages=(
+            GeneralStage(num_layers=4, replicas=(Replica(gpu_type="Z9000", tp=1),)),)), site, job, model)

@@ -1,0 +1,166 @@
+"""The search engine against brute force: top-K, time-only ranking, Pareto front, feasibility."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from memx_hpc.errors import SystemFailure
+from memx_hpc.search.cache import PredictionCache
+from memx_hpc.search.cost import predict_plan
+from memx_hpc.search.engine import SearchOptions, launched_under_mpi, mpi_comm, search
+from memx_hpc.search.objective import TIME_ONLY, Weights, log_score
+from memx_hpc.search.space import PlanSpace, SpaceOptions
+from memx_hpc.spec import Link, ModelSpec, Partition, Site, job_for_model
+
+GiB = 2**30
+
+
+class LinearModel:
+    """Explicit per-layer costs (see tests/unit/test_cost.py for the same model by hand)."""
+
+    T = {"A100-80": 10.0, "V100-32": 25.0}
+    MODE_T = {"none": 1.0, "selective": 1.25, "full": 4 / 3}
+    MODE_A = {"none": 1.0, "selective": 0.8, "full": 0.1}
+
+    def __init__(self, act: float = 1e9, tag: str = "") -> None:
+        self.act = act
+        self.identity = hashlib.sha256(f"linear-{act}-{tag}".encode()).hexdigest()
+        self.rows = 0
+
+    def predict(self, queries):
+        self.rows += len(queries)
+        out = np.zeros((len(queries), 2))
+        for i, q in enumerate(queries):
+            b = q.micro_batch_size
+            if q.kind == "layer":
+                out[i] = (self.T[q.gpu_type] * b / q.tp * self.MODE_T[q.recompute],
+                          self.act * b / q.tp * self.MODE_A[q.recompute])
+            else:
+                out[i] = ((1.0 if q.kind == "embedding" else 5.0) * b, (1e6 if q.kind == "embedding" else 5e7) * b)
+        return out
+
+    def overhead_bytes(self, gpu_type):
+        return GiB
+
+    def provenance(self, gpu_type):
+        return "measured"
+
+
+def setup(margin=0.05):
+    site = Site(name="two", memory_safety_margin=margin,
+                partitions=(Partition(name="pA", gpu_type="A100-80", nodes=1, gpus_per_node=4),
+                            Partition(name="pV", gpu_type="V100-32", nodes=1, gpus_per_node=4)),
+                links=(Link(a="pA", b="pV", gbps=10.0),))
+    m = ModelSpec(name="small", num_layers=5, hidden_size=1024, num_attention_heads=8, num_query_groups=8,
+                  ffn_hidden_size=4096, vocab_size=1000, seq_length=512)
+    job = job_for_model(m, 16)
+    space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=3, recompute_spread=None,
+                                              tp_degrees=(1, 4), micro_batch_sizes=(1, 4)))
+    return site, job, space
+
+
+def brute(space, model, weights):
+    rows = []
+    for i, plan in space.iter_range(0, len(space)):
+        p = predict_plan(plan, space.site, space.job, model)
+        if p.feasible:
+            rows.append((float(log_score(p.iteration_ms, p.max_utilisation, p.balance, weights)), i,
+                         p.iteration_ms, p.max_utilisation))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def world():
+    site, job, space = setup()
+    model = LinearModel()
+    w = Weights(time=1, memory=1, balance=0.5)
+    return site, job, space, model, w, brute(space, model, w)
+
+
+def test_top_k_time_ranking_and_pareto_equal_brute_force(world):
+    site, job, space, model, w, rows = world
+    assert 0 < len(rows) < len(space)
+    r = search(space, model, options=SearchOptions(top_k=7, weights=w, block_size=333))
+    want = sorted(rows, key=lambda x: (x[0], x[1]))[:7]
+    assert [s.index for s in r.top] == [x[1] for x in want]
+    assert [s.rank for s in r.top] == list(range(1, 8))
+    assert [np.log(s.score) for s in r.top] == pytest.approx([x[0] for x in want])
+    by_time = sorted(rows, key=lambda x: (x[2], x[1]))
+    assert [s.index for s in r.time_top] == [x[1] for x in by_time[:7]]
+    times = np.array([x[2] for x in rows])
+    for s in r.top + r.time_top:
+        # 1 + the number of strictly faster feasible plans (exact ties share a rank; the
+        # scalar and vectorised paths may differ in the last bits, hence the band)
+        t = s.prediction.iteration_ms
+        assert 1 + int((times < t * (1 - 1e-9)).sum()) <= s.time_rank <= 1 + int((times < t * (1 + 1e-9)).sum())
+        assert s.prediction.feasible
+    front = set()
+    for _, i, t, u in rows:
+        if not any((t2 <= t and u2 <= u) and (t2 < t or u2 < u) for _, _, t2, u2 in rows):
+            front.add((t, u))
+    got = sorted((p.iteration_ms, p.max_utilisation) for p in r.pareto)
+    assert len(got) == len(front) and np.allclose(got, sorted(front), rtol=1e-12)
+    assert r.stats.plans == len(space) and r.stats.feasible == len(rows)
+
+
+def test_answer_does_not_depend_on_block_size_or_cache(world, tmp_path):
+    site, job, space, model, w, rows = world
+    a = search(space, model, options=SearchOptions(top_k=5, weights=w))
+    b = search(space, model, options=SearchOptions(top_k=5, weights=w, block_size=17))
+    counting = LinearModel()
+    c = search(space, counting, options=SearchOptions(top_k=5, weights=w, use_cache=False, block_size=4096))
+    assert [s.index for s in a.top] == [s.index for s in b.top] == [s.index for s in c.top]
+    assert [p.index for p in a.pareto] == [p.index for p in c.pareto]
+    # without the signature table every stage of every plan is asked of the model
+    assert c.stats.cache["predicted"] == c.stats.cache["lookups"] > len(space)
+    assert c.stats.cache["hit_rate"] == pytest.approx(0.0)
+
+
+def test_infeasible_plans_are_never_ranked():
+    site, job, space = setup(margin=0.5)
+    model = LinearModel(act=3e9)
+    r = search(space, model, options=SearchOptions(top_k=50, weights=TIME_ONLY))
+    assert r.stats.feasible < r.stats.plans
+    for s in r.top + r.time_top:
+        assert s.prediction.feasible
+        assert all(st.peak_bytes <= 0.5 * st.capacity_bytes for st in s.prediction.stages)
+    # memory-aware weights prefer lower peaks than time-only
+    m = search(space, model, options=SearchOptions(top_k=1, weights=Weights(time=1, memory=4, balance=0)))
+    assert m.top[0].prediction.max_utilisation <= r.top[0].prediction.max_utilisation
+
+
+def test_nothing_fits():
+    site, job, space = setup(margin=0.9)
+    r = search(space, LinearModel(act=1e11), options=SearchOptions(top_k=3))
+    assert r.top == () and r.time_top == () and r.pareto == () and r.stats.feasible == 0
+
+
+def test_cache_file_hits_on_the_second_run(world, tmp_path):
+    site, job, space, model, w, rows = world
+    path = tmp_path / "c.sqlite"
+    first = search(space, model, options=SearchOptions(top_k=3), cache=PredictionCache(identity=model.identity,
+                                                                                         path=path))
+    second = search(space, model, options=SearchOptions(top_k=3), cache=PredictionCache(identity=model.identity,
+                                                                                          path=path))
+    assert first.stats.cache["predicted"] == first.stats.cache["unique"] > 0
+    assert second.stats.cache["predicted"] == 0 and second.stats.cache["file_hits"] == second.stats.cache["unique"]
+    assert first.stats.cache["hit_rate"] > 0.9  # stage look-ups served from the table
+    other = LinearModel(tag="refit")
+    third = search(space, other, options=SearchOptions(top_k=3), cache=PredictionCache(identity=other.identity,
+                                                                                         path=path))
+    assert third.stats.cache["invalidated"] == first.stats.cache["unique"]
+    assert [s.index for s in first.top] == [s.index for s in second.top]
+
+
+def test_serial_without_mpi_env(monkeypatch):
+    for v in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
+              "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(v, raising=False)
+    assert not launched_under_mpi() and mpi_comm() is None
+    with pytest.raises(SystemFailure, match="mpiexec"):
+        mpi_comm(required=True)
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
+    assert not launched_under_mpi()

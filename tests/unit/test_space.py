@@ -1,0 +1,209 @@
+"""The plan space: every plan valid, nothing valid missed, deterministic indexing."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+import pytest
+
+from memx_hpc.errors import SpecError
+from memx_hpc.spec import ModelSpec, Partition, Site, job_for_model, load_job, load_site
+from memx_hpc.search.space import PlanSpace, SpaceOptions, recompute_levels
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_site(*, gpn=(2, 4), nodes=(1, 1)) -> Site:
+    parts = tuple(Partition(name=f"p{i}", gpu_type=g, nodes=n, gpus_per_node=k)
+                  for i, (g, n, k) in enumerate(zip(("A100-80", "V100-32"), nodes, gpn)))
+    return Site(name="t", partitions=parts)
+
+
+def tiny_job(layers=6, heads=4, gbs=8, **kw):
+    m = ModelSpec(name="m", num_layers=layers, hidden_size=64 * heads, num_attention_heads=heads,
+                  num_query_groups=heads, ffn_hidden_size=256 * heads, vocab_size=1000, seq_length=128)
+    return job_for_model(m, gbs, **kw)
+
+
+def all_plans(space):
+    return [p for _, p in space.iter_range(0, len(space))]
+
+
+def test_len_matches_enumeration_and_indices_are_contiguous():
+    space = PlanSpace(tiny_site(), tiny_job(), SpaceOptions(layer_granularity=1, max_pipeline_stages=3))
+    plans = list(space.iter_range(0, len(space)))
+    assert len(plans) == len(space) > 100
+    assert [i for i, _ in plans] == list(range(len(space)))
+    # decoding any single index gives the plan the stream gave
+    for i in (0, 1, len(space) // 3, len(space) - 1):
+        assert space.plan_at(i) == plans[i][1]
+    with pytest.raises(IndexError):
+        space.plan_at(len(space))
+
+
+def test_every_plan_is_runnable():
+    site, job = tiny_site(), tiny_job()
+    space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=3))
+    for p in all_plans(space):
+        assert job.model.num_attention_heads % p.tp == 0 and job.model.num_query_groups % p.tp == 0
+        assert job.global_batch_size % (p.micro_batch_size * p.dp) == 0
+        assert p.num_layers == job.model.num_layers and all(s.num_layers >= 1 for s in p.stages)
+        assert 1 <= p.pp <= 3
+        used: dict[str, int] = {}
+        for s in p.stages:
+            part = site.partition(s.partition)
+            assert part.gpus_per_node % p.tp == 0
+            used[s.partition] = used.get(s.partition, 0) + p.tp * p.dp
+        for name, n in used.items():
+            assert n <= site.partition(name).total_gpus
+        # a partition's stages are consecutive (one hetjob component per group)
+        names = [g for g, _ in p.component_groups()]
+        assert len(names) == len(set(names))
+        for s in p.stages:
+            if s.recompute.mode == "full" and s.recompute.num_layers is not None:
+                assert 0 < s.recompute.num_layers < s.num_layers
+
+
+def test_skeletons_are_exactly_the_valid_ones():
+    """Brute force over every (tp, mbs, dp, ordered partitions, stage counts) combination."""
+    site, job = tiny_site(gpn=(2, 4), nodes=(2, 1)), tiny_job(gbs=8)
+    space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=4))
+    got = {(s.tp, s.dp, s.micro_batch_size, s.groups) for s in space.skeletons}
+    want = set()
+    parts = site.partitions
+    for tp, mbs, dp in itertools.product((1, 2, 4, 8), (1, 2, 4, 8), range(1, 9)):
+        if job.model.num_attention_heads % tp or job.global_batch_size % (mbs * dp):
+            continue
+        for g in range(1, 3):
+            for seq in itertools.permutations(range(len(parts)), g):
+                for counts in itertools.product(range(1, 5), repeat=g):
+                    if sum(counts) > 4:
+                        continue
+                    ok = all(parts[i].gpus_per_node % tp == 0
+                             and c * dp <= parts[i].nodes * (parts[i].gpus_per_node // tp)
+                             for i, c in zip(seq, counts))
+                    if ok and sum(counts) <= job.model.num_layers:
+                        want.add((tp, dp, mbs, tuple(zip(seq, counts))))
+    assert got == want
+
+
+def test_layer_splits_follow_the_grid():
+    job = tiny_job(layers=10)
+    space = PlanSpace(tiny_site(), job, SpaceOptions(layer_granularity=4, max_pipeline_stages=3))
+    seen_totals = set()
+    for p in all_plans(space):
+        groups = p.component_groups()
+        totals = [sum(p.stages[i].num_layers for i in idx) for _, idx in groups]
+        # every group's total is a multiple of 4, the last also takes 10 % 4 = 2
+        assert all(t % 4 == 0 for t in totals[:-1]) and (totals[-1] - 2) % 4 == 0
+        for _, idx in groups:  # inside a group: as even as possible, remainder to later stages
+            ns = [p.stages[i].num_layers for i in idx]
+            assert max(ns) - min(ns) <= 1 and ns == sorted(ns)
+        seen_totals.add(tuple(totals))
+    assert (4, 6) in seen_totals and (8, 2) in seen_totals and (10,) in seen_totals
+
+
+def test_split_within_groups_enumerates_stage_compositions():
+    job = tiny_job(layers=6)
+    opts = SpaceOptions(layer_granularity=1, max_pipeline_stages=3, split_within_groups=True,
+                        tp_degrees=(1,), micro_batch_sizes=(1,))
+    site = Site(name="one", partitions=(Partition(name="p", gpu_type="A100-80", nodes=1, gpus_per_node=4),))
+    space = PlanSpace(site, job, opts)
+    splits = {tuple(s.num_layers for s in p.stages) for p in all_plans(space) if p.pp == 3 and p.dp == 1}
+    assert splits == {c for c in itertools.product(range(1, 5), repeat=3) if sum(c) == 6}
+
+
+def test_heterogeneous_recompute_levels():
+    job = tiny_job(recompute_modes=("none", "selective", "full"), attention="core")
+    levels = recompute_levels(job, 2)
+    assert [lv.label() for lv in levels] == ["none", "selective", "full:0.5", "full"]
+    # fused attention: selective saves only the softmax statistics, so it is left out by default
+    assert [lv.label() for lv in recompute_levels(dataclasses.replace(job, attention="sdpa"), 2)] == \
+        ["none", "full:0.5", "full"]
+    assert len(recompute_levels(dataclasses.replace(job, attention="sdpa"), 2, selective_with_sdpa=True)) == 4
+    assert [lv.label() for lv in recompute_levels(dataclasses.replace(job, recompute_modes=("full",)), 1)] == ["full"]
+
+    site = tiny_site()
+    for spread in (0, 1, None):
+        space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=3, recompute_spread=spread))
+        mixed = False
+        for p in all_plans(space):
+            for _, idx in p.component_groups():
+                lv = [_level(p.stages[i]) for i in idx]
+                assert lv == sorted(lv, reverse=True)  # non-increasing along the pipeline
+                if spread is not None:
+                    assert lv[0] - lv[-1] <= spread
+            if len({p.stages[i].recompute.mode for i in range(p.pp)}) > 1:
+                mixed = True
+        assert mixed  # stages of one plan do recompute differently
+
+
+def _level(stage) -> int:
+    """none 0, selective 1, full (on any k) 2. The full:0.5 level of a 1-layer stage is a
+    full recompute of its one layer, so the two full levels are not told apart here."""
+    return {"none": 0, "selective": 1}.get(stage.recompute.mode, 2)
+
+
+def test_full_k_layers_follow_fraction():
+    job = tiny_job(layers=7)
+    space = PlanSpace(tiny_site(), job, SpaceOptions(layer_granularity=1, max_pipeline_stages=2,
+                                                     full_recompute_steps=2))
+    ks = {(s.num_layers, s.recompute.num_layers) for p in all_plans(space) for s in p.stages
+          if s.recompute.mode == "full"}
+    assert (5, 3) in ks and (5, None) in ks and (4, 2) in ks  # ceil(5/2) = 3, ceil(4/2) = 2
+
+
+def test_rank_ranges_partition_the_space():
+    space = PlanSpace(tiny_site(), tiny_job(), SpaceOptions(layer_granularity=1))
+    n = len(space)
+    for size in (1, 2, 3, 7):
+        ranges = [space.rank_range(r, size) for r in range(size)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+        assert max(b - a for a, b in ranges) - min(b - a for a, b in ranges) <= 1
+
+
+def test_blocks_decode_the_same_plans_whatever_their_size():
+    space = PlanSpace(tiny_site(), tiny_job(), SpaceOptions(layer_granularity=1))
+    a = list(space.iter_blocks(0, len(space), block_size=7))
+    b = list(space.iter_blocks(0, len(space), block_size=100000))
+    import numpy as np
+    assert np.array_equal(np.concatenate([x.layers for x in a]), b[0].layers)
+    assert np.array_equal(np.concatenate([x.levels for x in a]), b[0].levels)
+    assert np.array_equal(np.concatenate([x.skeleton for x in a]), b[0].skeleton)
+
+
+def test_deterministic_across_constructions():
+    s1 = PlanSpace(tiny_site(), tiny_job(), SpaceOptions(layer_granularity=2))
+    s2 = PlanSpace(tiny_site(), tiny_job(), SpaceOptions(layer_granularity=2))
+    assert len(s1) == len(s2) and all(s1.plan_at(i) == s2.plan_at(i) for i in range(0, len(s1), 17))
+
+
+def test_prunes_tp_that_does_not_divide_heads_or_groups():
+    m = ModelSpec(name="gqa", num_layers=4, hidden_size=384, num_attention_heads=6, num_query_groups=2,
+                  ffn_hidden_size=1536, vocab_size=1000, seq_length=64)
+    space = PlanSpace(tiny_site(gpn=(8, 8)), job_for_model(m, 4), SpaceOptions(layer_granularity=1))
+    assert space.tp_candidates() == [1, 2]
+
+
+def test_bad_options_are_spec_errors():
+    with pytest.raises(SpecError, match="layer_granularity"):
+        SpaceOptions(layer_granularity=0)
+    with pytest.raises(SpecError, match="recompute_spread"):
+        SpaceOptions(recompute_spread=-1)
+    with pytest.raises(SpecError, match="layer_granularity"):
+        PlanSpace(tiny_site(), tiny_job(layers=4), SpaceOptions(layer_granularity=5))
+
+
+def test_example_site_space_sizes():
+    """The 20-GPU example site: MemX searched 31,240 plans. With an 8-layer grid ours is of
+    that size; the default 4-layer grid (better plans) is a few hundred thousand."""
+    site = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml")
+    for job_file in ("gpt3-2.7b.yaml", "llama2-7b.yaml"):
+        job = load_job(ROOT / "jobs" / job_file)
+        coarse = PlanSpace(site, job, SpaceOptions(layer_granularity=8))
+        default = PlanSpace(site, job)
+        assert 10_000 <= len(coarse) < 100_000
+        assert 100_000 <= len(default) < 1_000_000
