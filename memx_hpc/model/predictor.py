@@ -1,0 +1,364 @@
+"""The fitted cost model: one XGBoost model with two outputs (time, memory).
+
+What it learns. For each sample the analytic model gives a base estimate — the
+per-kernel roofline time on the GPU's datasheet numbers and the Korthikanti et al.
+activation bytes. The model learns the *log ratio* of the measurement to that base
+(``log(measured / base)``), two targets in one booster. Predicting the ratio keeps the
+physics (a layer twice the FLOPs takes about twice the time, on any GPU) and leaves to
+the trees only what the datasheet does not say: achieved efficiency, kernel overheads,
+allocator behaviour. That is what lets it estimate a GPU type, a model or a size that
+is not in the data. ``benchmarks/accuracy.py`` measures this choice against predicting
+log time directly (the "no physics features" ablation).
+
+Missing targets. Not every sample carries both numbers (Cephalo has no memory; a
+memory-only measurement has no time). Before the two-output fit, each missing target is
+imputed by a single-output model fitted on the rows that have it, so that the joint
+model sees every row and the imputed values add no information of their own.
+
+Persistence. ``save`` writes XGBoost's ``.ubj`` with the training-data hash, the feature
+schema and the fitted side tables (overhead and provenance per GPU type) stored as
+booster attributes. ``load`` refuses a model whose schema differs from this code's, or
+whose data hash differs from ``expected_data_hash`` (a stale model), with a SpecError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import SpecError
+from ..spec import LayerSample
+from . import augment as augment_mod
+from . import features
+from .api import PROVENANCES, QUERY_KINDS, LayerQuery, default_overhead_bytes, resolve_gpu
+
+MODEL_FORMAT = "memx-predictor"
+MODEL_FORMAT_VERSION = 1
+
+#: Hyperparameters, fixed a priori for small tabular data (a few thousand rows, ~35
+#: features): shallow trees, shrinkage and row/column subsampling against memorising.
+DEFAULT_PARAMS = {
+    "n_estimators": 400,
+    "max_depth": 5,
+    "learning_rate": 0.05,
+    "subsample": 0.8,
+    "colsample_bytree": 0.8,
+    "min_child_weight": 2.0,
+    "reg_lambda": 1.0,
+}
+
+
+def sample_key(s: LayerSample) -> dict[str, Any]:
+    """The fields of a sample that a fit depends on (canonical, for hashing)."""
+    p = s.point
+    return {"point": asdict(p), "fwd": round(s.forward_ms, 9), "bwd": round(s.backward_ms, 9),
+            "act": int(s.activation_bytes), "peak": int(s.peak_allocated_bytes),
+            "foot": int(s.device_footprint_bytes), "inf": bool(s.infeasible), "origin": s.origin,
+            "w": round(s.weight, 9)}
+
+
+def samples_hash(samples: Sequence[LayerSample]) -> str:
+    """Order-independent SHA-256 of the samples' contents."""
+    rows = sorted(hashlib.sha256(json.dumps(sample_key(s), sort_keys=True, default=str).encode()).hexdigest()
+                  for s in samples)
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()
+
+
+def usable(s: LayerSample) -> bool:
+    """Samples the predictor learns from: layer/embedding/head, feasible, with a time or memory."""
+    return (s.point.kind in QUERY_KINDS and not s.infeasible
+            and (s.forward_ms + s.backward_ms > 0 or s.activation_bytes > 0))
+
+
+def _xgb():
+    import xgboost  # deferred: importing xgboost costs ~0.5 s
+    return xgboost
+
+
+class Predictor:
+    """Dual-output XGBoost cost model implementing :class:`memx_hpc.model.api.CostModel`.
+
+    Parameters (all keyword): ``augment`` (interpolation augmentation before fitting),
+    ``physics`` (learn ratios to the analytic model, with the physics features; False:
+    learn log time and log bytes from shape and datasheet features only), ``dual_output``
+    (one two-output booster; False: two single-output boosters), ``seed``, ``nthread``,
+    and XGBoost hyperparameters overriding :data:`DEFAULT_PARAMS`.
+    """
+
+    def __init__(self, *, augment: bool = True, physics: bool = True, dual_output: bool = True,
+                 augment_weight: float = augment_mod.DEFAULT_WEIGHT, seed: int = 0, nthread: int = 2,
+                 **xgb_params: Any) -> None:
+        unknown = set(xgb_params) - set(DEFAULT_PARAMS)
+        if unknown:
+            raise SpecError("unknown predictor parameter", found=sorted(unknown), allowed=", ".join(DEFAULT_PARAMS))
+        self.augment = augment
+        self.physics = physics
+        self.dual_output = dual_output
+        self.augment_weight = augment_weight
+        self.seed = seed
+        self.nthread = nthread
+        self.params = {**DEFAULT_PARAMS, **xgb_params}
+        self.gpus: Any = None
+
+    # ------------------------------------------------------------------ fitting
+
+    def _settings(self) -> dict[str, Any]:
+        return {"augment": self.augment, "physics": self.physics, "dual_output": self.dual_output,
+                "augment_weight": self.augment_weight, "seed": self.seed, **self.params}
+
+    def _booster_params(self) -> dict[str, Any]:
+        p = self.params
+        return {"objective": "reg:squarederror", "tree_method": "hist", "max_depth": p["max_depth"],
+                "eta": p["learning_rate"], "subsample": p["subsample"], "colsample_bytree": p["colsample_bytree"],
+                "min_child_weight": p["min_child_weight"], "lambda": p["reg_lambda"], "seed": self.seed,
+                "nthread": self.nthread, "verbosity": 0}
+
+    def _train(self, X: np.ndarray, Y: np.ndarray, w: np.ndarray):
+        xgb = _xgb()
+        d = xgb.DMatrix(X, label=Y, weight=w, feature_names=list(self.feature_names_), nthread=self.nthread)
+        return xgb.train(self._booster_params(), d, num_boost_round=int(self.params["n_estimators"]))
+
+    def _targets(self, samples: Sequence[LayerSample], base: np.ndarray) -> np.ndarray:
+        t = np.array([s.forward_ms + s.backward_ms for s in samples], dtype=np.float64)
+        m = np.array([s.activation_bytes for s in samples], dtype=np.float64)
+        Y = np.full((len(samples), 2), np.nan)
+        ok_t, ok_m = t > 0, m > 0
+        if self.physics:
+            Y[ok_t, 0] = np.log(t[ok_t] / base[ok_t, 0])
+            Y[ok_m, 1] = np.log(m[ok_m] / base[ok_m, 1])
+        else:
+            Y[ok_t, 0] = np.log(t[ok_t])
+            Y[ok_m, 1] = np.log(m[ok_m])
+        return Y
+
+    def fit(self, samples: Sequence[LayerSample], site_or_catalog: Any) -> "Predictor":
+        """Fit on ``samples`` (GPU names resolve through ``site_or_catalog``); returns self."""
+        train = [s for s in samples if usable(s)]
+        if not train:
+            raise SpecError("no usable samples to fit on (layer/embedding/head samples with a time or memory)",
+                            found=len(samples))
+        self.gpus = site_or_catalog
+        self.data_hash_ = samples_hash(train)
+        if self.augment:
+            train = train + augment_mod.augment(train, weight=self.augment_weight)
+        self.feature_names_ = features.feature_names(physics=self.physics)
+        X, base = features.build([features.query_of(s) for s in train], site_or_catalog, physics=self.physics)
+        Y = self._targets(train, base)
+        w = np.array([s.weight for s in train], dtype=np.float64)
+        have = ~np.isnan(Y)
+        if not have[:, 0].any():
+            raise SpecError("no sample carries a time; the predictor needs forward/backward times")
+        self.boosters_: list[Any] = []
+        if self.dual_output:
+            Yf = Y.copy()
+            for j in range(2):
+                if not have[:, j].any():
+                    Yf[:, j] = 0.0 if self.physics else np.log(base[:, j])  # no data: the analytic estimate
+                elif not have[:, j].all():
+                    imp = self._train(X[have[:, j]], Y[have[:, j], j], w[have[:, j]])
+                    xgb = _xgb()
+                    miss = ~have[:, j]
+                    Yf[miss, j] = imp.predict(xgb.DMatrix(X[miss], feature_names=list(self.feature_names_)))
+            self.boosters_.append(self._train(X, Yf, w))
+        else:
+            for j in range(2):
+                if have[:, j].any():
+                    self.boosters_.append(self._train(X[have[:, j]], Y[have[:, j], j], w[have[:, j]]))
+                else:
+                    self.boosters_.append(None)
+        self.has_memory_ = bool(have[:, 1].any())
+        self.n_samples_ = len(train)
+        self.provenance_ = self._provenance_table(train)
+        self.overhead_ = self._overhead_table(train)
+        self.identity = hashlib.sha256(json.dumps(
+            {"format": MODEL_FORMAT, "version": MODEL_FORMAT_VERSION, "schema": features.FEATURE_SCHEMA_VERSION,
+             "features": list(self.feature_names_), "data": self.data_hash_, "settings": self._settings()},
+            sort_keys=True).encode()).hexdigest()
+        return self
+
+    @staticmethod
+    def _provenance_table(train: Sequence[LayerSample]) -> dict[str, str]:
+        rank = {"measured": 0, "imported": 1, "augmented": 2}
+        out: dict[str, str] = {}
+        for s in train:
+            cur = out.get(s.point.gpu_type)
+            if cur is None or rank[s.origin] < rank[cur]:
+                out[s.point.gpu_type] = s.origin
+        return out
+
+    @staticmethod
+    def _overhead_table(train: Sequence[LayerSample]) -> dict[str, int]:
+        """Median of (device footprint - peak allocated) over samples that measured both."""
+        per: dict[str, list[int]] = {}
+        for s in train:
+            if s.device_footprint_bytes > 0 and s.peak_allocated_bytes > 0:
+                per.setdefault(s.point.gpu_type, []).append(s.device_footprint_bytes - s.peak_allocated_bytes)
+        return {g: int(np.median(v)) for g, v in per.items()}
+
+    # ------------------------------------------------------------------ CostModel
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "boosters_"):
+            raise SpecError("the predictor is not fitted; call fit() or Predictor.load()")
+
+    def predict(self, queries: Sequence[LayerQuery]) -> np.ndarray:
+        """``(n, 2)``: forward+backward ms of one layer per micro-batch, activation bytes kept."""
+        self._check_fitted()
+        if not len(queries):
+            return np.empty((0, 2), dtype=np.float64)
+        xgb = _xgb()
+        X, base = features.build(queries, self.gpus, physics=self.physics)
+        d = xgb.DMatrix(X, feature_names=list(self.feature_names_), nthread=self.nthread)
+        if self.dual_output:
+            raw = np.asarray(self.boosters_[0].predict(d), dtype=np.float64).reshape(len(queries), 2)
+        else:
+            raw = np.zeros((len(queries), 2))
+            for j, b in enumerate(self.boosters_):
+                raw[:, j] = b.predict(d) if b is not None else (0.0 if self.physics else np.log(base[:, j]))
+        if not self.has_memory_:
+            raw[:, 1] = 0.0 if self.physics else np.log(base[:, 1])
+        out = np.exp(raw) * base if self.physics else np.exp(raw)
+        return out
+
+    def overhead_bytes(self, gpu_type: str) -> int:
+        self._check_fitted()
+        g = resolve_gpu(self.gpus, gpu_type)
+        for name in (gpu_type, g.name):
+            if name in self.overhead_:
+                return self.overhead_[name]
+        return default_overhead_bytes(g)
+
+    def provenance(self, gpu_type: str) -> str:
+        self._check_fitted()
+        g = resolve_gpu(self.gpus, gpu_type)
+        p = self.provenance_.get(g.name, self.provenance_.get(gpu_type, "datasheet-only"))
+        assert p in PROVENANCES
+        return p
+
+    # ------------------------------------------------------------------ persistence
+
+    def _meta(self) -> dict[str, Any]:
+        return {"format": MODEL_FORMAT, "version": MODEL_FORMAT_VERSION,
+                "feature_schema_version": features.FEATURE_SCHEMA_VERSION, "feature_names": list(self.feature_names_),
+                "data_hash": self.data_hash_, "settings": self._settings(), "identity": self.identity,
+                "has_memory": self.has_memory_, "n_samples": self.n_samples_, "provenance": self.provenance_,
+                "overhead": self.overhead_, "boosters": len(self.boosters_),
+                "present": [b is not None for b in self.boosters_]}
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``.ubj`` (one file per booster: ``path`` and, for two single-output boosters,
+        ``path`` with ``.mem`` before the suffix), metadata inside."""
+        self._check_fitted()
+        path = Path(path)
+        if path.suffix != ".ubj":
+            raise SpecError("predictor files are XGBoost UBJSON", field="path", found=str(path), allowed="*.ubj")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = json.dumps(self._meta(), sort_keys=True)
+        for i, b in enumerate(self.boosters_):
+            if b is None:
+                continue
+            b.set_attr(memx_meta=meta, memx_part=str(i))
+            target = path if i == 0 else path.with_name(path.stem + f".part{i}.ubj")
+            tmp = target.with_name(target.name + ".tmp.ubj")
+            b.save_model(str(tmp))
+            tmp.replace(target)  # atomic: a reader never sees half a model
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, expected_data_hash: str | None = None, *, site: Any = None) -> "Predictor":
+        """Load a saved predictor; refuse a foreign file, another feature schema, or (when
+        ``expected_data_hash`` is given) a model fitted on other data."""
+        xgb = _xgb()
+        path = Path(path)
+        if not path.is_file():
+            raise SpecError("predictor file not found", file=str(path))
+        b0 = xgb.Booster()
+        try:
+            b0.load_model(str(path))
+        except xgb.core.XGBoostError as e:
+            raise SpecError(f"not an XGBoost model: {str(e).splitlines()[0]}", file=str(path)) from None
+        raw = b0.attr("memx_meta")
+        if not raw:
+            raise SpecError("an XGBoost model, but not one memx-hpc wrote (no metadata)", file=str(path))
+        meta = json.loads(raw)
+        if meta.get("format") != MODEL_FORMAT or meta.get("version") != MODEL_FORMAT_VERSION:
+            raise SpecError("predictor file of another format or version", file=str(path),
+                            found=(meta.get("format"), meta.get("version")),
+                            allowed=f"{MODEL_FORMAT} v{MODEL_FORMAT_VERSION}")
+        settings = meta["settings"]
+        expect_names = list(features.feature_names(physics=settings["physics"]))
+        if (meta.get("feature_schema_version") != features.FEATURE_SCHEMA_VERSION
+                or meta.get("feature_names") != expect_names):
+            raise SpecError("predictor was fitted with another feature schema; refit it (memx-hpc fit)",
+                            file=str(path), found=meta.get("feature_schema_version"),
+                            allowed=str(features.FEATURE_SCHEMA_VERSION))
+        if expected_data_hash is not None and meta["data_hash"] != expected_data_hash:
+            raise SpecError("predictor is stale: it was fitted on other data than the store holds now; "
+                            "refit it (memx-hpc fit)", file=str(path), found=meta["data_hash"][:12],
+                            allowed=expected_data_hash[:12])
+        xgb_params = {k: settings[k] for k in DEFAULT_PARAMS}
+        self = cls(augment=settings["augment"], physics=settings["physics"], dual_output=settings["dual_output"],
+                   augment_weight=settings["augment_weight"], seed=settings["seed"], **xgb_params)
+        boosters: list[Any] = []
+        for i, present in enumerate(meta["present"]):
+            if not present:
+                boosters.append(None)
+            elif i == 0:
+                boosters.append(b0)
+            else:
+                b = xgb.Booster()
+                part = path.with_name(path.stem + f".part{i}.ubj")
+                if not part.is_file():
+                    raise SpecError("predictor part file missing", file=str(part))
+                b.load_model(str(part))
+                boosters.append(b)
+        self.boosters_ = boosters
+        self.feature_names_ = tuple(meta["feature_names"])
+        self.data_hash_ = meta["data_hash"]
+        self.has_memory_ = meta["has_memory"]
+        self.n_samples_ = meta["n_samples"]
+        self.provenance_ = meta["provenance"]
+        self.overhead_ = {k: int(v) for k, v in meta["overhead"].items()}
+        self.identity = meta["identity"]
+        if site is None:
+            from ..catalog import catalog
+            site = catalog()
+        self.gpus = site
+        return self
+
+
+def fit_or_load(samples: Sequence[LayerSample], path: str | Path, site: Any, **predictor_kw: Any) -> Predictor:
+    """Reuse the predictor saved at ``path`` when it was fitted on exactly these samples
+    with these settings; otherwise fit one and save it there."""
+    path = Path(path)
+    fresh = Predictor(**predictor_kw)
+    want = samples_hash([s for s in samples if usable(s)])
+    if path.is_file():
+        try:
+            p = Predictor.load(path, expected_data_hash=want, site=site)
+            if p._settings() == fresh._settings():
+                return p
+        except SpecError:
+            pass  # stale, foreign or another schema: refit below
+    fresh.fit(samples, site)
+    fresh.save(path)
+    return fresh
+
+
+def ape(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
+    """Absolute percentage errors, in %."""
+    return np.abs(pred - true) / np.abs(true) * 100.0
+
+
+def error_summary(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
+    """MAPE, median and max APE (%) and the number of points."""
+    e = ape(np.asarray(pred, dtype=np.float64), np.asarray(true, dtype=np.float64))
+    if e.size == 0:
+        return {"mape": math.nan, "median_ape": math.nan, "max_ape": math.nan, "n": 0}
+    return {"mape": float(e.mean()), "median_ape": float(np.median(e)), "max_ape": float(e.max()), "n": int(e.size)}

@@ -1,0 +1,140 @@
+"""The dual-output predictor: fit/predict conventions, persistence checks, fit_or_load, baselines."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from memx_hpc.catalog import catalog
+from memx_hpc.datapaths import shared_data
+from memx_hpc.errors import SpecError
+from memx_hpc.model.api import AnalyticCostModel, CostModel, LayerQuery, analytic_activation_bytes
+from memx_hpc.model.baselines import NearestPointScaling
+from memx_hpc.model.features import query_of
+from memx_hpc.model.predictor import Predictor, error_summary, fit_or_load, samples_hash
+from memx_hpc.profile.importers import import_cephalo, import_sailor
+
+CAT = catalog()
+
+
+@pytest.fixture(scope="module")
+def sailor():
+    return import_sailor(shared_data() / "sailor")
+
+
+@pytest.fixture(scope="module")
+def cephalo_small():
+    c = import_cephalo(shared_data() / "cephalo" / "model_latencies.json")
+    return [s for s in c if s.point.micro_batch_size <= 4]
+
+
+@pytest.fixture(scope="module")
+def fitted(sailor, cephalo_small):
+    return Predictor(n_estimators=150).fit(sailor + cephalo_small, CAT)
+
+
+def test_fit_returns_self_and_predicts_in_batches(fitted, sailor):
+    assert isinstance(fitted, CostModel)
+    qs = [query_of(s) for s in sailor[:50]]
+    out = fitted.predict(qs)
+    assert out.shape == (50, 2) and out.dtype == np.float64 and np.all(out > 0)
+    one = np.vstack([fitted.predict([q]) for q in qs[:5]])
+    np.testing.assert_allclose(one, out[:5], rtol=1e-6)
+    assert fitted.predict([]).shape == (0, 2)
+    assert len(fitted.identity) == 64 and fitted.n_samples_ > len(sailor)  # augmented rows added
+
+
+def test_fits_its_training_data_closely(fitted, sailor):
+    lay = [s for s in sailor if s.point.kind == "layer"]
+    pred = fitted.predict([query_of(s) for s in lay])
+    t = np.array([s.forward_ms + s.backward_ms for s in lay])
+    assert error_summary(pred[:, 0], t)["mape"] < 10
+    m = np.array([s.activation_bytes for s in lay])
+    ok = m > 0
+    assert error_summary(pred[ok, 1], m[ok])["mape"] < 10
+
+
+def test_unseen_gpu_type_is_estimated_from_its_datasheet(fitted, sailor):
+    q = query_of(next(s for s in sailor if s.point.kind == "layer" and s.point.gpu_type == "A100-80"))
+    h200 = replace(q, gpu_type="H200")
+    p80, p200 = fitted.predict([q, h200])
+    assert np.isfinite(p200).all() and p200[0] > 0
+    assert p200[0] < p80[0] * 1.5  # an H200 is not much slower than an A100
+    assert fitted.provenance("H200") == "datasheet-only"
+    assert fitted.provenance("a100x40") == "imported"  # aliases resolve
+    assert fitted.overhead_bytes("H200") > 0
+
+
+def test_save_load_round_trip_and_refusals(fitted, sailor, tmp_path):
+    path = fitted.save(tmp_path / "p.ubj")
+    qs = [query_of(s) for s in sailor[:30]]
+    back = Predictor.load(path, expected_data_hash=fitted.data_hash_)
+    np.testing.assert_array_equal(back.predict(qs), fitted.predict(qs))
+    assert back.identity == fitted.identity
+    with pytest.raises(SpecError, match="stale"):
+        Predictor.load(path, expected_data_hash="0" * 64)
+    # a model someone else wrote
+    import xgboost as xgb
+    foreign = xgb.train({"verbosity": 0}, xgb.DMatrix(np.ones((4, 2)), label=np.ones(4)), 2)
+    foreign.save_model(str(tmp_path / "f.ubj"))
+    with pytest.raises(SpecError, match="not one memx-hpc wrote"):
+        Predictor.load(tmp_path / "f.ubj")
+    # another feature schema
+    b = xgb.Booster()
+    b.load_model(str(path))
+    meta = json.loads(b.attr("memx_meta"))
+    meta["feature_names"] = meta["feature_names"][:-1]
+    b.set_attr(memx_meta=json.dumps(meta))
+    b.save_model(str(tmp_path / "old.ubj"))
+    with pytest.raises(SpecError, match="feature schema"):
+        Predictor.load(tmp_path / "old.ubj")
+    (tmp_path / "junk.ubj").write_bytes(b"\x00junk")
+    with pytest.raises(SpecError, match="not an XGBoost model"):
+        Predictor.load(tmp_path / "junk.ubj")
+    with pytest.raises(SpecError, match="ubj"):
+        fitted.save(tmp_path / "p.json")
+
+
+def test_fit_or_load_reuses_and_refits(sailor, tmp_path):
+    path = tmp_path / "m.ubj"
+    a = fit_or_load(sailor, path, CAT, n_estimators=40)
+    stamp = os.stat(path).st_mtime_ns
+    b = fit_or_load(list(reversed(sailor)), path, CAT, n_estimators=40)  # same data, other order
+    assert b.identity == a.identity and os.stat(path).st_mtime_ns == stamp
+    changed = sailor[:-1] + [replace(sailor[-1], forward_ms=sailor[-1].forward_ms * 2)]
+    c = fit_or_load(changed, path, CAT, n_estimators=40)
+    assert c.data_hash_ == samples_hash(changed) != a.data_hash_
+    assert os.stat(path).st_mtime_ns != stamp
+
+
+def test_two_single_output_models_and_no_memory_data(sailor, cephalo_small, tmp_path):
+    two = Predictor(dual_output=False, n_estimators=60).fit(sailor, CAT)
+    q = [query_of(s) for s in sailor[:10]]
+    assert two.predict(q).shape == (10, 2)
+    two.save(tmp_path / "two.ubj")
+    np.testing.assert_array_equal(Predictor.load(tmp_path / "two.ubj").predict(q), two.predict(q))
+    # Cephalo carries no memory: the memory output falls back to the analytic formula
+    p = Predictor(n_estimators=60).fit(cephalo_small, CAT)
+    qs = [query_of(s) for s in cephalo_small[:20]]
+    np.testing.assert_allclose(p.predict(qs)[:, 1], [analytic_activation_bytes(x) for x in qs], rtol=1e-9)
+
+
+def test_nothing_to_fit_is_a_user_error():
+    with pytest.raises(SpecError, match="no usable samples"):
+        Predictor().fit([], CAT)
+    with pytest.raises(SpecError, match="not fitted"):
+        Predictor().predict([])
+
+
+def test_baselines(sailor):
+    lay = [s for s in sailor if s.point.kind == "layer"]
+    near = NearestPointScaling().fit(lay[::2], CAT)
+    pred = near.predict([query_of(s) for s in lay[1::2]])
+    t = np.array([s.forward_ms + s.backward_ms for s in lay[1::2]])
+    assert pred.shape == (len(t), 2) and error_summary(pred[:, 0], t)["mape"] < 50
+    roof = AnalyticCostModel(CAT).predict([query_of(s) for s in lay])
+    assert np.all(roof[:, 0] < np.array([s.forward_ms + s.backward_ms for s in lay]))  # a roofline is a lower bound
