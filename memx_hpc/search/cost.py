@@ -669,6 +669,45 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
                          sequence_parallel=False, options=options or CostOptions())
 
 
+class RoutedCostModel:
+    """Each GPU type answered by its own cost model; the others by ``default``.
+
+    The planner fits its predictor on the GPU types the store has data for and answers
+    the rest from datasheet figures (:class:`~memx_hpc.model.api.AnalyticCostModel`).
+    The identity covers every route, so a change to any of them invalidates the cache.
+    """
+
+    def __init__(self, routes: Mapping[str, object], default) -> None:
+        self.routes = dict(routes)
+        self.default = default
+        import hashlib
+        import json
+        self.identity = hashlib.sha256(json.dumps(
+            {"routes": {g: m.identity for g, m in sorted(self.routes.items())}, "default": default.identity},
+            sort_keys=True).encode()).hexdigest()
+
+    def model_for(self, gpu_type: str):
+        return self.routes.get(gpu_type, self.default)
+
+    def predict(self, queries: Sequence[LayerQuery]) -> np.ndarray:
+        out = np.zeros((len(queries), 2), dtype=np.float64)
+        groups: dict[int, list[int]] = {}
+        models: dict[int, object] = {}
+        for i, q in enumerate(queries):
+            m = self.model_for(q.gpu_type)
+            groups.setdefault(id(m), []).append(i)
+            models[id(m)] = m
+        for key, rows in groups.items():
+            out[rows] = np.asarray(models[key].predict([queries[i] for i in rows]), dtype=np.float64)
+        return out
+
+    def overhead_bytes(self, gpu_type: str) -> int:
+        return int(self.model_for(gpu_type).overhead_bytes(gpu_type))
+
+    def provenance(self, gpu_type: str) -> str:
+        return self.model_for(gpu_type).provenance(gpu_type)
+
+
 def _known(site: Site, name: str) -> bool:
     try:
         site.gpu(name)
@@ -678,5 +717,6 @@ def _known(site: Site, name: str) -> bool:
 
 
 __all__ = ["BlockCost", "Composer", "CostOptions", "GRAD_BYTES_PER_PARAM", "Prediction", "StagePrediction",
-           "context_queries", "p2p_bytes", "predict_general", "predict_plan", "required_queries", "stage_layout",
+           "RoutedCostModel", "context_queries", "p2p_bytes", "predict_general", "predict_plan", "required_queries",
+           "stage_layout",
            "sync_ms_per_param", "tied_embedding_sync_ms", "transfer_ms"]

@@ -1,0 +1,94 @@
+"""``memx-hpc predict``: iteration time, per-stage time and per-GPU peak memory of one plan."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import add_job, add_json, add_site, emit_json, table
+
+HELP = "predict one plan file: iteration time, per-stage time, per-GPU peak memory"
+DESCRIPTION = """\
+Predict a plan given as a plan JSON (memx-plan/1, as 'plan' writes them). Besides
+Megatron-runnable plans (uniform TP and DP, stages on partitions) it accepts general
+plans as other planners produce them: per stage a list of data-parallel replicas,
+each with its own GPU type and TP degree, mixed GPU types inside a stage. A stage's
+time is then its slowest replica's, and its gradient synchronisation runs over the
+slowest link between its replicas. General plans are predicted, never rendered.
+
+  {"format": "memx-plan/1", "micro_batch_size": 1, "global_batch_size": 64,
+   "stages": [{"num_layers": 16, "recompute": "none",
+               "replicas": [{"gpu_type": "A100-40", "tp": 2}, {"gpu_type": "V100-16", "tp": 4}]},
+              {"num_layers": 16, "replicas": [{"gpu_type": "A100-40", "tp": 2, "partition": "gpu_a100"}]}]}
+
+examples:
+  memx-hpc predict --site S --job J --plan memx-runs/plan-llama2-7b/plan-01.json
+  memx-hpc predict --site S --job J --plan sailor-plan.json --json
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("predict", help=HELP, description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_site(p)
+    add_job(p)
+    p.add_argument("--plan", required=True, metavar="PLAN.json", help="the plan file")
+    p.add_argument("--store", metavar="PATH", help="profile store (default: the site's store)")
+    p.add_argument("--analytic", action="store_true", help="datasheet roofline only")
+    p.add_argument("--overlap-grad-reduce", action="store_true",
+                   help="model Megatron's --overlap-grad-reduce")
+    add_json(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..planfile import load_plan
+    from ..search.cost import CostOptions, predict_general, predict_plan
+    from ..spec import GeneralPlan, load_job, load_site
+    from .search import PROVENANCE_WORDS, load_cost_model, provenance_of
+
+    site = load_site(args.site)
+    job = load_job(args.job)
+    plan = load_plan(args.plan)
+    notes: list[str] = []
+    store = Path(args.store) if args.store else site.store
+    model = load_cost_model(site, job, store, analytic=args.analytic, notes=notes)
+    opts = CostOptions(overlap_grad_reduce=args.overlap_grad_reduce)
+    try:
+        if isinstance(plan, GeneralPlan):
+            pred = predict_general(plan, site, job, model, options=opts)
+        else:
+            pred = predict_plan(plan, site, job, model, options=opts)
+    except Exception as e:
+        from ..errors import SpecError
+        if isinstance(e, SpecError):
+            raise e.with_file(str(args.plan)) from None
+        raise
+    gpus = sorted({s.gpu_type for s in pred.stages})
+    provenance = {g: model.provenance(g) for g in gpus}
+    provenance.update({g: v for g, v in provenance_of(model, site).items() if g in gpus})
+    if args.json:
+        d = pred.to_dict()
+        d.update({"plan": str(args.plan), "general": isinstance(plan, GeneralPlan), "provenance": provenance,
+                  "notes": notes})
+        emit_json(d)
+        return 0
+    kind = "general plan (predict only; never rendered)" if isinstance(plan, GeneralPlan) else "plan"
+    print(f"{kind} {args.plan}: {len(pred.stage_ms)} stages, {pred.num_microbatches} micro-batches of "
+          f"{plan.micro_batch_size}, global batch {plan.global_batch_size}")
+    print(f"iteration {pred.iteration_ms / 1e3:.3f} s (pipeline {pred.pipeline_ms / 1e3:.3f} s), "
+          f"{pred.tokens_per_s:,.0f} tokens/s; worst GPU at {pred.max_utilisation:.1%} of its memory, "
+          f"balance {pred.balance:.3f}")
+    if not pred.feasible:
+        print(f"DOES NOT FIT: {pred.reason}")
+    rows = []
+    for s in pred.stages:
+        rows.append([s.stage, s.replica, s.partition or "-", s.gpu_type, s.tp, s.num_layers, s.recompute,
+                     s.forward_ms, s.backward_ms, s.in_flight, f"{s.peak_bytes / 2**30:.2f}",
+                     f"{s.capacity_bytes / 2**30:.1f}", f"{s.utilisation:.1%}", s.grad_sync_ms, s.finish_ms])
+    table(rows, ["stage", "replica", "partition", "gpu", "tp", "layers", "recompute", "fwd ms", "bwd ms", "in flight",
+                 "peak GiB", "cap GiB", "util", "dp sync ms", "done ms"])
+    print("numbers from: " + "; ".join(f"{g}: {PROVENANCE_WORDS.get(v, v)}" for g, v in provenance.items()))
+    for n in notes:
+        print(f"note: {n}")
+    return 0
