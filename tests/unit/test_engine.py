@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from memx_hpc.cli.main import main
 from memx_hpc.errors import SystemFailure
 from memx_hpc.search.cache import PredictionCache
 from memx_hpc.search.cost import predict_plan
@@ -164,3 +167,85 @@ def test_serial_without_mpi_env(monkeypatch):
         mpi_comm(required=True)
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
     assert not launched_under_mpi()
+
+
+# --------------------------------------------------------------------------- the commands (main(argv))
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = str(ROOT / "site_configs" / "example-cross-vendor.yaml")
+
+
+def _plan_args(tmp_path, *extra):
+    return ["plan", "--site", EXAMPLE, "--job", str(ROOT / "jobs" / "gpt3-2.7b.yaml"), "--no-profile",
+            "--store", str(tmp_path / "store.h5"), "--out", str(tmp_path / "out"), "--max-stages", "2",
+            "--top", "4", *extra]
+
+
+def test_plan_command_writes_plans_png_and_says_where_numbers_come_from(tmp_path, capsys):
+    assert main(_plan_args(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "estimated from datasheet figures only" in out and "time rank" in out and "tokens/s" in out
+    assert "peak GiB A100-80" in out and "note: --no-profile" in out
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["pareto.png", "plan-01.json", "plan-02.json", "plan-03.json", "plan-04.json", "summary.json"]
+    assert (tmp_path / "out" / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from memx_hpc.planfile import load_plan
+    plan = load_plan(tmp_path / "out" / "plan-01.json")
+    doc = json.loads((tmp_path / "out" / "plan-01.json").read_text())
+    assert doc["rank"] == 1 and doc["provenance"]["A100-80"] == "datasheet-only"
+    assert doc["prediction"]["feasible"] and doc["prediction"]["time_only_rank"] >= 1
+    # predict gives the same numbers for the written plan
+    assert main(["predict", "--site", EXAMPLE, "--job", str(ROOT / "jobs" / "gpt3-2.7b.yaml"),
+                 "--store", str(tmp_path / "store.h5"), "--plan", str(tmp_path / "out" / "plan-01.json"),
+                 "--json"]) == 0
+    pred = json.loads(capsys.readouterr().out)
+    assert pred["iteration_ms"] == pytest.approx(doc["prediction"]["iteration_ms"])
+    assert plan.pp == len(pred["stage_ms"])
+    # the second run finds every signature in the cache file next to the store
+    assert main(_plan_args(tmp_path, "--json")) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["stats"]["cache"]["predicted"] == 0 and summary["stats"]["cache"]["file_hits"] > 0
+    assert (tmp_path / "store.cache.sqlite").is_file()
+
+
+def test_time_only_weights_rank_by_time(tmp_path, capsys):
+    assert main(_plan_args(tmp_path, "--weights", "time=1,memory=0,balance=0", "--json")) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert [t["index"] for t in s["top"]] == [t["index"] for t in s["time_only"]]
+    ranks = [t["time_only_rank"] for t in s["top"]]
+    assert ranks[0] == 1 and ranks == sorted(ranks)
+
+
+@pytest.mark.parametrize("weights,needle", [("speed=1", "unknown weight name"), ("time=-2", ">= 0")])
+def test_bad_weights_exit_1_without_traceback(tmp_path, capsys, weights, needle):
+    assert main(_plan_args(tmp_path, "--weights", weights)) == 1
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err and "--weights" in err
+
+
+def test_predict_general_plan(tmp_path, capsys):
+    plan = {"format": "memx-plan/1", "micro_batch_size": 1, "global_batch_size": 64,
+            "stages": [{"num_layers": 16, "replicas": [{"gpu_type": "A100-80", "tp": 2},
+                                                       {"gpu_type": "V100-32", "tp": 4}]},
+                       {"num_layers": 16, "recompute": "full:8", "replicas": [{"gpu_type": "MI250X-GCD", "tp": 2}]}]}
+    path = tmp_path / "general.json"
+    path.write_text(json.dumps(plan))
+    assert main(["predict", "--site", EXAMPLE, "--job", str(ROOT / "jobs" / "gpt3-2.7b.yaml"), "--store",
+                 str(tmp_path / "none.h5"), "--plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "general plan" in out and "V100-32" in out and "full:8" in out
+    plan["stages"][0]["num_layers"] = 15
+    path.write_text(json.dumps(plan))
+    assert main(["predict", "--site", EXAMPLE, "--job", str(ROOT / "jobs" / "gpt3-2.7b.yaml"), "--store",
+                 str(tmp_path / "none.h5"), "--plan", str(path)]) == 1
+    assert "31 layers" in capsys.readouterr().err
+
+
+def test_simulate_scales_the_site(tmp_path, capsys):
+    assert main(["simulate", "--site", EXAMPLE, "--job", str(ROOT / "jobs" / "gpt3-2.7b.yaml"), "--store",
+                 str(tmp_path / "s.h5"), "--scale", "40", "--max-stages", "2", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert [x["gpus"] for x in s["scales"]] == [20, 40]
+    assert s["scales"][1]["plans"] > s["scales"][0]["plans"]
+    check = s["scales"][0]["best_check"]
+    assert check["pipeline_ms_search"] == pytest.approx(check["pipeline_ms_event_driven"])

@@ -1,0 +1,101 @@
+"""The MPI-parallel search (real MPICH from the venv): 2 ranks give the serial answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+
+pytestmark = pytest.mark.mpi
+
+SCRIPT = r"""
+import json, sys
+from pathlib import Path
+from memx_hpc.spec import load_site, load_job
+from memx_hpc.model.api import AnalyticCostModel
+from memx_hpc.search.cache import PredictionCache
+from memx_hpc.search.engine import SearchOptions, mpi_comm, search
+from memx_hpc.search.objective import Weights
+from memx_hpc.search.space import PlanSpace, SpaceOptions
+root = Path(sys.argv[1])
+site = load_site(root / "site_configs" / "example-cross-vendor.yaml")
+job = load_job(root / "jobs" / "gpt3-2.7b.yaml")
+model = AnalyticCostModel(site, compute_efficiency=0.5)
+space = PlanSpace(site, job, SpaceOptions(max_pipeline_stages=3))
+comm = mpi_comm()
+cache = PredictionCache(identity=model.identity, path=Path(sys.argv[2])) if len(sys.argv) > 2 else None
+r = search(space, model, options=SearchOptions(top_k=8, weights=Weights(time=1, memory=1, balance=0.5),
+                                               block_size=5000), cache=cache, comm=comm)
+if comm is None or comm.Get_rank() == 0:
+    print(json.dumps({"ranks": r.stats.ranks, "top": [[s.index, s.score, s.time_rank] for s in r.top],
+                      "time_top": [[s.index, s.prediction.iteration_ms] for s in r.time_top],
+                      "pareto": [[p.index, p.iteration_ms, p.max_utilisation] for p in r.pareto],
+                      "plans": r.stats.plans, "feasible": r.stats.feasible, "cache": r.stats.cache}))
+"""
+
+
+def _needs_mpiexec():
+    if not MPIEXEC.exists() and shutil.which("mpiexec") is None:
+        pytest.skip("no mpiexec next to the venv's python (pip install mpich)")
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    for v in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS"):
+        env.pop(v, None)
+    return env
+
+
+def _run(n: int | None, *extra: str) -> dict:
+    cmd = [sys.executable, "-c", SCRIPT, str(ROOT), *extra]
+    if n is not None:
+        cmd = [str(MPIEXEC if MPIEXEC.exists() else shutil.which("mpiexec")), "-n", str(n)] + cmd
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_two_ranks_give_the_serial_answer(tmp_path):
+    _needs_mpiexec()
+    serial = _run(None)
+    parallel = _run(2, str(tmp_path / "cache.sqlite"))
+    assert serial["ranks"] == 1 and parallel["ranks"] == 2
+    for key in ("top", "time_top", "pareto", "plans", "feasible"):
+        assert parallel[key] == serial[key], key
+    # the ranks predicted disjoint shares of the misses; the file now holds all of them
+    assert parallel["cache"]["predicted"] == parallel["cache"]["unique"] > 0
+    again = _run(2, str(tmp_path / "cache.sqlite"))
+    assert again["cache"]["predicted"] == 0 and again["cache"]["file_hits"] == again["cache"]["unique"]
+    assert again["top"] == serial["top"]
+
+
+def test_cli_search_under_mpiexec(tmp_path):
+    _needs_mpiexec()
+    args = ["-m", "memx_hpc", "search", "--site", str(ROOT / "site_configs" / "example-cross-vendor.yaml"),
+            "--job", str(ROOT / "jobs" / "llama2-7b.yaml"), "--store", str(tmp_path / "store.h5"),
+            "--out", str(tmp_path / "out"), "--max-stages", "2", "--top", "3", "--json"]
+    proc = subprocess.run([str(MPIEXEC if MPIEXEC.exists() else shutil.which("mpiexec")), "-n", "2",
+                           sys.executable, *args, "--mpi"], capture_output=True, text=True, env=_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    par = json.loads(proc.stdout)
+    ser = json.loads(subprocess.run([sys.executable, *args], capture_output=True, text=True, env=_env(),
+                                    timeout=300, check=True).stdout)
+    assert par["stats"]["ranks"] == 2 and ser["stats"]["ranks"] == 1
+    assert [t["index"] for t in par["top"]] == [t["index"] for t in ser["top"]]
+    assert (tmp_path / "out" / "plan-01.json").is_file()
+
+
+def test_mpi_flag_without_launcher_is_a_system_error(tmp_path):
+    args = ["-m", "memx_hpc", "search", "--site", str(ROOT / "site_configs" / "example-cross-vendor.yaml"),
+            "--job", str(ROOT / "jobs" / "gpt3-2.7b.yaml"), "--store", str(tmp_path / "s.h5"), "--mpi"]
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=_env(), timeout=120)
+    assert proc.returncode == 2 and "mpiexec" in proc.stderr and "Traceback" not in proc.stderr
