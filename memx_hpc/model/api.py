@@ -239,5 +239,35 @@ class AnalyticCostModel:
         return "datasheet-only"
 
 
+class MeasuredFigures:
+    """A Site (or Catalog) whose ``measured_at_profile_time`` types take the speed figures the
+    profiler measured on the node (``ProfileStore.device_figures``) instead of placeholders.
+
+    Only throughput and bandwidth are replaced; the memory size stays what the site says
+    (it is the budget plans must fit in). Resolves names like ``Site.gpu``.
+    """
+
+    SPEED_KEYS = ("peak_tflops_fp32", "peak_tflops_bf16", "hbm_gbps")
+
+    def __init__(self, site: Any, figures: dict[str, dict[str, float]]) -> None:
+        self.site = site
+        self.figures = {k: dict(v) for k, v in figures.items() if v}
+        self.gpu_types = getattr(site, "gpu_types", ())
+
+    def gpu(self, name: str) -> GpuType:
+        from dataclasses import replace
+        g = resolve_gpu(self.site, name)
+        fig = self.figures.get(name) or self.figures.get(g.name)
+        if not g.measured_at_profile_time or not fig:
+            return g
+        return replace(g, **{k: float(fig[k]) for k in self.SPEED_KEYS if k in fig})
+
+
+def with_store_figures(site: Any, store: Any) -> Any:
+    """``site`` with the figures ``store`` measured for its profile-time-measured types."""
+    names = set(store.gpu_types())
+    return MeasuredFigures(site, {n: store.device_figures(n) for n in names})
+
+
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()

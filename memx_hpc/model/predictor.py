@@ -362,3 +362,56 @@ def error_summary(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
     if e.size == 0:
         return {"mape": math.nan, "median_ape": math.nan, "max_ape": math.nan, "n": 0}
     return {"mape": float(e.mean()), "median_ape": float(np.median(e)), "max_ape": float(e.max()), "n": int(e.size)}
+
+
+def held_out_micro_batch_folds(samples: Sequence[LayerSample]) -> list[tuple[list[int], list[int]]]:
+    """Leave-one-micro-batch-size-out folds for interpolation error: fold ``m`` trains on
+    every sample whose micro-batch is not ``m`` and scores the samples at ``m`` whose series
+    (GPU type, kind, shape, TP, precision, attention, recompute, source file) has profiled
+    micro-batches both below and above ``m`` — interpolation, never extrapolation."""
+    series: dict[tuple, set[int]] = {}
+
+    def key(s: LayerSample) -> tuple:
+        p = s.point
+        return (p.gpu_type, p.kind, p.shape, p.tp, p.precision, p.attention, p.recompute, s.source.split(":")[0])
+
+    for s in samples:
+        series.setdefault(key(s), set()).add(s.point.micro_batch_size)
+    folds = []
+    for m in sorted({s.point.micro_batch_size for s in samples}):
+        test = [i for i, s in enumerate(samples) if s.point.micro_batch_size == m
+                and min(series[key(s)]) < m < max(series[key(s)])]
+        if test:
+            train = [i for i, s in enumerate(samples) if s.point.micro_batch_size != m]
+            folds.append((train, test))
+    return folds
+
+
+def cross_validate(samples: Sequence[LayerSample], site_or_catalog: Any, **predictor_kw: Any) -> dict[str, Any]:
+    """Leave-one-micro-batch-size-out error of the predictor on ``samples``.
+
+    Returns per-target summaries (``time``: forward+backward ms; ``memory``: activation
+    bytes, where measured), overall and per GPU type, and the number of folds.
+    """
+    data = [s for s in samples if usable(s) and s.origin != "augmented"]
+    folds = held_out_micro_batch_folds(data)
+    pred = np.full((len(data), 2), np.nan)
+    for train, test in folds:
+        p = Predictor(**predictor_kw).fit([data[i] for i in train], site_or_catalog)
+        pred[test] = p.predict([features.query_of(data[i]) for i in test])
+    scored = ~np.isnan(pred[:, 0])
+    t = np.array([s.forward_ms + s.backward_ms for s in data])
+    m = np.array([s.activation_bytes for s in data], dtype=np.float64)
+    out: dict[str, Any] = {"folds": len(folds), "scored": int(scored.sum()), "per_gpu_type": {}}
+
+    def summarise(mask: np.ndarray) -> dict[str, Any]:
+        tm = mask & (t > 0)
+        mm = mask & (m > 0)
+        return {"time": error_summary(pred[tm, 0], t[tm]), "memory": error_summary(pred[mm, 1], m[mm])}
+
+    out.update(summarise(scored))
+    for g in sorted({s.point.gpu_type for s in data}):
+        mask = scored & np.array([s.point.gpu_type == g for s in data])
+        if mask.any():
+            out["per_gpu_type"][g] = summarise(mask)
+    return out
