@@ -161,11 +161,17 @@ def _maybe_fail(what: str, rank: int) -> None:
 # --------------------------------------------------------------------------- environment
 
 
-def _rank_world() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from Slurm's task variables; (0, 1, 0) outside Slurm."""
+def _rank_world() -> tuple[int, int, str]:
+    """(rank, world size, job id): from submitit's job environment (Slurm or local
+    executor), else from Slurm's task variables (a plain ``srun``), else a lone process."""
+    with contextlib.suppress(Exception):
+        import submitit
+
+        env = submitit.JobEnvironment()
+        return int(env.global_rank), int(env.num_tasks), str(env.job_id)
     if "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ and "SLURM_JOB_ID" in os.environ:
-        return int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"]), int(os.environ.get("SLURM_LOCALID", 0))
-    return 0, 1, 0
+        return int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"]), os.environ["SLURM_JOB_ID"]
+    return 0, 1, f"local-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def _threads_per_task() -> int:
@@ -343,7 +349,7 @@ def run_task(task: ProfileTask) -> TaskResult:
     warnings.filterwarnings("ignore", message=".*Apex.*")
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\..*")
     warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
-    rank, world, _local = _rank_world()
+    rank, world, job = _rank_world()
     if world != task.world_size:
         raise SystemFailure(f"task for {task.gpu_type} needs {task.world_size} ranks but runs with {world}")
     _maybe_fail("task", rank)
@@ -355,7 +361,6 @@ def run_task(task: ProfileTask) -> TaskResult:
     if not torch.cuda.is_available():
         torch.set_num_threads(_threads_per_task())
     rdzv_dir = task.rendezvous_dir or tempfile.gettempdir()
-    job = os.environ.get("SLURM_JOB_ID") or f"local-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     store_file = Path(rdzv_dir) / f".rdzv-{job}"
     import datetime as _dt
 
@@ -363,7 +368,8 @@ def run_task(task: ProfileTask) -> TaskResult:
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("SLURM_LOCALID", 0)) % max(torch.cuda.device_count(), 1))
+        local = int(os.environ.get("SLURM_LOCALID", os.environ.get("SUBMITIT_LOCAL_LOCALID", 0)))
+        torch.cuda.set_device(local % max(torch.cuda.device_count(), 1))
     dist.init_process_group(backend=backend, init_method=f"file://{store_file}", rank=rank, world_size=world,
                             timeout=_dt.timedelta(seconds=task.settings.collective_timeout_s))
     ctx = _Ctx(task, rank, world)
@@ -377,7 +383,7 @@ def run_task(task: ProfileTask) -> TaskResult:
                 torch.cuda.set_per_process_memory_fraction(task.memory_cap_bytes / total)
         ctx.common = {
             "host": socket.gethostname(), **_device_info(), **_versions(), "backend": backend,
-            "world_size": world, "nodes": task.nodes, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "world_size": world, "nodes": task.nodes, "job_id": job, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "slurm_array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"), "partition": task.label,
             "settings": {"warmup": task.settings.warmup, "iters": task.settings.iters,
                          "seed": task.settings.seed, "hidden_dropout": task.settings.hidden_dropout,
