@@ -54,6 +54,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="resubmissions of a failed task or point (default: 2)")
     p.add_argument("--iters", type=int, default=None, metavar="N", help="timed iterations per point (default: 5)")
     p.add_argument("--warmup", type=int, default=None, metavar="N", help="warm-up iterations per point (default: 2)")
+    p.add_argument("--points-per-task", type=int, default=None, metavar="N",
+                   help="most points one array task measures (default: 6; each task pays a Python start)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     # The actions are sub-subcommands, so that options may come before or after them and
     # `profile --site S --job J` (no action) still profiles.
@@ -190,7 +192,8 @@ def _profile(args: argparse.Namespace) -> int:
     settings = RunSettings(**kw)
     report = profile(site, job, store, partitions=args.partition, dry_run=args.dry_run,
                      progress=not args.no_progress and not args.json, max_retries=args.max_retries,
-                     settings=settings)
+                     settings=settings, **({"points_per_task": args.points_per_task}
+                                           if args.points_per_task else {}))
     if args.json:
         emit_json({"store": str(store.path), **report.to_json()})
         return 2 if report.failed and not report.dry_run else 0

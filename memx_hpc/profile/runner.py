@@ -139,9 +139,12 @@ def world_size_of(point: ProfilePoint) -> int:
 # --------------------------------------------------------------------------- the failure hook
 
 
-def _maybe_fail(what: str, rank: int) -> None:
+def _maybe_fail(what: str, job: str) -> None:
+    """The ``MEMX_PROFILE_FAIL`` hook. Every rank of a job decides alike (a failure on one
+    rank only would leave the others waiting in a collective): a job claims one of the N
+    slots with an atomic link named after the slot, holding its job id."""
     spec = os.environ.get(ENV_FAIL, "").strip()
-    if not spec or rank != 0:
+    if not spec:
         return
     for token in spec.split(","):
         name, _, times = token.strip().partition(":")
@@ -149,13 +152,28 @@ def _maybe_fail(what: str, rank: int) -> None:
             continue
         state = os.environ.get(ENV_FAIL_STATE)
         if times and state:
-            d = Path(state)
-            d.mkdir(parents=True, exist_ok=True)
-            done = len(list(d.glob(f"{name}-*")))
-            if done >= int(times):
+            if not _claim_failure_slot(Path(state), name, int(times), job):
                 continue
-            (d / f"{name}-{uuid.uuid4().hex}").touch()
         raise InjectedFailure(f"injected failure ({ENV_FAIL}={spec!r}) in {what}")
+
+
+def _claim_failure_slot(d: Path, name: str, slots: int, job: str) -> bool:
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".tmp-{uuid.uuid4().hex}"
+    tmp.write_text(job)
+    try:
+        for k in range(slots):
+            slot = d / f"{name}-{k}"
+            try:
+                os.link(tmp, slot)  # atomic, and the slot is never seen empty
+                return True
+            except FileExistsError:
+                with contextlib.suppress(OSError):
+                    if slot.read_text() == job:  # another rank of this job claimed it
+                        return True
+        return False
+    finally:
+        tmp.unlink()
 
 
 # --------------------------------------------------------------------------- environment
@@ -352,7 +370,7 @@ def run_task(task: ProfileTask) -> TaskResult:
     rank, world, job = _rank_world()
     if world != task.world_size:
         raise SystemFailure(f"task for {task.gpu_type} needs {task.world_size} ranks but runs with {world}")
-    _maybe_fail("task", rank)
+    _maybe_fail("task", job)
 
     import torch
 
@@ -373,6 +391,8 @@ def run_task(task: ProfileTask) -> TaskResult:
     dist.init_process_group(backend=backend, init_method=f"file://{store_file}", rank=rank, world_size=world,
                             timeout=_dt.timedelta(seconds=task.settings.collective_timeout_s))
     ctx = _Ctx(task, rank, world)
+    # a task with several ranks: a point that raises on one rank only would leave the
+    # others in a collective; such errors end the task (and it is retried)
     samples: list[LayerSample] = []
     failures: list[PointFailure] = []
     figures = None
@@ -392,7 +412,7 @@ def run_task(task: ProfileTask) -> TaskResult:
         with mc.cpu_workarounds():
             for point in task.points:
                 try:
-                    _maybe_fail(point.kind, rank)
+                    _maybe_fail(point.kind, job)
                     s = _measure(ctx, point)
                 except InjectedFailure as e:
                     failures.append(PointFailure(point=point, reason=f"{type(e).__name__}: {e}"))

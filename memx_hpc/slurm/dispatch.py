@@ -33,6 +33,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -630,12 +631,27 @@ def _local_alive_or_done(rec: dict) -> bool:
     return job.paths.result_pickle.exists() or _pid_alive_from_job(job)
 
 
+_EXC_LINE = re.compile(r"^([\w.]+(?:Error|Exception|Failure|Interrupt|Exit))\b(.*)$")
+_STATE = re.compile(r"\(state: ([A-Z_]+)")
+
+
 def _reason(e: BaseException, state: str) -> str:
-    text = str(e).strip().splitlines()
-    # FailedJobError carries the remote traceback: keep its last line (the exception).
-    last = next((ln.strip() for ln in reversed(text) if ln.strip() and not ln.startswith(" ")), "")
-    last = last or (text[-1].strip() if text else type(e).__name__)
-    return f"{state}: {type(e).__name__}: {last[:300]}"
+    """One line: the Slurm state and the exception the task ended with.
+
+    submitit's FailedJobError carries the remote traceback (its last exception line is
+    the cause); UncompletedJobError names the state and the end of the error stream."""
+    text = str(e)
+    m = _STATE.search(text)
+    if m:
+        state = m.group(1)
+    lines = [ln.rstrip() for ln in text.splitlines()]
+    exc = [ln for ln in lines if _EXC_LINE.match(ln.strip())]
+    if exc:
+        cause = exc[-1].strip()
+    else:
+        body = [ln.strip() for ln in lines if ln.strip() and not set(ln.strip()) <= {"-"}]
+        cause = next((ln for ln in body[1:] if "srun:" not in ln), body[0] if body else "")
+    return f"{state}: {type(e).__name__}: {cause[:300]}"
 
 
 def _oom_sample(p: ProfilePoint, state: str, job_id: str) -> LayerSample:
