@@ -177,9 +177,19 @@ def load_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[
         return fallback
     if not fit:
         return fallback
-    from ..model.predictor import fit_or_load
+    try:
+        from ..model.predictor import fit_or_load
+    except ImportError as e:  # xgboost missing from this installation
+        notes.append(f"the predictor cannot be loaded ({e}): estimates from datasheet figures only")
+        return fallback
     model_path = store_path.with_suffix(".predictor.ubj")
+    import time
+    t0 = time.perf_counter()
+    print(f"predictor: reusing {model_path} or fitting it on {len(samples):,} samples from {store_path} ...",
+          file=sys.stderr, flush=True)
     predictor = fit_or_load(samples, model_path, site)
+    print(f"predictor: ready in {time.perf_counter() - t0:.1f} s (covers {', '.join(covered)})", file=sys.stderr,
+          flush=True)
     if missing:
         notes.append(f"no samples for {', '.join(missing)} in {store_path}: those GPU types use the datasheet "
                      f"roofline (AnalyticCostModel)")

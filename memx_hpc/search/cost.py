@@ -638,7 +638,11 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
                 raise SpecError("unknown GPU type", field=f"stages[{i}].replicas[{ri}].gpu_type", found=r.gpu_type)
             part = r.partition
             if part is not None:
-                site.partition(part)
+                try:
+                    site.partition(part)
+                except SpecError as e:
+                    raise SpecError(e.detail, field=f"stages[{i}].replicas[{ri}].partition", found=part,
+                                    allowed=e.allowed) from None
             else:
                 part = next((p.name for p in site.partitions if site.gpu(p.gpu_type).name == gpu), None)
             heads = job.model.num_attention_heads

@@ -64,6 +64,12 @@ def gpu_types_of(site: Site) -> list[str]:
     return list(seen)
 
 
+def gib(nbytes: float) -> str:
+    """GiB with enough digits to tell small models' stages apart."""
+    x = nbytes / GiB
+    return f"{x:.1f}" if x >= 10 else (f"{x:.2f}" if x >= 1 else f"{x:.3g}")
+
+
 def table_rows(plans: Sequence[ScoredPlan], site: Site) -> tuple[list[str], list[list[Any]]]:
     gpus = gpu_types_of(site)
     header = ["rank", "time rank", "iter s", "tokens/s"] + [f"peak GiB {g}" for g in gpus] + \
@@ -73,7 +79,7 @@ def table_rows(plans: Sequence[ScoredPlan], site: Site) -> tuple[list[str], list
         p = s.prediction
         peaks = p.peak_by_gpu_type()
         rows.append([s.rank, s.time_rank, p.iteration_ms / 1e3, p.tokens_per_s]
-                    + [f"{peaks[g] / GiB:.1f}" if g in peaks else "-" for g in gpus]
+                    + [gib(peaks[g]) if g in peaks else "-" for g in gpus]
                     + [f"{p.balance:.3f}", f"{s.score:.4g}", s.plan.tp, s.plan.dp, s.plan.micro_batch_size,
                        stage_summary(s.plan)])
     return header, rows
