@@ -428,7 +428,7 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
                   SbatchOption(name="kill-on-bad-exit", value="1")),
             setup=tuple(_setup_line(line, f"{pfield}.setup[{k}]") for k, line in enumerate(p.setup)),
             env=tuple(env), launcher=launcher,
-            args=recompute_args(stage0.recompute, plan.stages[idx[0]].num_layers)))
+            args=recompute_args(stage0.recompute, max(plan.stages[i].num_layers for i in idx))))
 
     _check_groups(plan, comps)
 
