@@ -62,3 +62,42 @@ def test_two_partition_pipeline_trains_as_a_hetjob(tmp_path: Path) -> None:
     # the first stage holds the embedding and three layers, the last one layer: more memory
     assert peaks[0] > peaks[1] > 0
     assert "[after training is done]" in text
+
+
+def test_verify_measures_a_plan_then_skips_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """memx-hpc verify: one short real run, recorded with provenance; the rerun measures nothing."""
+    import json
+
+    import yaml
+
+    from memx_hpc.cli.main import main
+    from memx_hpc.model.api import AnalyticCostModel
+    from memx_hpc.planfile import save_plan
+    from memx_hpc.search.cost import predict_plan
+
+    data = yaml.safe_load((ROOT / "site_configs" / "local.yaml").read_text())
+    data.update(store=str(tmp_path / "store.h5"), work_dir=str(tmp_path / "runs"))
+    site_file = tmp_path / "site.yaml"
+    site_file.write_text(yaml.safe_dump(data))
+    site, job = load_site(site_file), load_job(ROOT / "jobs" / "tiny-gpt.yaml")
+    plan = load_plan(ROOT / "tests" / "golden" / "plans" / "local-pp2-a100-mi250.json")
+    pred = predict_plan(plan, site, job, AnalyticCostModel(site)).to_dict()
+    save_plan(plan, tmp_path / "plan-1.json", rank=1, prediction=pred)
+    argv = ["verify", "--site", str(site_file), "--job", str(ROOT / "jobs" / "tiny-gpt.yaml"),
+            "--plans", str(tmp_path / "plan-1.json"), "--top", "1", "--iters", "2", "--chdir", str(ROOT), "--json"]
+
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    (row,) = first["plans"]
+    assert row["new"] is True and row["measured_ms"] > 0 and row["measured_peak_mib"] > 0
+    assert row["predicted_ms"] == pytest.approx(pred["iteration_ms"])
+    records = (tmp_path / "store.e2e.jsonl").read_text().splitlines()
+    assert len(records) == 1
+    rec = json.loads(records[0])
+    assert rec["job_id"] == row["job_id"] and rec["provenance"]["slurm_state"] == "COMPLETED"
+    assert rec["gpu_type_by_rank"] == {"0": "cpu-4g", "1": "cpu-4g"}
+
+    assert main(argv) == 0
+    (again,) = json.loads(capsys.readouterr().out)["plans"]
+    assert again["new"] is False and again["job_id"] == row["job_id"]
+    assert len((tmp_path / "store.e2e.jsonl").read_text().splitlines()) == 1

@@ -166,3 +166,37 @@ def test_memory_tracker_counts_storages_once() -> None:
         c = torch.ones(10)
         assert t.max_allocated_bytes == 2_000_000 and t.allocated_bytes == 1_000_040
     del a, v, c
+
+
+def test_measurement_records_keys_and_torn_lines(tmp_path: Path) -> None:
+    import dataclasses
+    import json as _json
+
+    from memx_hpc.errors import SpecError
+    from memx_hpc.planfile import load_plan
+    from memx_hpc.spec import load_job, load_site
+    from memx_hpc.train.measure import E2ERecord, plan_key, read_records
+
+    site = load_site(ROOT / "site_configs" / "local.yaml")
+    job = load_job(ROOT / "jobs" / "tiny-gpt.yaml")
+    plan = load_plan(ROOT / "tests" / "golden" / "plans" / "local-pp2-a100-mi250.json")
+    k = plan_key(plan, site, job, 5)
+    assert k == plan_key(plan, load_site(ROOT / "site_configs" / "local.yaml"), job, 5)  # stable across loads
+    assert k != plan_key(plan, site, job, 6)
+    assert k != plan_key(dataclasses.replace(plan, micro_batch_size=4), site, job, 5)
+    assert k != plan_key(plan, site, dataclasses.replace(job, precision="bf16"), 5)
+
+    rec = E2ERecord(key=k, plan={}, site="local", job="tiny-gpt", iters=5, iteration_ms=12.5,
+                    peak_allocated_bytes={"0": 10, "1": 20}, peak_footprint_bytes_by_rank={"0": 30, "1": 50},
+                    gpu_type_by_rank={"0": "cpu-4g", "1": "cpu-4g"}, job_id="7", log_file="x.out")
+    path = tmp_path / "store.e2e.jsonl"
+    rec.append_to(path)
+    rec.append_to(path)
+    with open(path, "a") as f:
+        f.write('{"format": "memx-e2e/1", "key": "tor')  # a crash while appending
+    got = read_records(path)
+    assert len(got) == 2 and got[0] == rec and got[0].peak_footprint_bytes == 50
+    path.write_text(_json.dumps({"format": "other"}) + "\n" + path.read_text())
+    with pytest.raises(SpecError) as e:
+        read_records(path)
+    assert e.value.field == "line 1"
