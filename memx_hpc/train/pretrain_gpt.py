@@ -112,7 +112,7 @@ def _now() -> str:
 
 
 def _synthetic_batches(*, seed: int, dp_rank: int, micro_batch_size: int, seq_length: int,
-                       vocab_size: int, torch: Any) -> Iterator[dict[str, Any]]:
+                       vocab_size: int, torch: Any, device: Any = "cpu") -> Iterator[dict[str, Any]]:
     """Mock data: random tokens, next-token labels, a full loss mask and an explicit causal
     mask (megatron-core's default mask is built on the GPU). Every rank of a data-parallel
     replica draws the same micro-batches (same seed), so no broadcast is needed."""
@@ -120,11 +120,12 @@ def _synthetic_batches(*, seed: int, dp_rank: int, micro_batch_size: int, seq_le
     causal = torch.triu(torch.ones(seq_length, seq_length, dtype=torch.bool), diagonal=1)
     attention_mask = causal.view(1, 1, seq_length, seq_length)  # True = masked out (Megatron-LM)
     position_ids = torch.arange(seq_length, dtype=torch.long).unsqueeze(0).expand(micro_batch_size, -1)
+    attention_mask, position_ids = attention_mask.to(device), position_ids.to(device)
+    loss_mask = torch.ones(micro_batch_size, seq_length, dtype=torch.float, device=device)
     while True:
-        text = torch.randint(0, vocab_size, (micro_batch_size, seq_length + 1), generator=gen)
+        text = torch.randint(0, vocab_size, (micro_batch_size, seq_length + 1), generator=gen).to(device)
         yield {"tokens": text[:, :-1].contiguous(), "labels": text[:, 1:].contiguous(),
-               "loss_mask": torch.ones(micro_batch_size, seq_length, dtype=torch.float),
-               "attention_mask": attention_mask, "position_ids": position_ids}
+               "loss_mask": loss_mask, "attention_mask": attention_mask, "position_ids": position_ids}
 
 
 def _loss_func(loss_mask: Any, output_tensor: Any) -> tuple[Any, Any, dict[str, Any]]:
@@ -344,7 +345,8 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
 
     data = _synthetic_batches(seed=args.seed, dp_rank=ps.get_data_parallel_rank(),
                               micro_batch_size=args.micro_batch_size, seq_length=args.seq_length,
-                              vocab_size=args.vocab_size, torch=torch)
+                              vocab_size=args.vocab_size, torch=torch,
+                              device="cpu" if on_cpu else torch.device("cuda", torch.cuda.current_device()))
     fwd_bwd = get_forward_backward_func()
     last_rank = world - 1
     dp_group = ps.get_data_parallel_group()
