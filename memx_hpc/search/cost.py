@@ -288,12 +288,13 @@ class Composer:
             pp, tp, dp, mbs = sk.pp, sk.tp, sk.dp, sk.micro_batch_size
             m = job.global_batch_size // (mbs * dp)
             sk_m[si], sk_pp[si] = m, pp
-            names = [space.partitions[p].name for p in sk.stage_partitions()]
+            parts = sk.stage_partitions()
+            names = [space.partitions[p].name for p in parts]
             links, dps = stage_layout(site, names, tp, dp)
             msg = p2p_bytes(job, micro_batch_size=mbs, tp=tp, sequence_parallel=sp)
             tied = tied_embedding_sync_ms(site, job, tp, pp, names[0], names[-1])
             for i, name in enumerate(names):
-                gpu = space.partitions[sk.stage_partitions()[i]].gpu_type
+                gpu = space.partitions[parts[i]].gpu_type
                 key = (gpu, tp, mbs)
                 c = ctx_ids.get(key)
                 if c is None:
@@ -331,7 +332,9 @@ class Composer:
                 sk_sync[si, i] = sync_ms_per_param(job, dp, dps[i])
                 if first or last:
                     sk_tied[si, i] = tied
-        ctx = np.array(ctx_rows, dtype=np.float64).reshape(len(ctx_rows), 13)
+        # columns: t[none, selective, full], a[none, selective, full], embedding (t, a), head (t, a),
+        # runtime overhead bytes, capacity bytes
+        ctx = np.array(ctx_rows, dtype=np.float64).reshape(len(ctx_rows), 12)
         self._ctx_t = np.ascontiguousarray(ctx[:, 0:3])
         self._ctx_a = np.ascontiguousarray(ctx[:, 3:6])
         self._ctx_emb = np.ascontiguousarray(ctx[:, 6:8])
@@ -373,7 +376,7 @@ class Composer:
         t = [v[0] for v in vals]
         a = [v[1] for v in vals]
         return t[0:3] + a[0:3] + [t[3], a[3], t[4], a[4], float(overhead[gpu]),
-                                  float(self.site.gpu(gpu).memory_bytes), 0.0]
+                                  float(self.site.gpu(gpu).memory_bytes)]
 
     def compose(self, block: Block) -> BlockCost:
         """Iteration time, worst utilisation, balance and feasibility of every plan in ``block``."""

@@ -118,10 +118,14 @@ class Level:
 
 
 def full_layers(num_layers, fraction):
-    """k = ceil(n * fraction), exact for the fractions j/steps used here (works on arrays)."""
-    # A small epsilon keeps ceil(4 * 0.5) at 2 despite binary fractions such as 1/3 * 3.
-    return np.ceil(np.asarray(num_layers) * fraction - 1e-9).astype(np.int64) if isinstance(
-        num_layers, np.ndarray) else int(math.ceil(num_layers * fraction - 1e-9))
+    """k = ceil(n * fraction) for an int or an array of layer counts.
+
+    The small epsilon keeps exact products (4 x 0.5) from rounding up through binary
+    fractions (1/3 x 3 = 1.0000000000000002).
+    """
+    if isinstance(num_layers, np.ndarray):
+        return np.ceil(num_layers * fraction - 1e-9).astype(np.int64)
+    return int(math.ceil(num_layers * fraction - 1e-9))
 
 
 def recompute_levels(job: TrainJob, steps: int, *, selective_with_sdpa: bool = False) -> tuple[Level, ...]:
