@@ -137,50 +137,59 @@ def test_killed_midway_then_rerun_has_no_duplicates(interrupted_then_resumed):
         [p for p in minimal_set(load_site(r["site_file"]), load_job(TINY_JOB)) if p.gpu_type == "cpu-2g"])
 
 
-def test_failing_task_is_retried_then_reported(tmp_path, monkeypatch):
-    site = load_site(_site_file(tmp_path))
-    job = _small_job()
-    store = ProfileStore(tmp_path / "store.h5")
-    # the first task to start fails once as a whole (retried, then fine); every optimizer
-    # point fails on each attempt (retried, then reported with its reasons)
-    monkeypatch.setenv("MEMX_PROFILE_FAIL", "task:1,optimizer")
-    monkeypatch.setenv("MEMX_PROFILE_FAIL_STATE", str(tmp_path / "fail-state"))
-    report = profile(site, job, store, partitions=["nvidia_a100"], max_retries=1, progress=False,
-                     settings=RunSettings(warmup=1, iters=2))
-    opt = [p for p in minimal_set(site, job) if p.kind == "optimizer" and p.gpu_type == "cpu-4g"]
-    assert report.failed == len(opt) == 2
-    for f in report.failures:
-        assert f.point.kind == "optimizer" and f.attempts == 2 and f.partition == "nvidia_a100"
-        assert f.reason.count("injected failure") == 2  # both attempts' reasons are kept
-    # everything else was measured, including the points of the task that failed once
-    others = [p for p in minimal_set(site, job) if p.kind != "optimizer" and p.gpu_type == "cpu-4g"]
-    assert store.stored_points() >= set(others)
-    assert report.measured == len(others)
-    ledger = json.loads(Path(str(store.path) + ".jobs.json").read_text())
-    failed_tasks = [t for t in ledger["tasks"].values() if t["state"] == "failed"]
-    assert any("InjectedFailure" in " ".join(t["reasons"]) for t in failed_tasks)
-    assert len(list((tmp_path / "fail-state").glob("task-*"))) == 1
-
-
-def test_point_over_the_memory_cap_is_stored_infeasible(tmp_path):
-    site_file = _site_file(tmp_path)
+@pytest.fixture(scope="module")
+def failures_and_caps(tmp_path_factory):
+    """One run over two partitions at once: nvidia_a100 (cpu-4g) and amd_mi250 offered as
+    a 3 MiB device in which no tiny-gpt layer fits (about 4 MB of weights, gradients and
+    activations at micro-batch 1). The first task to start fails once as a whole (it is
+    retried, then fine); every optimizer point fails on each attempt (retried, then
+    reported with its reasons)."""
+    tmp = tmp_path_factory.mktemp("profile-failures")
+    site_file = _site_file(tmp)
     data = yaml.safe_load(site_file.read_text())
-    # the same CPU offered with a 3 MiB budget: one tiny-gpt layer (about 4 MB of
-    # weights, gradients and activations at micro-batch 1) does not fit
     data["gpu_types"]["cpu-3m"] = {**data["gpu_types"]["cpu-2g"], "memory_gib": 3 / 1024,
                                    "source": "test: a budget no layer fits in"}
     for p in data["partitions"]:
         if p["name"] == "amd_mi250":
             p["gpu_type"] = "cpu-3m"
     site = site_from_mapping(data, source_file=str(site_file))
-    store = ProfileStore(tmp_path / "store.h5")
-    report = profile(site, _small_job(), store, partitions=["amd_mi250"], max_retries=0, progress=False,
-                     settings=RunSettings(warmup=1, iters=2))
-    assert report.failed == 0, report.failures
+    job = _small_job()
+    store = ProfileStore(tmp / "store.h5")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MEMX_PROFILE_FAIL", "task:1,optimizer")
+        mp.setenv("MEMX_PROFILE_FAIL_STATE", str(tmp / "fail-state"))
+        report = profile(site, job, store, partitions=["nvidia_a100", "amd_mi250"], max_retries=1, progress=False,
+                         settings=RunSettings(warmup=1, iters=2))
+    return {"tmp": tmp, "site": site, "job": job, "store": store, "report": report}
+
+
+def test_failing_task_is_retried_then_reported(failures_and_caps):
+    r = failures_and_caps
+    site, job, store, report = r["site"], r["job"], r["store"], r["report"]
+    home = {"cpu-4g": "nvidia_a100", "cpu-3m": "amd_mi250"}  # the partitions profiled
+    mini = [p for p in minimal_set(site, job) if p.gpu_type in home]
+    opt = [p for p in mini if p.kind == "optimizer"]
+    assert report.failed == len(opt) == 4  # TP 1 and 2 on both GPU types
+    for f in report.failures:
+        assert f.point.kind == "optimizer" and f.attempts == 2 and f.partition == home[f.point.gpu_type]
+        assert f.reason.count("injected failure") == 2  # both attempts' reasons are kept
+    # everything else was measured, including the points of the task that failed once
+    others = [p for p in mini if p.kind != "optimizer"]
+    assert store.stored_points() >= set(others)
+    assert report.measured + report.infeasible == len(others)
+    ledger = json.loads(Path(str(store.path) + ".jobs.json").read_text())
+    failed_tasks = [t for t in ledger["tasks"].values() if t["state"] == "failed"]
+    assert any("InjectedFailure" in " ".join(t["reasons"]) for t in failed_tasks)
+    assert [p.name for p in (r["tmp"] / "fail-state").glob("task-*")] == ["task-0"]
+
+
+def test_point_over_the_memory_cap_is_stored_infeasible(failures_and_caps):
+    store, report = failures_and_caps["store"], failures_and_caps["report"]
     layers = store.samples(gpu_type="cpu-3m", kind="layer")
     assert {s.point.tp for s in layers} == {1, 2}
     assert all(s.infeasible for s in layers)
     assert all(s.peak_allocated_bytes > 3 * 2**20 for s in layers)
     assert report.infeasible >= 2
-    # collectives carry no layer memory and are measured as usual
+    # the same layers fit the 4 GiB device; collectives carry no layer memory
+    assert not any(s.infeasible for s in store.samples(gpu_type="cpu-4g", kind="layer"))
     assert not any(s.infeasible for s in store.samples(gpu_type="cpu-3m", kind="allreduce"))

@@ -30,11 +30,12 @@ def point(kind: str = "layer", *, mbs: int = 2, tp: int = 1, recompute: str = "n
                         recompute=recompute, precision="fp32", attention=attention, **kw)
 
 
-def run_tasks(tmp_path: Path, task: ProfileTask, *, ranks: int = 1, env: dict | None = None,
-              timeout: float = 240) -> TaskResult:
-    """Run ``task`` in ``ranks`` fresh processes wired as one Slurm job would wire them."""
-    tp = tmp_path / "task.pkl"
-    tp.write_bytes(pickle.dumps(task))
+def run_tasks(tmp_path: Path, tasks: list[ProfileTask], *, ranks: int = 1, env: dict | None = None,
+              timeout: float = 240) -> list[TaskResult]:
+    """Run ``tasks`` one after the other in ``ranks`` fresh processes wired as one Slurm job
+    would wire them (one import of torch and megatron-core per process)."""
+    tp = tmp_path / "tasks.pkl"
+    tp.write_bytes(pickle.dumps(tasks))
     procs = []
     for r in range(ranks):
         e = {**os.environ, **(env or {})}
@@ -48,8 +49,8 @@ def run_tasks(tmp_path: Path, task: ProfileTask, *, ranks: int = 1, env: dict | 
         code = textwrap.dedent(f"""
             import pickle
             from memx_hpc.profile.runner import run_task
-            task = pickle.load(open({str(tp)!r}, "rb"))
-            pickle.dump(run_task(task), open({str(out)!r}, "wb"))
+            tasks = pickle.load(open({str(tp)!r}, "rb"))
+            pickle.dump([run_task(t) for t in tasks], open({str(out)!r}, "wb"))
         """)
         procs.append((subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=e, stderr=subprocess.PIPE,
                                        text=True), out))
@@ -71,17 +72,30 @@ def korthikanti_bytes(*, s: int, b: int, h: int, a: int, e: int, m: int, recompu
     return base + (4 * a * s * b if attention == "sdpa" else a * s * s * b * (2 * e + m))
 
 
+CASES = [("none", "sdpa", 2), ("selective", "sdpa", 2), ("full", "sdpa", 2), ("none", "core", 1), ("none", "sdpa", 4)]
+
+
+@pytest.fixture(scope="module")
+def one_rank_results(tmp_path_factory) -> list[TaskResult]:
+    """Two tasks in one process: the activation cases, and a task with a 1 MiB budget and
+    an injected optimizer failure."""
+    tmp = tmp_path_factory.mktemp("runner")
+    quick = RunSettings(warmup=1, iters=2)
+    layers = ProfileTask(gpu_type="cpu-test", vendor="cpu", memory_cap_bytes=2**32, settings=quick,
+                         points=tuple(point(recompute=r, attention=att, mbs=b) for r, att, b in CASES),
+                         rendezvous_dir=str(tmp))
+    capped = ProfileTask(gpu_type="cpu-test", vendor="cpu", memory_cap_bytes=2**20, settings=quick,
+                         points=(point(mbs=1), point("optimizer"), point("embedding"), point("head")),
+                         rendezvous_dir=str(tmp), measure_device=True)
+    return run_tasks(tmp, [layers, capped], env={"MEMX_PROFILE_FAIL": "optimizer"})
+
+
 @pytest.mark.slow
-def test_layer_activation_bytes_match_korthikanti(tmp_path):
-    cases = [("none", "sdpa", 2), ("selective", "sdpa", 2), ("full", "sdpa", 2), ("none", "core", 1),
-             ("none", "sdpa", 4)]
-    pts = tuple(point(recompute=r, attention=att, mbs=b) for r, att, b in cases)
-    task = ProfileTask(gpu_type="cpu-test", vendor="cpu", memory_cap_bytes=2**32, points=pts,
-                       settings=RunSettings(warmup=1, iters=2), rendezvous_dir=str(tmp_path))
-    res = run_tasks(tmp_path, task)
+def test_layer_activation_bytes_match_korthikanti(one_rank_results):
+    res = one_rank_results[0]
     assert res.failures == ()
-    assert len(res.samples) == len(cases)
-    for s, (r, att, b) in zip(res.samples, cases):
+    assert len(res.samples) == len(CASES)
+    for s, (r, att, b) in zip(res.samples, CASES):
         want = korthikanti_bytes(s=SHAPE.seq_length, b=b, h=SHAPE.hidden_size, a=SHAPE.num_attention_heads, e=4,
                                  m=1, recompute=r, attention=att)
         assert abs(s.activation_bytes / want - 1) < 0.02, (r, att, b, s.activation_bytes, want)
@@ -91,18 +105,15 @@ def test_layer_activation_bytes_match_korthikanti(tmp_path):
         prov = json.loads(s.provenance)
         assert prov["torch"] and prov["megatron_core"] and prov["vendor"] == "cpu" and prov["host"]
         assert prov["settings"]["iters"] == 2
-    # recompute trades time for memory: full keeps least and costs most backward time
+    # recompute trades time for memory: full keeps least, then selective, then none
     by = {(p.point.recompute, p.point.attention, p.point.micro_batch_size): p for p in res.samples}
     assert by[("full", "sdpa", 2)].activation_bytes < by[("selective", "sdpa", 2)].activation_bytes \
         < by[("none", "sdpa", 2)].activation_bytes < by[("none", "sdpa", 4)].activation_bytes
 
 
 @pytest.mark.slow
-def test_memory_cap_gives_infeasible_and_failures_are_reported(tmp_path):
-    pts = (point(mbs=1), point("optimizer"), point("embedding"), point("head"))
-    task = ProfileTask(gpu_type="cpu-test", vendor="cpu", memory_cap_bytes=2**20, points=pts,
-                       settings=RunSettings(warmup=1, iters=2), rendezvous_dir=str(tmp_path), measure_device=True)
-    res = run_tasks(tmp_path, task, env={"MEMX_PROFILE_FAIL": "optimizer"})
+def test_memory_cap_gives_infeasible_and_failures_are_reported(one_rank_results):
+    res = one_rank_results[1]
     kinds = {s.point.kind: s for s in res.samples}
     # a layer does not fit in 1 MiB: known before running (fake tensors) and stored as infeasible
     assert kinds["layer"].infeasible and kinds["layer"].peak_allocated_bytes > 2**20
@@ -122,7 +133,7 @@ def test_two_ranks_tp_layer_and_collectives(tmp_path):
            point("p2p", group_size=2, message_bytes=msg), point("optimizer", tp=2))
     task = ProfileTask(gpu_type="cpu-test", vendor="cpu", memory_cap_bytes=2**32, points=pts, world_size=2,
                        settings=RunSettings(warmup=1, iters=2), rendezvous_dir=str(tmp_path))
-    res = run_tasks(tmp_path, task, ranks=2)
+    (res,) = run_tasks(tmp_path, [task], ranks=2)
     assert res.failures == ()
     kinds = {s.point.kind: s for s in res.samples}
     assert set(kinds) == {"layer", "allreduce", "p2p", "optimizer"}
@@ -133,3 +144,29 @@ def test_two_ranks_tp_layer_and_collectives(tmp_path):
                              recompute="none", attention="sdpa")
     assert kinds["layer"].activation_bytes < 0.8 * want
     assert json.loads(kinds["optimizer"].provenance)["params"] < 12 * SHAPE.hidden_size ** 2 * 0.6
+
+
+@pytest.mark.slow
+def test_dispatch_through_submitit_local_executor(tmp_path):
+    """Where there is no Slurm: the same tasks through submitit's LocalExecutor."""
+    from memx_hpc.profile.store import ProfileStore
+    from memx_hpc.slurm.dispatch import profile
+    from memx_hpc.spec import job_from_mapping, site_from_mapping
+
+    site = site_from_mapping({
+        "name": "one-cpu", "slurm": {"scheduler": "local"}, "work_dir": str(tmp_path / "runs"),
+        "gpu_types": {"cpu-1g": {"vendor": "cpu", "memory_gib": 1, "peak_tflops_bf16": 0.05, "peak_tflops_fp32": 0.1,
+                                 "hbm_gbps": 10, "link_gbps": 5, "measured_at_profile_time": True}},
+        "partitions": [{"name": "cpu", "gpu_type": "cpu-1g", "nodes": 1, "gpus_per_node": 1,
+                        "python": sys.executable}]})
+    job = job_from_mapping({"model": {"preset": "tiny-gpt"}, "global_batch_size": 8, "precision": "fp32",
+                            "micro_batch_sizes": [1], "recompute_modes": ["none"]})
+    store = ProfileStore(tmp_path / "store.h5")
+    rep = profile(site, job, store, progress=False, settings=RunSettings(warmup=1, iters=2))
+    assert rep.scheduler == "local" and rep.failed == 0
+    assert {s.point.kind for s in store.samples()} == {"layer", "embedding", "head", "optimizer"}
+    assert rep.measured == len(store) == rep.scheduled
+    assert store.device_figures("cpu-1g")["peak_tflops_fp32"] > 0
+    # nothing left to do the second time, and nothing is submitted
+    again = profile(site, job, store, progress=False)
+    assert again.scheduled == 0 and again.skipped == rep.scheduled and again.job_ids == ()
