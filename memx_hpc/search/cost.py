@@ -388,7 +388,8 @@ class Composer:
         valid = block.levels >= 0
         lev = np.where(valid, block.levels, 0)
         base = self._lev_base[lev]
-        k = np.ceil(n * self._lev_frac[lev] - 1e-9)
+        # k per partition group (one --recompute-num-layers per hetjob component), at most n
+        k = np.minimum(n, np.ceil(block.group_max * self._lev_frac[lev] - 1e-9))
         nb = n - k
         ctx = g["ctx"]
         t_base = self._ctx_t[ctx, base]

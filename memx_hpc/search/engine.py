@@ -243,7 +243,7 @@ def _block_queries(space: PlanSpace, block, sp: bool) -> list[LayerQuery]:
             lv = levels[int(block.levels[j, i])]
             qs = context_queries(job, gpu, sk.tp, sk.micro_batch_size, sp)
             n = int(block.layers[j, i])
-            k = lv.for_stage(n)
+            k = lv.for_stage(n, int(block.group_max[j, i]))
             # full recompute also needs the plain layer: its activations are rebuilt in backward
             modes = ["full", "none"] if k.mode == "full" else [lv.base]
             out += [qs[MODE_NAMES.index(m)] for m in modes]

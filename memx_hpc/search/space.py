@@ -18,9 +18,11 @@ times a *recompute assignment*:
   ``u = num_layers // g`` units over G groups gives C(u-1, G-1) splits, so the count is
   set by g, not by how uneven a split may be.
 * **Recompute.** Each stage gets its own level from ``none < selective < full on
-  ceil(n*j/steps) of its n layers`` (j = 1..steps), restricted to the modes the job
-  allows — heterogeneous recomputation: memory-poor partitions recompute while
-  memory-rich ones do not, and k follows each stage's layer count. Within one
+  k = ceil(n_max*j/steps) layers`` (j = 1..steps; n_max the largest stage of its
+  partition group, a stage recomputing min(k, n): one ``--recompute-num-layers`` per
+  hetjob component, see :class:`Level`), restricted to the modes the job allows —
+  heterogeneous recomputation: memory-poor partitions recompute while memory-rich ones
+  do not. Within one
   partition group the levels never increase along the pipeline: the group's stages run
   on identical GPUs with (nearly) equal layers, and an earlier stage holds at least as
   many in-flight micro-batches (``min(p - i, m)``), so recomputing more on a later
@@ -100,13 +102,20 @@ class SpaceOptions:
 @dataclass(frozen=True, kw_only=True)
 class Level:
     """One recompute level: ``base`` mode for the layers not fully recomputed, and the
-    fraction of the stage's layers under full recompute (k = ceil(n * full_fraction))."""
+    fraction under full recompute.
+
+    Megatron takes one ``--recompute-num-layers k`` per hetjob component (a partition
+    group's stages share a command line), and a stage with ``n < k`` layers recomputes all
+    n (the block method checkpoints layers ``0..k-1`` of each stage). So k is set per
+    group, ``k = ceil(n_max * full_fraction)`` with ``n_max`` the group's largest stage,
+    and a stage recomputes ``min(k, n)`` layers: what the rendered job runs.
+    """
 
     base: str
     full_fraction: float
 
-    def for_stage(self, num_layers: int) -> Recompute:
-        k = full_layers(num_layers, self.full_fraction)
+    def for_stage(self, num_layers: int, group_max_layers: int | None = None) -> Recompute:
+        k = min(num_layers, full_layers(group_max_layers or num_layers, self.full_fraction))
         if k == 0:
             return Recompute(mode=self.base)
         return Recompute(mode="full", num_layers=None if k == num_layers else k)
@@ -174,13 +183,15 @@ class Block:
     """A run of consecutive plan indices decoded into arrays (B plans, P = max stages).
 
     ``skeleton`` indexes ``space.skeletons``; ``layers`` / ``levels`` are (B, P) with 0 / -1
-    past a plan's last stage.
+    past a plan's last stage; ``group_max`` holds, per stage, the most layers of a stage in
+    its partition group (what full recompute's k is taken from, see :class:`Level`).
     """
 
     start: int
     skeleton: np.ndarray
     layers: np.ndarray
     levels: np.ndarray
+    group_max: np.ndarray
 
     def __len__(self) -> int:
         return int(self.skeleton.shape[0])
@@ -239,6 +250,7 @@ class PlanSpace:
                                        selective_with_sdpa=options.selective_with_sdpa)
         self.partitions = site.partitions
         self._split_tables: dict[tuple[int, ...], np.ndarray] = {}
+        self._gmax_tables: dict[tuple[int, ...], np.ndarray] = {}
         self._level_tables: dict[tuple[int, ...], np.ndarray] = {}
         self.skeletons = self._enumerate_skeletons()
         counts = np.array([self._count(sk) for sk in self.skeletons], dtype=np.int64)
@@ -327,6 +339,19 @@ class PlanSpace:
         self._split_tables[structure] = t
         return t
 
+    def _group_max_table(self, structure: tuple[int, ...]) -> np.ndarray:
+        """(n_splits, pp): per stage, the largest stage of its partition group."""
+        t = self._gmax_tables.get(structure)
+        if t is None:
+            split = self._split_table(structure)
+            t = np.empty_like(split)
+            a = 0
+            for n in structure:
+                t[:, a:a + n] = split[:, a:a + n].max(axis=1, keepdims=True) if len(split) else 0
+                a += n
+            self._gmax_tables[structure] = t
+        return t
+
     def _level_table(self, structure: tuple[int, ...]) -> np.ndarray:
         """(n_assignments, pp) recompute level per stage, non-increasing within each group."""
         t = self._level_tables.get(structure)
@@ -367,6 +392,7 @@ class PlanSpace:
         nlev = self._nlev[sk]
         split_id, level_id = np.divmod(local, nlev)
         layers = np.zeros((len(idx), P), dtype=np.int32)
+        gmax = np.zeros((len(idx), P), dtype=np.int32)
         levels = np.full((len(idx), P), -1, dtype=np.int8)
         if len(idx):
             # Consecutive indices share a skeleton in runs: fill each run with one gather.
@@ -376,8 +402,9 @@ class PlanSpace:
                 st = s.structure
                 pp = s.pp
                 layers[a:b, :pp] = self._split_table(st)[split_id[a:b]]
+                gmax[a:b, :pp] = self._group_max_table(st)[split_id[a:b]]
                 levels[a:b, :pp] = self._level_table(st)[level_id[a:b]]
-        return Block(start=start, skeleton=sk, layers=layers, levels=levels)
+        return Block(start=start, skeleton=sk, layers=layers, levels=levels, group_max=gmax)
 
     def iter_blocks(self, start: int = 0, stop: int | None = None, *, block_size: int = 65536) -> Iterator[Block]:
         """Decode ``start..stop-1`` in blocks of at most ``block_size`` plans (streaming)."""
@@ -389,13 +416,16 @@ class PlanSpace:
         """The Plan object at ``index``."""
         s = self.skeletons[self.skeleton_of(index)]
         b = self.decode(index, index + 1)
-        return self.plan_from(s, b.layers[0, :s.pp].tolist(), b.levels[0, :s.pp].tolist())
+        return self.plan_from(s, b.layers[0, :s.pp].tolist(), b.levels[0, :s.pp].tolist(),
+                              b.group_max[0, :s.pp].tolist())
 
-    def plan_from(self, s: Skeleton, layers: list[int], levels: list[int]) -> Plan:
+    def plan_from(self, s: Skeleton, layers: list[int], levels: list[int],
+                  group_max: list[int] | None = None) -> Plan:
         parts = s.stage_partitions()
+        group_max = group_max or [None] * len(layers)
         stages = tuple(Stage(partition=self.partitions[p].name, num_layers=int(n),
-                             recompute=self.levels[int(lv)].for_stage(int(n)))
-                       for p, n, lv in zip(parts, layers, levels))
+                             recompute=self.levels[int(lv)].for_stage(int(n), None if g is None else int(g)))
+                       for p, n, lv, g in zip(parts, layers, levels, group_max))
         return Plan(tp=s.tp, dp=s.dp, micro_batch_size=s.micro_batch_size,
                     global_batch_size=self.job.global_batch_size, stages=stages,
                     sequence_parallel=self.options.sequence_parallel and s.tp > 1)
@@ -405,7 +435,8 @@ class PlanSpace:
         for b in self.iter_blocks(start, stop, block_size=4096):
             for j in range(len(b)):
                 s = self.skeletons[int(b.skeleton[j])]
-                yield b.start + j, self.plan_from(s, b.layers[j, :s.pp].tolist(), b.levels[j, :s.pp].tolist())
+                yield b.start + j, self.plan_from(s, b.layers[j, :s.pp].tolist(), b.levels[j, :s.pp].tolist(),
+                                                  b.group_max[j, :s.pp].tolist())
 
     def rank_range(self, rank: int, size: int) -> tuple[int, int]:
         """The contiguous index range of ``rank`` among ``size`` (balanced to one plan)."""

@@ -155,6 +155,21 @@ def test_full_k_layers_follow_fraction():
     assert (5, 3) in ks and (5, None) in ks and (4, 2) in ks  # ceil(5/2) = 3, ceil(4/2) = 2
 
 
+def test_full_recompute_k_is_shared_by_a_partition_group():
+    """One --recompute-num-layers per hetjob component: k from the group's largest stage."""
+    job = tiny_job(layers=9)
+    site = Site(name="one", partitions=(Partition(name="p", gpu_type="A100-80", nodes=1, gpus_per_node=4),))
+    space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=2, tp_degrees=(1,),
+                                              micro_batch_sizes=(1,)))
+    seen = set()
+    for p in all_plans(space):
+        if p.pp == 2 and p.stages[0].recompute.mode == "full":
+            ks = [s.recompute.num_layers or s.num_layers for s in p.stages]
+            seen.add((tuple(s.num_layers for s in p.stages), tuple(ks)))
+    # 9 layers over two stages of one partition: 4 + 5; k = ceil(5/2) = 3 on both, or all
+    assert seen == {((4, 5), (3, 3)), ((4, 5), (4, 5))}
+
+
 def test_rank_ranges_partition_the_space():
     space = PlanSpace(tiny_site(), tiny_job(), SpaceOptions(layer_granularity=1))
     n = len(space)
