@@ -64,9 +64,11 @@ class SpaceOptions:
     of two / the job's candidates (every power of two dividing the global batch up to 16
     when the job names none). ``recompute_spread``: how far the levels of one partition
     group's stages may differ (0: one level per group; None: any non-increasing
-    sequence). ``selective_with_sdpa``: with fused attention (the job's ``attention:
-    sdpa``) selective recompute repeats the attention kernel but saves only its per-head
-    log-sum-exp statistics (``4·a·s·b`` bytes per layer, Korthikanti et al. 2022 as
+    sequence; values above 0 give plans whose stages on one partition recompute
+    differently — predicted as such, but a hetjob component takes one recompute setting,
+    so they are for comparison, not for rendering). ``selective_with_sdpa``: with fused
+    attention (the job's ``attention: sdpa``) selective recompute repeats the attention
+    kernel but saves only its per-head log-sum-exp statistics (``4·a·s·b`` bytes per layer, Korthikanti et al. 2022 as
     generalised in :mod:`memx_hpc.model.analytic`), so it is dominated by ``none`` and
     left out unless this is set.
     """
