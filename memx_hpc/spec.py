@@ -289,6 +289,9 @@ class Site:
     pipeline_comm_env: tuple[tuple[str, str], ...] = ()
     memory_safety_margin: float = 0.05
     megatron_version: str = "core_r0.16.0"
+    # (time, memory, balance) exponents of the weighted-product objective; None: the
+    # planner's default. ``--weights`` on the command line overrides them.
+    objective_weights: tuple[float, float, float] | None = None
     source_file: str | None = None
 
     def partition(self, name: str) -> Partition:
@@ -601,7 +604,8 @@ class LayerSample:
 
 
 SITE_KEYS = ("name", "partitions", "gpu_types", "links", "inter_partition_gbps", "scheduler", "slurm",
-             "store", "cache", "work_dir", "pipeline_comm", "memory_safety_margin", "megatron_version")
+             "store", "cache", "work_dir", "pipeline_comm", "memory_safety_margin", "megatron_version",
+             "objective")
 PARTITION_KEYS = ("name", "gpu_type", "nodes", "gpus_per_node", "intra_node_gbps", "inter_node_gbps",
                   "gres_type", "account", "qos", "time_limit_min", "cpus_per_task", "mem_per_node_gib",
                   "setup", "env", "python", "container", "megatron_entry")
@@ -712,6 +716,14 @@ def site_from_mapping(data: Any, *, source_file: str | None = None) -> Site:
         comm_env = pc.str_map("env")
         pc.finish(("backend", "env"))
 
+    obj = r.sub("objective")
+    weights = None
+    if obj is not None:
+        weights = (obj.float("time", 1.0, min=0), obj.float("memory", 0.5, min=0), obj.float("balance", 0.5, min=0))
+        obj.finish(("time", "memory", "balance"))
+        if not any(weights):
+            raise SpecError("at least one weight must be > 0", field="objective", found=dict(obj.data))
+
     site = Site(
         name=name, partitions=tuple(parts), gpu_types=tuple(gpu_types), links=tuple(links),
         inter_partition_gbps=r.float("inter_partition_gbps", 12.5, min=0, strict_min=True),
@@ -722,6 +734,7 @@ def site_from_mapping(data: Any, *, source_file: str | None = None) -> Site:
         pipeline_comm_backend=backend, pipeline_comm_env=comm_env,
         memory_safety_margin=r.float("memory_safety_margin", 0.05, min=0, max=0.9),
         megatron_version=r.str("megatron_version", "core_r0.16.0"),
+        objective_weights=weights,
         source_file=source_file,
     )
     r.finish(SITE_KEYS)

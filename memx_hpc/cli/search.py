@@ -130,11 +130,14 @@ def space_options(args: argparse.Namespace):
                         selective_with_sdpa=args.selective_with_sdpa)
 
 
-def search_options(args: argparse.Namespace):
+def search_options(args: argparse.Namespace, site=None):
+    """Search options; the site's ``objective:`` weights are the default that --weights overrides."""
     from ..search.cost import CostOptions
     from ..search.engine import SearchOptions
-    from ..search.objective import parse_weights
-    return SearchOptions(top_k=args.top, weights=parse_weights(args.weights), block_size=args.block_size,
+    from ..search.objective import Weights, parse_weights
+    default = Weights(**dict(zip(("time", "memory", "balance"), site.objective_weights))) if site is not None and site.objective_weights else None
+    return SearchOptions(top_k=args.top, weights=parse_weights(args.weights, default=default),
+                         block_size=args.block_size,
                          use_cache=not args.no_cache, cost=CostOptions(overlap_grad_reduce=args.overlap_grad_reduce))
 
 
@@ -211,7 +214,7 @@ def execute(args: argparse.Namespace, *, profile_first: bool) -> int:
     site = load_site(args.site)
     job = load_job(args.job)
     space_opts = space_options(args)
-    opts = search_options(args)  # bad --weights stop here, before any work
+    opts = search_options(args, site)  # bad --weights stop here, before any work
     comm = mpi_comm(required=True) if args.mpi else (mpi_comm() if launched_under_mpi() else None)
     rank0 = comm is None or comm.Get_rank() == 0
     notes: list[str] = []

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     site = load_site(args.site)
     job = load_job(args.job)
-    opts = search_options(args)
+    opts = search_options(args, site)
     sopts = space_options(args)
     comm = mpi_comm(required=True) if args.mpi else (mpi_comm() if launched_under_mpi() else None)
     rank0 = comm is None or comm.Get_rank() == 0

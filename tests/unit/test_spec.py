@@ -83,6 +83,9 @@ _DELETE = object()
 # (mutation path, value, text the message must contain)
 SITE_CASES = [
     ("partitions.1.gpus_per_node", 0, "partitions[1].gpus_per_node"),
+    ("objective", {"time": 1, "memroy": 1}, "did you mean 'memory'"),
+    ("objective", {"time": -1}, "objective.time"),
+    ("objective", {"time": 0, "memory": 0, "balance": 0}, "at least one weight"),
     ("partitions.0.gpus_per_node", "four", "partitions[0].gpus_per_node"),
     ("partitions.0.nodes", -1, "partitions[0].nodes"),
     ("partitions.0.gpu_type", "A100-81", "did you mean"),
@@ -171,6 +174,18 @@ def test_validate_prints_summary(capsys):
     import json
     out = json.loads(capsys.readouterr().out)
     assert out["site"]["total_gpus"] == 20 and set(out["site"]["vendors"]) == {"amd", "nvidia"}
+
+
+def test_site_objective_weights_are_the_search_default():
+    import argparse
+    from memx_hpc.cli.search import search_options
+    site = site_from_mapping({**BASE_SITE, "objective": {"time": 2, "memory": 0, "balance": 0.25}})
+    args = argparse.Namespace(top=3, weights=None, block_size=1024, no_cache=False, overlap_grad_reduce=False)
+    w = search_options(args, site).weights
+    assert (w.time, w.memory, w.balance) == (2, 0, 0.25)
+    args.weights = "memory=1"
+    w = search_options(args, site).weights
+    assert (w.time, w.memory, w.balance) == (2, 1, 0.25)
 
 
 def test_site_defined_gpu_type_is_used(tmp_path):
