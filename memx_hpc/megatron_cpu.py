@@ -10,6 +10,8 @@ and changes nothing on a GPU:
   ``_set_cuda_rng_state``) and the RNG tracker (the inference tracker, which forks
   nothing, as ``model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True)``);
 * the default causal mask (built on CUDA): callers pass :func:`causal_mask`;
+* ``torch.compile`` of the fused bias-activation / bias-dropout-add functions: run eagerly
+  (the same autograd Functions, so the same saved tensors, without compiling per shape);
 * dropout: ``F.dropout`` on CPU keeps its mask in the activation dtype, CUDA keeps one
   byte per element; ``torch.native_dropout`` keeps a bool mask on both, so the saved
   activation bytes are the same as on a GPU.
@@ -93,7 +95,10 @@ def cpu_workarounds() -> Iterator[None]:
     import torch.nn.functional as F
     from megatron.core.tensor_parallel import random as mrandom
 
-    saved = {"dropout": F.dropout, "get": mrandom._get_cuda_rng_state, "set": mrandom._set_cuda_rng_state}
+    import torch._dynamo
+
+    saved = {"dropout": F.dropout, "get": mrandom._get_cuda_rng_state, "set": mrandom._set_cuda_rng_state,
+             "dynamo": torch._dynamo.config.disable}
 
     def get_state(device: Any = "cuda", clone: bool = False, graph_safe: bool = False) -> "torch.Tensor":
         return torch.get_rng_state()
@@ -104,9 +109,14 @@ def cpu_workarounds() -> Iterator[None]:
     F.dropout = _native_dropout_like_cuda(saved["dropout"])
     mrandom._get_cuda_rng_state = get_state
     mrandom._set_cuda_rng_state = set_state
+    # megatron-core's fused bias-activation and bias-dropout-add functions are wrapped in
+    # torch.compile; eager runs keep their autograd Functions (and what they save) without
+    # compiling per shape on the CPU
+    torch._dynamo.config.disable = True
     try:
         yield
     finally:
+        torch._dynamo.config.disable = saved["dynamo"]
         F.dropout = saved["dropout"]
         mrandom._get_cuda_rng_state = saved["get"]
         mrandom._set_cuda_rng_state = saved["set"]
@@ -243,7 +253,11 @@ def layer_config(s: LayerSettings) -> Any:
         params_dtype=dtype, bf16=s.precision == "bf16", fp16=s.precision == "fp16",
         hidden_dropout=s.hidden_dropout,
         attention_dropout=0.0 if s.attention == "sdpa" else s.attention_dropout,
-        bias_dropout_fusion=False, masked_softmax_fusion=False, bias_activation_fusion=False,
+        # Megatron-LM's defaults fuse bias+activation (gelu with biases, swiglu) and
+        # bias+dropout+add; the fused functions save less than the unfused path (SwiGLU:
+        # its 2f input only), so the CPU runs them too (eagerly, see cpu_workarounds).
+        bias_dropout_fusion=True, masked_softmax_fusion=False,
+        bias_activation_fusion=s.activation == "swiglu" or s.add_bias_linear,
         apply_rope_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
         add_bias_linear=s.add_bias_linear, normalization=s.normalization, **kw)
 

@@ -6,6 +6,7 @@ process group are per process), as it does under Slurm.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -60,16 +61,28 @@ def run_tasks(tmp_path: Path, tasks: list[ProfileTask], *, ranks: int = 1, env: 
     return pickle.loads(procs[0][1].read_bytes())
 
 
-def korthikanti_bytes(*, s: int, b: int, h: int, a: int, e: int, m: int, recompute: str, attention: str) -> int:
+def korthikanti_bytes(*, s: int, b: int, h: int, a: int, e: int, m: int, recompute: str, attention: str,
+                      f: int | None = None, kv: int | None = None, swiglu: bool = False) -> int:
     """Per-layer activation bytes, Korthikanti et al. 2022 Eq. 1-2 generalised to e bytes
-    per element and m per dropout-mask element (the paper: e=2, m=1 gives sbh(34 + 5as/h)).
-    Fused (SDPA) attention keeps the fp32 log-sum-exp (4asb) instead of the s^2 matrices."""
+    per element, m per dropout-mask element, FFN width f, K/V width kv (GQA) and SwiGLU
+    (the paper: e=2, m=1, f=4h, kv=h gives sbh(34 + 5as/h)). Fused (SDPA) attention keeps
+    the fp32 log-sum-exp (4asb) instead of the s^2 matrices."""
+    f = 4 * h if f is None else f
+    kv = h if kv is None else kv
     if recompute == "full":
         return e * s * b * h
-    base = s * b * h * (16 * e + 2 * m)
+    # norm inputs 2eh, QKV and fc1 inputs 2eh, two dropout masks 2mh; Q + K + V, the
+    # projection input, and the MLP interior (GeLU: 2f, SwiGLU: its 2f input and fc2's f)
+    base = s * b * (4 * e * h + 2 * m * h + e * h + 2 * e * kv + e * h + e * f * (3 if swiglu else 2))
     if recompute == "selective":
         return base
     return base + (4 * a * s * b if attention == "sdpa" else a * s * s * b * (2 * e + m))
+
+
+SWIGLU = LayerShape(hidden_size=128, num_attention_heads=4, num_query_groups=4, ffn_hidden_size=352,
+                    seq_length=64, vocab_size=500, activation="swiglu")
+GQA = LayerShape(hidden_size=128, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=512,
+                 seq_length=64, vocab_size=500)
 
 
 CASES = [("none", "sdpa", 2), ("selective", "sdpa", 2), ("full", "sdpa", 2), ("none", "core", 1), ("none", "sdpa", 4)]
@@ -81,8 +94,9 @@ def one_rank_results(tmp_path_factory) -> list[TaskResult]:
     an injected optimizer failure."""
     tmp = tmp_path_factory.mktemp("runner")
     quick = RunSettings(warmup=1, iters=2)
-    layers = ProfileTask(gpu_type="cpu-test", vendor="cpu", memory_cap_bytes=2**32, settings=quick,
-                         points=tuple(point(recompute=r, attention=att, mbs=b) for r, att, b in CASES),
+    pts = tuple(point(recompute=r, attention=att, mbs=b) for r, att, b in CASES)
+    pts += (dataclasses.replace(point(), shape=SWIGLU), dataclasses.replace(point(), shape=GQA))
+    layers = ProfileTask(gpu_type="cpu-test", vendor="cpu", memory_cap_bytes=2**32, settings=quick, points=pts,
                          rendezvous_dir=str(tmp))
     capped = ProfileTask(gpu_type="cpu-test", vendor="cpu", memory_cap_bytes=2**20, settings=quick,
                          points=(point(mbs=1), point("optimizer"), point("embedding"), point("head")),
@@ -94,7 +108,7 @@ def one_rank_results(tmp_path_factory) -> list[TaskResult]:
 def test_layer_activation_bytes_match_korthikanti(one_rank_results):
     res = one_rank_results[0]
     assert res.failures == ()
-    assert len(res.samples) == len(CASES)
+    assert len(res.samples) == len(CASES) + 2
     for s, (r, att, b) in zip(res.samples, CASES):
         want = korthikanti_bytes(s=SHAPE.seq_length, b=b, h=SHAPE.hidden_size, a=SHAPE.num_attention_heads, e=4,
                                  m=1, recompute=r, attention=att)
@@ -105,8 +119,17 @@ def test_layer_activation_bytes_match_korthikanti(one_rank_results):
         prov = json.loads(s.provenance)
         assert prov["torch"] and prov["megatron_core"] and prov["vendor"] == "cpu" and prov["host"]
         assert prov["settings"]["iters"] == 2
+    # SwiGLU through Megatron's fused bias-SwiGLU (what Megatron-LM runs by default): 2f + f
+    sw = res.samples[len(CASES)]
+    want = korthikanti_bytes(s=64, b=2, h=128, a=4, e=4, m=1, recompute="none", attention="sdpa", f=352, swiglu=True)
+    assert abs(sw.activation_bytes / want - 1) < 0.02, (sw.activation_bytes, want)
+    # GQA: megatron-core 0.16 keeps the whole mixed QKV buffer alive (K and V are views of
+    # it) and Q as a reshaped copy: one e*s*b*h more than the formula's Q + K + V
+    gqa = res.samples[len(CASES) + 1]
+    want = korthikanti_bytes(s=64, b=2, h=128, a=4, e=4, m=1, recompute="none", attention="sdpa", kv=64)
+    assert abs(gqa.activation_bytes / (want + 4 * 64 * 2 * 128) - 1) < 0.02, (gqa.activation_bytes, want)
     # recompute trades time for memory: full keeps least, then selective, then none
-    by = {(p.point.recompute, p.point.attention, p.point.micro_batch_size): p for p in res.samples}
+    by = {(p.point.recompute, p.point.attention, p.point.micro_batch_size): p for p in res.samples[:len(CASES)]}
     assert by[("full", "sdpa", 2)].activation_bytes < by[("selective", "sdpa", 2)].activation_bytes \
         < by[("none", "sdpa", 2)].activation_bytes < by[("none", "sdpa", 4)].activation_bytes
 
