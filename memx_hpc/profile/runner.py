@@ -380,8 +380,6 @@ def run_task(task: ProfileTask) -> TaskResult:
         torch.set_num_threads(_threads_per_task())
     rdzv_dir = task.rendezvous_dir or tempfile.gettempdir()
     store_file = Path(rdzv_dir) / f".rdzv-{job}"
-    import datetime as _dt
-
     import torch.distributed as dist
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -389,7 +387,7 @@ def run_task(task: ProfileTask) -> TaskResult:
         local = int(os.environ.get("SLURM_LOCALID", os.environ.get("SUBMITIT_LOCAL_LOCALID", 0)))
         torch.cuda.set_device(local % max(torch.cuda.device_count(), 1))
     dist.init_process_group(backend=backend, init_method=f"file://{store_file}", rank=rank, world_size=world,
-                            timeout=_dt.timedelta(seconds=task.settings.collective_timeout_s))
+                            timeout=datetime.timedelta(seconds=task.settings.collective_timeout_s))
     ctx = _Ctx(task, rank, world)
     # a task with several ranks: a point that raises on one rank only would leave the
     # others in a collective; such errors end the task (and it is retried)
@@ -418,7 +416,7 @@ def run_task(task: ProfileTask) -> TaskResult:
                     failures.append(PointFailure(point=point, reason=f"{type(e).__name__}: {e}"))
                     continue
                 except Exception as e:  # noqa: BLE001 - one point's failure is reported, the rest run
-                    finally_gc(ctx)
+                    _free(ctx)
                     if not _is_oom(e):
                         tb = traceback.format_exception_only(type(e), e)[-1].strip()
                         failures.append(PointFailure(point=point, reason=tb[:500]))
@@ -437,7 +435,8 @@ def run_task(task: ProfileTask) -> TaskResult:
                       host=socket.gethostname(), rank=rank, wall_s=time.perf_counter() - t_start)
 
 
-def finally_gc(ctx: _Ctx) -> None:
+def _free(ctx: _Ctx) -> None:
+    """Return a finished point's memory (and, on GPUs, the allocator's cache)."""
     gc.collect()
     if ctx.clock.cuda:
         ctx.torch.cuda.empty_cache()
@@ -652,7 +651,7 @@ def _measure_module(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
     if predicted is not None:
         extra["predicted_peak_bytes"] = predicted
     del module, x
-    finally_gc(ctx)
+    _free(ctx)
     return _sample(ctx, point, infeasible=infeasible, note=note, extra=extra, forward_ms=fwd_ms, backward_ms=bwd_ms,
                    activation_bytes=int(act), peak_allocated_bytes=peak, peak_reserved_bytes=reserved,
                    device_footprint_bytes=int(footprint))
@@ -704,7 +703,7 @@ def _measure_optimizer(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
     (ms,) = ctx.max_over_ranks([statistics.median(times)])
     n = sum(p.numel() for p in params)
     del opt, layer, params
-    finally_gc(ctx)
+    _free(ctx)
     return _sample(ctx, point, update_ms=ms, extra={"params": n, "optimizer": "Adam",
                                                    "update_ms_per_param": ms / max(n, 1),
                                                    "update_ms_all": [round(t, 4) for t in times]})

@@ -39,7 +39,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -369,7 +369,6 @@ class _Active:
     job: Any
     planned: PlannedTask
     attempt: int
-    reasons: list[str] = field(default_factory=list)
 
 
 class _Progress:
@@ -562,8 +561,7 @@ def _run(site: Site, store: ProfileStore, ledger: _Ledger, kind: str, folder: Pa
                     else:
                         retry += [(p, a.attempt, reason) for p in a.planned.points]
                     continue
-                added = store.append(res.samples)
-                del added
+                store.append(res.samples)  # exact duplicates (a re-collected result) are dropped
                 if res.device_figures:
                     store.set_device_figures(a.planned.gpu_type, res.device_figures)
                 for s in res.samples:
