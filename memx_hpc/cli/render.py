@@ -19,7 +19,13 @@ Megatron-LM core_r0.16.0) with each component's own recompute flags.
 Plans Megatron-LM cannot run are refused with the reason (unknown partition, TP larger
 than a node, more nodes than the partition has, a cross-vendor pipeline without
 pipeline_comm.backend: ucc, ...). The script is checked with 'bash -n'; when Slurm
-answers, 'sbatch --test-only' says whether this cluster would accept it."""
+answers, 'sbatch --test-only' says whether this cluster would accept it.
+
+examples:
+  memx-hpc render --site site_configs/local.yaml --job jobs/tiny-gpt.yaml \
+      --plan memx-local/runs/plan-tiny-gpt/plan-01.json --out train.sbatch
+  memx-hpc render --site mysite.yaml --job job.yaml --plan plan-01.json --iters 50 --submit
+"""
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -20,7 +20,12 @@ DESCRIPTION = """\
 Submit plan files (as 'memx-hpc plan' writes them: plan-1.json, plan-2.json, ...) as
 short real runs, one heterogeneous job each, and report measured against predicted
 iteration time and peak memory. Measurements are kept in <store>.e2e.jsonl with their
-provenance; plans measured before are skipped (use --rerun to measure again)."""
+provenance; plans measured before are skipped (use --rerun to measure again).
+
+example:
+  memx-hpc verify --site site_configs/local.yaml --job jobs/tiny-gpt.yaml --top 2 \
+      --plans memx-local/runs/plan-tiny-gpt/plan-*.json
+"""
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
