@@ -277,7 +277,7 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
     overhead = {g: int(cost_model.overhead_bytes(g)) for g in gpus}
     composer = Composer(space, predictions, overhead_bytes=overhead, options=options.cost)
     start, stop = space.rank_range(rank, size)
-    keeper = _Keeper(k=options.top_k)
+    keeper = _Keeper(k=options.top_k * _SPARE)
     sp = space.options.sequence_parallel
     t_compose = time.perf_counter()
     done = 0
@@ -305,11 +305,11 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
         parts = comm.gather((keeper.score, keeper.time, keeper.front, keeper.plans, keeper.feasible, keeper.lookups,
                              rss, compose_s), root=0)
         if rank == 0:
-            merged = _Keeper(k=options.top_k)
+            merged = _Keeper(k=options.top_k * _SPARE)
             merged.score = _take_best(np.concatenate([p[0][0] for p in parts]),
-                                      np.concatenate([p[0][1] for p in parts]), options.top_k)
+                                      np.concatenate([p[0][1] for p in parts]), options.top_k * _SPARE)
             merged.time = _take_best(np.concatenate([p[1][0] for p in parts]),
-                                     np.concatenate([p[1][1] for p in parts]), options.top_k)
+                                     np.concatenate([p[1][1] for p in parts]), options.top_k * _SPARE)
             ft = np.concatenate([p[2][0] for p in parts])
             fu = np.concatenate([p[2][1] for p in parts])
             fi = np.concatenate([p[2][2] for p in parts])
@@ -325,6 +325,7 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
         else:
             keeper_view = None
         keeper_view = comm.bcast(keeper_view, root=0)
+        _keep_distinct(space, keeper_view, options.top_k)
         # time-only rank of every reported plan: count faster feasible plans on every rank
         targets = _report_indices(keeper_view)
         target_times = _times_of(space, composer, targets)
@@ -335,6 +336,7 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
         compose_s = comm.bcast(compose_s, root=0)
         keeper = keeper_view
     else:
+        _keep_distinct(space, keeper, options.top_k)
         targets = _report_indices(keeper)
         target_times = _times_of(space, composer, targets)
         faster = np.searchsorted(times, target_times, side="left") if len(targets) else np.zeros(0, dtype=np.int64)
@@ -350,6 +352,31 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
     st = SearchStats(plans=keeper.plans, feasible=keeper.feasible, seconds=seconds, compose_seconds=compose_s,
                      ranks=size, peak_rss_bytes=int(rss), cache=stats.to_dict(), space=space.describe())
     return SearchResult(top=top, time_top=time_top, pareto=pareto, weights=options.weights, stats=st)
+
+
+# Different indices can decode to the same runnable plan (a fractional full-recompute
+# level on a one-layer stage is plain full recompute). They score the same, so the
+# keepers hold _SPARE x top-K candidates and the report keeps the first index of each
+# distinct plan; every rank count gives the same answer because the merge keeps the
+# same candidates as the serial run.
+_SPARE = 4
+
+
+def _keep_distinct(space: PlanSpace, k: _Keeper, top_k: int) -> None:
+    for name in ("score", "time"):
+        keys, idx = getattr(k, name)
+        seen: set = set()
+        keep = []
+        for j, i in enumerate(idx):
+            plan = space.plan_at(int(i))
+            if plan in seen:
+                continue
+            seen.add(plan)
+            keep.append(j)
+            if len(keep) == top_k:
+                break
+        keep_a = np.asarray(keep, dtype=np.int64)
+        setattr(k, name, (keys[keep_a], idx[keep_a]))
 
 
 def _report_indices(k: _Keeper) -> np.ndarray:

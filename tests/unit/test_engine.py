@@ -87,11 +87,21 @@ def test_top_k_time_ranking_and_pareto_equal_brute_force(world):
     site, job, space, model, w, rows = world
     assert 0 < len(rows) < len(space)
     r = search(space, model, options=SearchOptions(top_k=7, weights=w, block_size=333))
-    want = sorted(rows, key=lambda x: (x[0], x[1]))[:7]
+
+    def distinct(ordered):  # the first index of each distinct runnable plan
+        seen, out = set(), []
+        for x in ordered:
+            plan = space.plan_at(x[1])
+            if plan not in seen:
+                seen.add(plan)
+                out.append(x)
+        return out
+
+    want = distinct(sorted(rows, key=lambda x: (x[0], x[1])))[:7]
     assert [s.index for s in r.top] == [x[1] for x in want]
     assert [s.rank for s in r.top] == list(range(1, 8))
     assert [np.log(s.score) for s in r.top] == pytest.approx([x[0] for x in want])
-    by_time = sorted(rows, key=lambda x: (x[2], x[1]))
+    by_time = distinct(sorted(rows, key=lambda x: (x[2], x[1])))
     assert [s.index for s in r.time_top] == [x[1] for x in by_time[:7]]
     times = np.array([x[2] for x in rows])
     for s in r.top + r.time_top:
@@ -249,3 +259,24 @@ def test_simulate_scales_the_site(tmp_path, capsys):
     assert s["scales"][1]["plans"] > s["scales"][0]["plans"]
     check = s["scales"][0]["best_check"]
     assert check["pipeline_ms_search"] == pytest.approx(check["pipeline_ms_event_driven"])
+
+
+def test_top_k_lists_each_runnable_plan_once():
+    """A fractional full-recompute level on one-layer stages decodes to plain full recompute;
+    the report must not show the same plan twice."""
+    from memx_hpc.model.api import AnalyticCostModel
+    from memx_hpc.search.engine import SearchOptions, search
+    from memx_hpc.search.space import PlanSpace
+    from memx_hpc.spec import load_job, load_site
+
+    root = Path(__file__).resolve().parents[2]
+    site = load_site(root / "site_configs/local.yaml")
+    job = load_job(root / "jobs/tiny-gpt.yaml")
+    space = PlanSpace(site, job)
+    res = search(space, AnalyticCostModel(site), options=SearchOptions(top_k=20, use_cache=False))
+    plans = [s.plan for s in res.top]
+    assert len(plans) == 20 and len(set(plans)) == len(plans)
+    tplans = [s.plan for s in res.time_top]
+    assert len(set(tplans)) == len(tplans)
+    scores = [s.score for s in res.top]
+    assert scores == sorted(scores)
