@@ -21,6 +21,7 @@ the analytic activation bytes; it learns log ratios to them.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Sequence
 
@@ -118,3 +119,112 @@ def build(queries: Sequence[LayerQuery], gpus: Any, *, physics: bool = True,
         base[i, 0] = roof
         base[i, 1] = max(act, 1.0)
     return X, base
+
+
+# --------------------------------------------------------------------------- neighbours
+
+#: Features from the nearest profiled points of the same series (same GPU type, kind,
+#: shape, precision, attention, recompute): their learned targets (log ratios) below and
+#: above the query's micro-batch at its TP, the interpolation of the two in log
+#: micro-batch, and the distances. Missing (NaN) when the series has no profiled point —
+#: a GPU type never profiled is estimated from the other features alone.
+NEIGHBOUR_FEATURES = ("nb_time_lo", "nb_time_hi", "nb_time_interp", "nb_dist_lo", "nb_dist_hi", "nb_mem_interp")
+
+
+def series_key(q: LayerQuery, gpu_name: str) -> str:
+    s = q.shape
+    return json.dumps([gpu_name, q.kind, s.hidden_size, s.num_attention_heads, s.num_query_groups,
+                       s.ffn_hidden_size, s.seq_length, s.vocab_size, s.activation, q.precision, q.attention,
+                       q.recompute, q.sequence_parallel])
+
+
+class NeighbourTable:
+    """The profiled points a fitted predictor keeps, to place a query between its neighbours.
+
+    ``entries[key] = [[micro_batch, tp, y_time, y_mem], ...]`` with ``y`` the fitted
+    targets (NaN when unknown). Built from measured/imported samples only (never from
+    augmented ones, which are derived from them).
+    """
+
+    def __init__(self, entries: dict[str, list[list[float]]]) -> None:
+        self.entries = entries
+
+    @classmethod
+    def build(cls, keys: Sequence[str], queries: Sequence[LayerQuery], Y: np.ndarray) -> "NeighbourTable":
+        entries: dict[str, list[list[float]]] = {}
+        for k, q, y in zip(keys, queries, Y):
+            entries.setdefault(k, []).append([float(q.micro_batch_size), float(q.tp), float(y[0]), float(y[1])])
+        return cls(entries)
+
+    def to_json(self) -> dict[str, list[list[float | None]]]:
+        return {k: [[None if (isinstance(x, float) and math.isnan(x)) else x for x in e] for e in v]
+                for k, v in self.entries.items()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, list[list[float | None]]]) -> "NeighbourTable":
+        return cls({k: [[math.nan if x is None else float(x) for x in e] for e in v] for k, v in data.items()})
+
+    def features(self, keys: Sequence[str], queries: Sequence[LayerQuery],
+                 exclude_self: Sequence[bool] | None = None) -> np.ndarray:
+        """One row of :data:`NEIGHBOUR_FEATURES` per query. ``exclude_self[i]``: leave out an
+        entry at exactly the query's point (a training row must not see its own target)."""
+        out = np.full((len(queries), len(NEIGHBOUR_FEATURES)), np.nan)
+        for i, (k, q) in enumerate(zip(keys, queries)):
+            ents = self.entries.get(k)
+            if not ents:
+                continue
+            b, t = float(q.micro_batch_size), float(q.tp)
+            skip_self = bool(exclude_self[i]) if exclude_self is not None else False
+            pool = [e for e in ents if not (skip_self and e[0] == b and e[1] == t)]
+            same_tp = [e for e in pool if e[1] == t]
+            out[i] = _neighbour_row(same_tp, pool, b, t)
+        return out
+
+
+def _lerp_log(lo: list[float] | None, hi: list[float] | None, b: float, j: int) -> float:
+    if lo is not None and hi is not None and not math.isnan(lo[j]) and not math.isnan(hi[j]):
+        if hi[0] == lo[0]:
+            return lo[j]
+        u = (math.log(b) - math.log(lo[0])) / (math.log(hi[0]) - math.log(lo[0]))
+        return lo[j] + u * (hi[j] - lo[j])
+    for e in (lo, hi):
+        if e is not None and not math.isnan(e[j]):
+            return e[j]
+    return math.nan
+
+
+def _neighbour_row(same_tp: list[list[float]], pool: list[list[float]], b: float, t: float) -> list[float]:
+    lo = max((e for e in same_tp if e[0] <= b), key=lambda e: e[0], default=None)
+    hi = min((e for e in same_tp if e[0] >= b), key=lambda e: e[0], default=None)
+    if lo is None and hi is None:
+        if not pool:
+            return [math.nan] * len(NEIGHBOUR_FEATURES)
+        # no point at this TP: the points nearest in micro-batch at the closest TP below and
+        # above, interpolated in log TP (work per GPU and the divided memory go as 1/TP)
+        def at(tp_sel) -> list[float] | None:
+            tps = [e[1] for e in pool if tp_sel(e[1])]
+            if not tps:
+                return None
+            tp_near = max(tps) if tp_sel(0.0) else min(tps)
+            return min((e for e in pool if e[1] == tp_near), key=lambda e: abs(math.log(e[0] / b)))
+        below, above = at(lambda x: x < t), at(lambda x: x > t)
+        row = []
+        for j in (2, 3):
+            vals = [(e[1], e[j]) for e in (below, above) if e is not None and not math.isnan(e[j])]
+            if len(vals) == 2:
+                u = (math.log(t) - math.log(vals[0][0])) / (math.log(vals[1][0]) - math.log(vals[0][0]))
+                row.append(vals[0][1] + u * (vals[1][1] - vals[0][1]))
+            else:
+                row.append(vals[0][1] if vals else math.nan)
+        near = [e for e in (below, above) if e is not None]
+        d = min(abs(math.log(e[0] / b)) + abs(math.log(e[1] / t)) for e in near)
+        return [row[0], row[0], row[0], d, d, row[1]]
+    mem_lo = max((e for e in same_tp if e[0] <= b and not math.isnan(e[3])), key=lambda e: e[0], default=None)
+    mem_hi = min((e for e in same_tp if e[0] >= b and not math.isnan(e[3])), key=lambda e: e[0], default=None)
+    mem = _lerp_log(mem_lo, mem_hi, b, 3)
+    if math.isnan(mem):
+        mem_any = [e for e in pool if not math.isnan(e[3])]
+        if mem_any:
+            mem = min(mem_any, key=lambda e: abs(math.log(e[0] / b)) + abs(math.log(e[1] / t)))[3]
+    return [lo[2] if lo else math.nan, hi[2] if hi else math.nan, _lerp_log(lo, hi, b, 2),
+            math.log(b / lo[0]) if lo else math.nan, math.log(hi[0] / b) if hi else math.nan, mem]

@@ -89,15 +89,24 @@ class Predictor:
     learn log time and log bytes from shape and datasheet features only), ``dual_output``
     (one two-output booster; False: two single-output boosters), ``seed``, ``nthread``,
     and XGBoost hyperparameters overriding :data:`DEFAULT_PARAMS`.
+
+    ``nthread`` defaults to 1: these fits are small (seconds), and on a shared 2-core
+    login node OpenMP threads that wait for each other made a 200-tree fit of the shared
+    data take 30 s of wall time with 2 threads against 2.6 s with one (load ~7).
     """
 
     def __init__(self, *, augment: bool = True, physics: bool = True, dual_output: bool = True,
-                 augment_weight: float = augment_mod.DEFAULT_WEIGHT, seed: int = 0, nthread: int = 2,
+                 neighbours: bool = True, impute: str = "prior",
+                 augment_weight: float = augment_mod.DEFAULT_WEIGHT, seed: int = 0, nthread: int = 1,
                  **xgb_params: Any) -> None:
         unknown = set(xgb_params) - set(DEFAULT_PARAMS)
         if unknown:
             raise SpecError("unknown predictor parameter", found=sorted(unknown), allowed=", ".join(DEFAULT_PARAMS))
+        if impute not in ("model", "prior"):
+            raise SpecError("unknown imputation", field="impute", found=impute, allowed="model, prior")
         self.augment = augment
+        self.neighbours = neighbours
+        self.impute = impute
         self.physics = physics
         self.dual_output = dual_output
         self.augment_weight = augment_weight
@@ -110,18 +119,23 @@ class Predictor:
 
     def _settings(self) -> dict[str, Any]:
         return {"augment": self.augment, "physics": self.physics, "dual_output": self.dual_output,
+                "neighbours": self.neighbours, "impute": self.impute,
                 "augment_weight": self.augment_weight, "seed": self.seed, **self.params}
 
     def _booster_params(self) -> dict[str, Any]:
         p = self.params
-        return {"objective": "reg:squarederror", "tree_method": "hist", "max_depth": p["max_depth"],
+        extra: dict[str, Any] = {}
+        mono = getattr(self, "monotone", None)
+        if mono:
+            extra["monotone_constraints"] = mono
+        return {**extra, "objective": "reg:squarederror", "tree_method": "hist", "max_depth": p["max_depth"],
                 "eta": p["learning_rate"], "subsample": p["subsample"], "colsample_bytree": p["colsample_bytree"],
                 "min_child_weight": p["min_child_weight"], "lambda": p["reg_lambda"], "seed": self.seed,
                 "nthread": self.nthread, "verbosity": 0}
 
-    def _train(self, X: np.ndarray, Y: np.ndarray, w: np.ndarray):
+    def _train(self, X: np.ndarray, Y: np.ndarray, w: np.ndarray, names: Sequence[str]):
         xgb = _xgb()
-        d = xgb.DMatrix(X, label=Y, weight=w, feature_names=list(self.feature_names_), nthread=self.nthread)
+        d = xgb.DMatrix(X, label=Y, weight=w, feature_names=list(names), nthread=self.nthread)
         return xgb.train(self._booster_params(), d, num_boost_round=int(self.params["n_estimators"]))
 
     def _targets(self, samples: Sequence[LayerSample], base: np.ndarray) -> np.ndarray:
@@ -137,6 +151,28 @@ class Predictor:
             Y[ok_m, 1] = np.log(m[ok_m])
         return Y
 
+    def _fit_boosters(self, X: np.ndarray, Y: np.ndarray, w: np.ndarray, base: np.ndarray,
+                      names: Sequence[str]) -> list[Any]:
+        """One two-output booster (or two single-output ones) on rows ``X`` with targets ``Y``
+        (NaN: unknown). Unknown targets are imputed first (see the module docstring)."""
+        have = ~np.isnan(Y)
+        prior = np.zeros_like(Y) if self.physics else np.log(base)
+        if not self.dual_output:
+            return [self._train(X[have[:, j]], Y[have[:, j], j], w[have[:, j]], names) if have[:, j].any() else None
+                    for j in range(2)]
+        Yf = Y.copy()
+        for j in range(2):
+            miss = ~have[:, j]
+            if not miss.any():
+                continue
+            if self.impute == "model" and have[:, j].any():
+                imp = self._train(X[have[:, j]], Y[have[:, j], j], w[have[:, j]], names)
+                Yf[miss, j] = imp.predict(_xgb().DMatrix(X[miss], feature_names=list(names)))
+            else:
+                # the analytic prior (ratio 1): shrink toward the formula where nothing was measured
+                Yf[miss, j] = prior[miss, j]
+        return [self._train(X, Yf, w, names)]
+
     def fit(self, samples: Sequence[LayerSample], site_or_catalog: Any) -> "Predictor":
         """Fit on ``samples`` (GPU names resolve through ``site_or_catalog``); returns self."""
         train = [s for s in samples if usable(s)]
@@ -145,42 +181,49 @@ class Predictor:
                             found=len(samples))
         self.gpus = site_or_catalog
         self.data_hash_ = samples_hash(train)
+        real = [s for s in train if s.origin != "augmented"]
+        derived = [s for s in train if s.origin == "augmented"]
         if self.augment:
-            train = train + augment_mod.augment(train, weight=self.augment_weight)
+            derived = derived + augment_mod.augment(real, weight=self.augment_weight)
+        train = real + derived
         self.feature_names_ = features.feature_names(physics=self.physics)
-        X, base = features.build([features.query_of(s) for s in train], site_or_catalog, physics=self.physics)
+        queries = [features.query_of(s) for s in train]
+        X, base = features.build(queries, site_or_catalog, physics=self.physics)
         Y = self._targets(train, base)
-        w = np.array([s.weight for s in train], dtype=np.float64)
-        have = ~np.isnan(Y)
-        if not have[:, 0].any():
+        if np.isnan(Y[:, 0]).all():
             raise SpecError("no sample carries a time; the predictor needs forward/backward times")
-        self.boosters_: list[Any] = []
-        if self.dual_output:
-            Yf = Y.copy()
-            for j in range(2):
-                if not have[:, j].any():
-                    Yf[:, j] = 0.0 if self.physics else np.log(base[:, j])  # no data: the analytic estimate
-                elif not have[:, j].all():
-                    imp = self._train(X[have[:, j]], Y[have[:, j], j], w[have[:, j]])
-                    xgb = _xgb()
-                    miss = ~have[:, j]
-                    Yf[miss, j] = imp.predict(xgb.DMatrix(X[miss], feature_names=list(self.feature_names_)))
-            self.boosters_.append(self._train(X, Yf, w))
-        else:
-            for j in range(2):
-                if have[:, j].any():
-                    self.boosters_.append(self._train(X[have[:, j]], Y[have[:, j], j], w[have[:, j]]))
-                else:
-                    self.boosters_.append(None)
-        self.has_memory_ = bool(have[:, 1].any())
+        w = np.array([s.weight for s in train], dtype=np.float64)
+        self.has_memory_ = bool((~np.isnan(Y[:, 1])).any())
+        self.boosters_: list[Any] = self._fit_boosters(X, Y, w, base, self.feature_names_)
+        self.local_boosters_: list[Any] = []
+        if self.neighbours:
+            keys = self._keys(queries)
+            self.table_ = features.NeighbourTable.build(keys[:len(real)], queries[:len(real)], Y[:len(real)])
+            nb = self.table_.features(keys, queries, exclude_self=[True] * len(real) + [False] * len(derived))
+            has = ~np.isnan(nb).all(axis=1)
+            if has.any():
+                self.local_boosters_ = self._fit_boosters(np.hstack([X, nb])[has], Y[has], w[has], base[has],
+                                                          self._local_names())
         self.n_samples_ = len(train)
         self.provenance_ = self._provenance_table(train)
         self.overhead_ = self._overhead_table(train)
         self.identity = hashlib.sha256(json.dumps(
             {"format": MODEL_FORMAT, "version": MODEL_FORMAT_VERSION, "schema": features.FEATURE_SCHEMA_VERSION,
-             "features": list(self.feature_names_), "data": self.data_hash_, "settings": self._settings()},
+             "features": list(self._local_names()), "data": self.data_hash_, "settings": self._settings()},
             sort_keys=True).encode()).hexdigest()
         return self
+
+    def _local_names(self) -> tuple[str, ...]:
+        return tuple(self.feature_names_) + features.NEIGHBOUR_FEATURES
+
+    def _keys(self, queries: Sequence[LayerQuery]) -> list[str]:
+        names: dict[str, str] = {}
+        out = []
+        for q in queries:
+            if q.gpu_type not in names:
+                names[q.gpu_type] = resolve_gpu(self.gpus, q.gpu_type).name
+            out.append(features.series_key(q, names[q.gpu_type]))
+        return out
 
     @staticmethod
     def _provenance_table(train: Sequence[LayerSample]) -> dict[str, str]:
@@ -208,23 +251,35 @@ class Predictor:
             raise SpecError("the predictor is not fitted; call fit() or Predictor.load()")
 
     def predict(self, queries: Sequence[LayerQuery]) -> np.ndarray:
-        """``(n, 2)``: forward+backward ms of one layer per micro-batch, activation bytes kept."""
+        """``(n, 2)``: forward+backward ms of one layer per micro-batch, activation bytes kept.
+
+        Queries whose series (GPU type, kind, shape, precision, attention, recompute) was
+        profiled are answered by the model that also sees the neighbouring profiled points;
+        the others (a GPU type or shape never profiled) by the model of datasheet and shape
+        features alone.
+        """
         self._check_fitted()
         if not len(queries):
             return np.empty((0, 2), dtype=np.float64)
-        xgb = _xgb()
         X, base = features.build(queries, self.gpus, physics=self.physics)
-        d = xgb.DMatrix(X, feature_names=list(self.feature_names_), nthread=self.nthread)
-        if self.dual_output:
-            raw = np.asarray(self.boosters_[0].predict(d), dtype=np.float64).reshape(len(queries), 2)
-        else:
-            raw = np.zeros((len(queries), 2))
-            for j, b in enumerate(self.boosters_):
-                raw[:, j] = b.predict(d) if b is not None else (0.0 if self.physics else np.log(base[:, j]))
+        raw = self._raw(self.boosters_, X, base, self.feature_names_)
+        if self.neighbours and self.local_boosters_:
+            nb = self.table_.features(self._keys(queries), queries)
+            has = ~np.isnan(nb).all(axis=1)
+            if has.any():
+                raw[has] = self._raw(self.local_boosters_, np.hstack([X, nb])[has], base[has], self._local_names())
         if not self.has_memory_:
             raw[:, 1] = 0.0 if self.physics else np.log(base[:, 1])
-        out = np.exp(raw) * base if self.physics else np.exp(raw)
-        return out
+        return np.exp(raw) * base if self.physics else np.exp(raw)
+
+    def _raw(self, boosters: list[Any], X: np.ndarray, base: np.ndarray, names: Sequence[str]) -> np.ndarray:
+        d = _xgb().DMatrix(X, feature_names=list(names), nthread=self.nthread)
+        if len(boosters) == 1:
+            return np.asarray(boosters[0].predict(d), dtype=np.float64).reshape(len(X), 2)
+        raw = np.zeros((len(X), 2))
+        for j, b in enumerate(boosters):
+            raw[:, j] = b.predict(d) if b is not None else (0.0 if self.physics else np.log(base[:, j]))
+        return raw
 
     def overhead_bytes(self, gpu_type: str) -> int:
         self._check_fitted()
@@ -248,8 +303,9 @@ class Predictor:
                 "feature_schema_version": features.FEATURE_SCHEMA_VERSION, "feature_names": list(self.feature_names_),
                 "data_hash": self.data_hash_, "settings": self._settings(), "identity": self.identity,
                 "has_memory": self.has_memory_, "n_samples": self.n_samples_, "provenance": self.provenance_,
-                "overhead": self.overhead_, "boosters": len(self.boosters_),
-                "present": [b is not None for b in self.boosters_]}
+                "overhead": self.overhead_, "global_boosters": len(self.boosters_),
+                "present": [b is not None for b in self.boosters_ + self.local_boosters_],
+                "neighbour_table": self.table_.to_json() if self.neighbours else None}
 
     def save(self, path: str | Path) -> Path:
         """Write ``.ubj`` (one file per booster: ``path`` and, for two single-output boosters,
@@ -260,7 +316,7 @@ class Predictor:
             raise SpecError("predictor files are XGBoost UBJSON", field="path", found=str(path), allowed="*.ubj")
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = json.dumps(self._meta(), sort_keys=True)
-        for i, b in enumerate(self.boosters_):
+        for i, b in enumerate(self.boosters_ + self.local_boosters_):
             if b is None:
                 continue
             b.set_attr(memx_meta=meta, memx_part=str(i))
@@ -292,7 +348,7 @@ class Predictor:
                             found=(meta.get("format"), meta.get("version")),
                             allowed=f"{MODEL_FORMAT} v{MODEL_FORMAT_VERSION}")
         settings = meta["settings"]
-        expect_names = list(features.feature_names(physics=settings["physics"]))
+        expect_names = list(features.feature_names(physics=settings.get("physics", True)))
         if (meta.get("feature_schema_version") != features.FEATURE_SCHEMA_VERSION
                 or meta.get("feature_names") != expect_names):
             raise SpecError("predictor was fitted with another feature schema; refit it (memx-hpc fit)",
@@ -304,7 +360,7 @@ class Predictor:
                             allowed=expected_data_hash[:12])
         xgb_params = {k: settings[k] for k in DEFAULT_PARAMS}
         self = cls(augment=settings["augment"], physics=settings["physics"], dual_output=settings["dual_output"],
-                   augment_weight=settings["augment_weight"], seed=settings["seed"], **xgb_params)
+                   neighbours=settings["neighbours"], impute=settings["impute"], augment_weight=settings["augment_weight"], seed=settings["seed"], **xgb_params)
         boosters: list[Any] = []
         for i, present in enumerate(meta["present"]):
             if not present:
@@ -318,7 +374,8 @@ class Predictor:
                     raise SpecError("predictor part file missing", file=str(part))
                 b.load_model(str(part))
                 boosters.append(b)
-        self.boosters_ = boosters
+        self.boosters_ = boosters[:meta["global_boosters"]]
+        self.local_boosters_ = boosters[meta["global_boosters"]:]
         self.feature_names_ = tuple(meta["feature_names"])
         self.data_hash_ = meta["data_hash"]
         self.has_memory_ = meta["has_memory"]
@@ -326,6 +383,8 @@ class Predictor:
         self.provenance_ = meta["provenance"]
         self.overhead_ = {k: int(v) for k, v in meta["overhead"].items()}
         self.identity = meta["identity"]
+        if self.neighbours:
+            self.table_ = features.NeighbourTable.from_json(meta["neighbour_table"])
         if site is None:
             from ..catalog import catalog
             site = catalog()

@@ -97,7 +97,8 @@ def import_sailor(folder: str | Path, *, gpus: Any = None, skipped: list[str] | 
 
     Activation bytes come from ``llm_info.json`` (``act_mem_bytes``, the allocated-memory
     growth over one layer's forward, measured at micro-batch 1), times the micro-batch
-    as Sailor's own planner scales them; 0 (unknown) where llm_info has no entry for that TP.
+    as Sailor's own planner scales them; 0 (unknown) where llm_info has no entry for that TP,
+    and for the embedding and head, whose modules differ between Sailor's models.
 
     A profile whose layer count does not match its model (Sailor ships
     ``GPT-Neo-2.7/GH-96`` as a copy of the OPT-350 profile) is skipped with a warning;
@@ -144,7 +145,10 @@ def import_sailor(folder: str | Path, *, gpus: Any = None, skipped: list[str] | 
                     rows = [layers[i] for i in members]
                     fwd, bwd, upd = (statistics.median(float(r[j]) for r in rows) for j in range(3))
                     mem_id = members[0]
-                    act = int(tp_mem[mem_id]["act_mem_bytes"]) * mbs if mem_id in tp_mem else 0
+                    # Only transformer layers: Sailor's embedding and head modules differ between
+                    # its models (GPT-Neo-2.7's last module holds no logits, OPT-350's does), so
+                    # their bytes do not measure one thing.
+                    act = int(tp_mem[mem_id]["act_mem_bytes"]) * mbs if (kind == "layer" and mem_id in tp_mem) else 0
                     prov = {"dataset": SOURCES["sailor"], "file": rel, "model": model, "gpu_name": gpu_name,
                             "layer_ids": [int(members[0]), int(members[-1])], "summary": "median" if len(rows) > 1 else "one",
                             "shape_source": shape_src, "precision_assumed": "fp16 (Megatron-DeepSpeed)",
