@@ -5,6 +5,18 @@ Layout (schema version :data:`SCHEMA_VERSION`)::
     /                       attrs: schema_version, format = "memx-profile-store"
     /gpu/<GPU type>/        attrs: gpu_type, device_figures (JSON, "" when none)
         <column>            one 1-D dataset per column of :data:`COLUMNS`, all the same length
+    /e2e/                   end-to-end measurements of whole plans (schema 2 on)
+        <column>            one 1-D dataset per column of :data:`E2E_COLUMNS`
+
+Version 1 files (no ``/e2e`` group) are read as stores without end-to-end records; the
+first write turns them into version 2.
+
+End-to-end records (:class:`E2ERecord`) are short real training runs of a plan
+(``memx-hpc verify``): iteration time and, per rank, peak allocated bytes and device
+footprint, with the plan, the job's shape, the prediction made when the plan was chosen,
+and provenance. They calibrate the predictor (:mod:`memx_hpc.model.calibrate`); they are
+not training data of the predictor, so :meth:`ProfileStore.content_hash` covers layer
+samples only and :meth:`ProfileStore.e2e_hash` covers the end-to-end records.
 
 A columnar table per GPU type, units in the column names (``forward_ms``,
 ``activation_bytes``); text columns are UTF-8 variable-length strings.
@@ -33,17 +45,28 @@ import os
 import socket
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ..errors import SpecError, SystemFailure
 from ..spec import SAMPLE_KINDS, SAMPLE_ORIGINS, LayerSample, LayerShape, ProfilePoint
 
-__all__ = ["SCHEMA_VERSION", "COLUMNS", "ProfileStore", "StoreLocked", "sample_to_row", "row_to_sample"]
+__all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "COLUMNS", "E2E_COLUMNS", "E2ERecord", "ProfileStore",
+           "StoreLocked", "sample_to_row", "row_to_sample", "record_to_row", "row_to_record", "records_hash"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions this code reads: 1 (layer samples only) and 2 (adds ``/e2e``).
+READABLE_VERSIONS = (1, 2)
 FORMAT_NAME = "memx-profile-store"
+#: Prefix of :meth:`ProfileStore.content_hash`. It names the sample table's layout, not the
+#: file's schema version, so that adding the e2e table (version 2) left the hash of the
+#: same samples unchanged.
+_SAMPLES_HASH_TAG = f"{FORMAT_NAME}/1"
+#: Origins of end-to-end records: run by ``memx-hpc verify`` here, or imported from elsewhere.
+E2E_ORIGINS = ("measured", "imported")
+#: Format tag of an end-to-end record in JSON Lines (``<store>.e2e.jsonl`` of earlier versions).
+RECORD_FORMAT = "memx-e2e/1"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,6 +195,183 @@ def _row_digest(row: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+# --------------------------------------------------------------------------- end-to-end records
+
+
+@dataclass(frozen=True, kw_only=True)
+class E2ERecord:
+    """One measured run of one plan (``memx-hpc verify``, the benchmarks).
+
+    ``key`` identifies what was run (:func:`memx_hpc.train.measure.plan_key`: plan, site,
+    GPU types, job, iterations). Per-rank values are keyed by the global rank as text (JSON
+    keys): ``peak_allocated_bytes`` is the peak of allocated tensor bytes (Megatron-LM's
+    ``max allocated``), ``peak_footprint_bytes_by_rank`` what the device reports for the
+    process (``max reserved``; on the CPU the peak RSS). Only data-parallel rank 0 of each
+    model-parallel rank reports memory, as Megatron-LM does. ``prediction`` is what the
+    planner predicted when the plan was chosen; ``job_spec`` the job's shape and batch (see
+    :func:`memx_hpc.train.measure.job_to_spec`), so that a record can be predicted again
+    with another cost model; ``stage_by_rank`` the pipeline stage each rank ran.
+    """
+
+    key: str
+    plan: dict
+    site: str
+    job: str
+    iters: int
+    iteration_ms: float
+    peak_allocated_bytes: dict[str, int]  # by global rank (str keys: JSON)
+    peak_footprint_bytes_by_rank: dict[str, int]
+    gpu_type_by_rank: dict[str, str]
+    job_id: str
+    log_file: str
+    prediction: dict | None = None
+    provenance: dict = field(default_factory=dict)
+    format: str = RECORD_FORMAT
+    job_spec: dict | None = None
+    stage_by_rank: dict[str, int] = field(default_factory=dict)
+    origin: str = "measured"
+
+    @property
+    def peak_footprint_bytes(self) -> int:
+        """The largest footprint over the ranks that reported one."""
+        return max(self.peak_footprint_bytes_by_rank.values(), default=0)
+
+    @property
+    def peak_allocated_max_bytes(self) -> int:
+        return max(self.peak_allocated_bytes.values(), default=0)
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(sorted(set(self.gpu_type_by_rank.values())))
+
+    def by_gpu_type(self, values: dict[str, int]) -> dict[str, int]:
+        """Per GPU type, the largest of per-rank ``values`` (ranks of unknown type are left out)."""
+        out: dict[str, int] = {}
+        for r, v in values.items():
+            g = self.gpu_type_by_rank.get(r)
+            if g is not None:
+                out[g] = max(out.get(g, 0), int(v))
+        return out
+
+    def append_to(self, path: str | os.PathLike) -> None:
+        """Append the record as one JSON line (the interchange format; the store is the home)."""
+        from dataclasses import asdict
+
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "a", encoding="utf-8") as f:
+            f.write(json.dumps(asdict(self), sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+# Columns of the /e2e table. Per-rank maps, the plan, the prediction, the job and the
+# provenance are canonical JSON text (sorted keys, no spaces): equal content, equal text.
+E2E_COLUMNS: tuple[Column, ...] = (
+    Column(name="key", kind="str"),
+    Column(name="site", kind="str"),
+    Column(name="job", kind="str"),
+    Column(name="plan_json", kind="str"),
+    Column(name="gpu_types_json", kind="str"),
+    Column(name="gpu_type_by_rank_json", kind="str"),
+    Column(name="stage_by_rank_json", kind="str"),
+    Column(name="iters", kind="int"),
+    Column(name="iteration_ms", kind="float"),
+    Column(name="peak_allocated_bytes_by_rank_json", kind="str"),
+    Column(name="peak_footprint_bytes_by_rank_json", kind="str"),
+    Column(name="peak_footprint_bytes", kind="int"),
+    Column(name="job_id", kind="str"),
+    Column(name="log_file", kind="str"),
+    Column(name="prediction_json", kind="str"),
+    Column(name="job_spec_json", kind="str"),
+    Column(name="provenance_json", kind="str"),
+    Column(name="origin", kind="str"),
+)
+E2E_COLUMN_NAMES = tuple(c.name for c in E2E_COLUMNS)
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _int_map(d: Any, field_name: str) -> dict[str, int]:
+    if not isinstance(d, dict):
+        raise SpecError("expected a mapping of rank to bytes", field=field_name, found=d)
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or not math.isfinite(v):
+            raise SpecError("expected bytes >= 0", field=f"{field_name}.{k}", found=v)
+        out[str(k)] = int(v)
+    return out
+
+
+def record_to_row(rec: E2ERecord) -> dict[str, Any]:
+    """A record as a flat row keyed by :data:`E2E_COLUMN_NAMES`; checks what it holds."""
+    if not isinstance(rec, E2ERecord):
+        raise TypeError(f"expected an E2ERecord, got {type(rec).__name__}")
+    if rec.origin not in E2E_ORIGINS:
+        raise SpecError("unknown end-to-end record origin", field="origin", found=rec.origin,
+                        allowed=", ".join(E2E_ORIGINS))
+    if not isinstance(rec.iteration_ms, (int, float)) or not math.isfinite(rec.iteration_ms) \
+            or rec.iteration_ms <= 0:
+        raise SpecError("a measured iteration time is a positive number of ms", field="iteration_ms",
+                        found=rec.iteration_ms)
+    if isinstance(rec.iters, bool) or not isinstance(rec.iters, int) or rec.iters < 1:
+        raise SpecError("expected a whole number >= 1", field="iters", found=rec.iters)
+    if not isinstance(rec.plan, dict):
+        raise SpecError("expected the plan as a mapping", field="plan", found=rec.plan)
+    foot = _int_map(rec.peak_footprint_bytes_by_rank, "peak_footprint_bytes_by_rank")
+    alloc = _int_map(rec.peak_allocated_bytes, "peak_allocated_bytes")
+    gpus = {str(k): str(v) for k, v in rec.gpu_type_by_rank.items()}
+    stages = {str(k): int(v) for k, v in rec.stage_by_rank.items()}
+    row = {
+        "key": rec.key, "site": rec.site, "job": rec.job, "plan_json": _canonical(rec.plan),
+        "gpu_types_json": _canonical(sorted(set(gpus.values()))), "gpu_type_by_rank_json": _canonical(gpus),
+        "stage_by_rank_json": _canonical(stages), "iters": rec.iters, "iteration_ms": float(rec.iteration_ms),
+        "peak_allocated_bytes_by_rank_json": _canonical(alloc),
+        "peak_footprint_bytes_by_rank_json": _canonical(foot),
+        "peak_footprint_bytes": max(foot.values(), default=0), "job_id": str(rec.job_id),
+        "log_file": str(rec.log_file), "prediction_json": _canonical(rec.prediction),
+        "job_spec_json": _canonical(rec.job_spec), "provenance_json": _canonical(rec.provenance),
+        "origin": rec.origin,
+    }
+    return {c.name: _coerce(c, row[c.name]) for c in E2E_COLUMNS}
+
+
+def row_to_record(row: dict[str, Any]) -> E2ERecord:
+    """The inverse of :func:`record_to_row`."""
+    r = {c.name: _coerce(c, row[c.name]) for c in E2E_COLUMNS}
+
+    def load(name: str) -> Any:
+        try:
+            return json.loads(r[name])
+        except ValueError:
+            raise SpecError("not valid JSON", field=f"e2e.{name}", found=r[name][:80]) from None
+
+    return E2ERecord(key=r["key"], plan=load("plan_json"), site=r["site"], job=r["job"], iters=r["iters"],
+                     iteration_ms=r["iteration_ms"], peak_allocated_bytes=load("peak_allocated_bytes_by_rank_json"),
+                     peak_footprint_bytes_by_rank=load("peak_footprint_bytes_by_rank_json"),
+                     gpu_type_by_rank=load("gpu_type_by_rank_json"), job_id=r["job_id"], log_file=r["log_file"],
+                     prediction=load("prediction_json"), provenance=load("provenance_json"),
+                     job_spec=load("job_spec_json"),
+                     stage_by_rank={k: int(v) for k, v in load("stage_by_rank_json").items()}, origin=r["origin"])
+
+
+def _e2e_digest(row: dict[str, Any]) -> str:
+    text = json.dumps([repr(row[n]) if isinstance(row[n], float) else row[n] for n in E2E_COLUMN_NAMES],
+                      ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def records_hash(records: Iterable[E2ERecord]) -> str:
+    """sha256 over end-to-end records, independent of their order (as :meth:`ProfileStore.e2e_hash`)."""
+    digests = sorted(_e2e_digest(record_to_row(r)) for r in records)
+    h = hashlib.sha256(f"{FORMAT_NAME}/e2e/1\n".encode())
+    for d in digests:
+        h.update(d.encode())
+    return h.hexdigest()
+
+
 def _check_gpu_name(name: str) -> None:
     if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
         raise SpecError("a GPU type name must be non-empty and must not contain '/'", field="gpu_type",
@@ -183,10 +383,11 @@ def _check_gpu_name(name: str) -> None:
 
 @dataclass(frozen=True)
 class _Snapshot:
-    """Everything in the file, read at once (tables as rows, figures per type)."""
+    """Everything in the file, read at once (tables as rows, figures per type, e2e rows)."""
 
     rows: dict[str, list[dict[str, Any]]]
     figures: dict[str, dict]
+    e2e: tuple[dict[str, Any], ...]
 
 
 class ProfileStore:
@@ -216,7 +417,7 @@ class ProfileStore:
         try:
             st = self.path.stat()
         except FileNotFoundError:
-            return _Snapshot(rows={}, figures={})
+            return _Snapshot(rows={}, figures={}, e2e=())
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if key == self._cache_key and self._cache is not None:
             return self._cache
@@ -238,9 +439,9 @@ class ProfileStore:
                 raise SpecError("not a memx profile store", file=str(self.path), field="format", found=fmt,
                                 allowed=FORMAT_NAME)
             version = int(f.attrs.get("schema_version", -1))
-            if version != SCHEMA_VERSION:
+            if version not in READABLE_VERSIONS:
                 raise SpecError("unsupported store schema version", file=str(self.path), field="schema_version",
-                                found=version, allowed=str(SCHEMA_VERSION))
+                                found=version, allowed=", ".join(map(str, READABLE_VERSIONS)))
             rows: dict[str, list[dict[str, Any]]] = {}
             figures: dict[str, dict] = {}
             for gname, g in f.get("gpu", {}).items():
@@ -266,7 +467,18 @@ class ProfileStore:
                         row[c.name] = _coerce(c, cols[c.name][i])
                     table.append(row)
                 rows[gpu] = table
-        return _Snapshot(rows=rows, figures=figures)
+            e2e = self._read_e2e(f["e2e"]) if version >= 2 and "e2e" in f else ()
+        return _Snapshot(rows=rows, figures=figures, e2e=e2e)
+
+    def _read_e2e(self, g: Any) -> tuple[dict[str, Any], ...]:
+        cols = {}
+        for c in E2E_COLUMNS:
+            if c.name not in g:
+                raise SystemFailure(f"{self.path}: table e2e lacks column {c.name!r}")
+            ds = g[c.name]
+            cols[c.name] = ds.asstr()[()] if c.kind == "str" else ds[()]
+        n = len(cols["key"])
+        return tuple({c.name: _coerce(c, cols[c.name][i]) for c in E2E_COLUMNS} for i in range(n))
 
     def samples(self, *, gpu_type: str | None = None, kind: str | None = None,
                 origins: Iterable[str] | None = None) -> list[LayerSample]:
@@ -294,12 +506,14 @@ class ProfileStore:
         return sorted(set(snap.rows) | set(snap.figures))
 
     def content_hash(self) -> str:
-        """sha256 over every sample, independent of the order they were added in.
+        """sha256 over every layer sample, independent of the order they were added in.
 
-        Device figures are not part of it: they describe the device, not the samples.
+        Device figures are not part of it: they describe the device, not the samples. Nor
+        are end-to-end records (see :meth:`e2e_hash`): they calibrate the predictor, they do
+        not train it, so a new run must not make the predictor look stale.
         """
         digests = sorted(_row_digest(r) for t in self._read().rows.values() for r in t)
-        h = hashlib.sha256(f"{FORMAT_NAME}/{SCHEMA_VERSION}\n".encode())
+        h = hashlib.sha256(f"{_SAMPLES_HASH_TAG}\n".encode())
         for d in digests:
             h.update(d.encode())
         return h.hexdigest()
@@ -344,7 +558,52 @@ class ProfileStore:
             })
         return out
 
+    def e2e_records(self, *, site: str | None = None, job: str | None = None) -> list[E2ERecord]:
+        """End-to-end records in the order they were added, optionally of one site and one job (names)."""
+        out = []
+        for row in self._read().e2e:
+            if site is not None and row["site"] != site:
+                continue
+            if job is not None and row["job"] != job:
+                continue
+            out.append(row_to_record(row))
+        return out
+
+    def e2e_hash(self) -> str:
+        """sha256 over every end-to-end record, independent of order (see :func:`records_hash`)."""
+        digests = sorted(_e2e_digest(r) for r in self._read().e2e)
+        h = hashlib.sha256(f"{FORMAT_NAME}/e2e/1\n".encode())
+        for d in digests:
+            h.update(d.encode())
+        return h.hexdigest()
+
     # ------------------------------------------------------------------ writing
+
+    def append_e2e(self, records: Iterable[E2ERecord]) -> int:
+        """Add end-to-end records atomically, under the writer lock, as :meth:`append` adds
+        samples; exact duplicates (every column equal) are skipped. Returns the number added.
+        A second run of the same plan (another job id) is a new record."""
+        new_rows = []
+        for rec in records:
+            row = record_to_row(rec)
+            row_to_record(row)  # the JSON columns read back
+            new_rows.append(row)
+        if not new_rows:
+            return 0
+        with self.writer():
+            snap = self._read()
+            seen = {_e2e_digest(r) for r in snap.e2e}
+            rows = list(snap.e2e)
+            for row in new_rows:
+                d = _e2e_digest(row)
+                if d in seen:
+                    continue
+                seen.add(d)
+                rows.append(row)
+            added = len(rows) - len(snap.e2e)
+            if added:
+                self._write(_Snapshot(rows=snap.rows, figures=snap.figures, e2e=tuple(rows)))
+            return added
 
     def append(self, samples: Iterable[LayerSample]) -> int:
         """Add samples atomically; exact duplicates (every column equal, of a stored
@@ -373,7 +632,7 @@ class ProfileStore:
                 rows.setdefault(row["gpu_type"], []).append(row)
                 added += 1
             if added:
-                self._write(_Snapshot(rows=rows, figures=snap.figures))
+                self._write(_Snapshot(rows=rows, figures=snap.figures, e2e=snap.e2e))
             return added
 
     def set_device_figures(self, gpu_type: str, figures: dict) -> None:
@@ -392,7 +651,7 @@ class ProfileStore:
             snap = self._read()
             figs = dict(snap.figures)
             figs[gpu_type] = clean
-            self._write(_Snapshot(rows=snap.rows, figures=figs))
+            self._write(_Snapshot(rows=snap.rows, figures=figs, e2e=snap.e2e))
 
     @contextlib.contextmanager
     def writer(self) -> Iterator["ProfileStore"]:
@@ -436,6 +695,15 @@ class ProfileStore:
                             g.create_dataset(c.name, data=np.array(vals, dtype=np.bool_))
                         else:
                             g.create_dataset(c.name, data=np.array(vals, dtype=np.float64))
+                e2e = f.create_group("e2e")
+                for c in E2E_COLUMNS:
+                    vals = [r[c.name] for r in snap.e2e]
+                    if c.kind == "str":
+                        e2e.create_dataset(c.name, data=np.array(vals, dtype=object), dtype=h5py.string_dtype("utf-8"))
+                    elif c.kind == "int":
+                        e2e.create_dataset(c.name, data=np.array(vals, dtype=np.int64))
+                    else:
+                        e2e.create_dataset(c.name, data=np.array(vals, dtype=np.float64))
                 f.flush()
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())

@@ -5,8 +5,12 @@ what was run (the plan, site, job and iteration count, hashed into ``key``), wha
 measured (median iteration time after the first iteration; per rank the peak of
 allocated bytes and the peak footprint: ``max allocated`` and ``max reserved`` of
 Megatron-LM's memory line, on the CPU live tensor bytes and peak RSS), and where it
-came from (Slurm job id, log file, host, time, versions). Records are appended to a
-JSON Lines file, one per line, so a crash loses nothing already written.
+came from (Slurm job id, log file, host, time, versions). Records live in the profile
+store's end-to-end table (:meth:`memx_hpc.profile.store.ProfileStore.append_e2e`), each
+appended as soon as its run ends, so a crash loses nothing already measured. JSON Lines
+(one record per line: :meth:`E2ERecord.append_to`, :func:`read_records`) remain the
+interchange format, and the format of ``<store>.e2e.jsonl`` files that earlier versions
+wrote; ``memx-hpc verify`` moves those into the store.
 """
 
 from __future__ import annotations
@@ -16,14 +20,16 @@ import hashlib
 import json
 import os
 import socket
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, fields
 from pathlib import Path
+from typing import Any
 
 from ..errors import SpecError, SystemFailure
 from ..planfile import plan_to_dict
-from ..spec import Plan, Site, TrainJob
+from ..profile.store import RECORD_FORMAT, E2ERecord
+from ..spec import ModelSpec, Plan, Site, TrainJob
 
-RECORD_FORMAT = "memx-e2e/1"
+__all__ = ["E2ERecord", "RECORD_FORMAT", "job_from_spec", "job_to_spec", "measure_plan", "plan_key", "read_records"]
 
 
 def plan_key(plan: Plan, site: Site, job: TrainJob, iters: int) -> str:
@@ -41,36 +47,34 @@ def plan_key(plan: Plan, site: Site, job: TrainJob, iters: int) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
 
 
-@dataclass(frozen=True, kw_only=True)
-class E2ERecord:
-    """One measured run of one plan."""
+def job_to_spec(job: TrainJob) -> dict[str, Any]:
+    """The job as plain data (what a cost model needs to predict its plans again); the
+    file it came from is left out, it does not change a prediction."""
+    d = asdict(job)
+    d.pop("source_file", None)
+    d["micro_batch_sizes"] = list(job.micro_batch_sizes)
+    d["recompute_modes"] = list(job.recompute_modes)
+    return d
 
-    key: str
-    plan: dict
-    site: str
-    job: str
-    iters: int
-    iteration_ms: float
-    peak_allocated_bytes: dict[str, int]  # by global rank (str keys: JSON)
-    peak_footprint_bytes_by_rank: dict[str, int]
-    gpu_type_by_rank: dict[str, str]
-    job_id: str
-    log_file: str
-    prediction: dict | None = None
-    provenance: dict = field(default_factory=dict)
-    format: str = RECORD_FORMAT
 
-    @property
-    def peak_footprint_bytes(self) -> int:
-        return max(self.peak_footprint_bytes_by_rank.values(), default=0)
-
-    def append_to(self, path: str | os.PathLike) -> None:
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        with open(p, "a", encoding="utf-8") as f:
-            f.write(json.dumps(asdict(self), sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+def job_from_spec(d: Any) -> TrainJob:
+    """The inverse of :func:`job_to_spec`; a SpecError names what does not fit."""
+    if not isinstance(d, dict) or not isinstance(d.get("model"), dict):
+        raise SpecError("expected a job mapping with a model", field="job_spec", found=type(d).__name__)
+    names = {f.name for f in fields(TrainJob)}
+    mnames = {f.name for f in fields(ModelSpec)}
+    unknown = sorted(set(d) - names) + [f"model.{k}" for k in sorted(set(d["model"]) - mnames)]
+    if unknown:
+        raise SpecError("unknown job fields", field="job_spec", found=unknown)
+    try:
+        model = ModelSpec(**d["model"])
+        rest = {k: v for k, v in d.items() if k != "model"}
+        for k in ("micro_batch_sizes", "recompute_modes"):
+            if k in rest:
+                rest[k] = tuple(rest[k])
+        return TrainJob(model=model, **rest)
+    except TypeError as e:
+        raise SpecError(f"incomplete job ({e})", field="job_spec") from None
 
 
 def read_records(path: str | os.PathLike) -> list[E2ERecord]:
@@ -88,6 +92,7 @@ def read_records(path: str | os.PathLike) -> list[E2ERecord]:
             d = json.loads(line)
             if d.get("format") != RECORD_FORMAT:
                 raise ValueError(f"format {d.get('format')!r}")
+            d["stage_by_rank"] = {str(k): int(v) for k, v in (d.get("stage_by_rank") or {}).items()}
             out.append(E2ERecord(**d))
         except (ValueError, TypeError) as e:
             if n == len(lines):
@@ -137,12 +142,18 @@ def measure_plan(plan: Plan, site: Site, job: TrainJob, *, iters: int, log_dir: 
                             f"{text[-2000:]}")
     gpus = {str(d["rank"]): site.partition(d["partition"]).gpu_type
             for d in log.layouts if d.get("partition") not in (None, "-")}
+    stages = {}
+    for d in log.layouts:
+        stage = d.get("pp stage", "").split("/")[0]
+        if stage.isdigit():
+            stages[str(d["rank"])] = int(stage)
     return E2ERecord(
         key=key, plan=plan_to_dict(plan), site=site.name, job=job.name, iters=iters,
         iteration_ms=float(log.iteration_ms(skip_first=1)),
         peak_allocated_bytes={str(r): int(v * MB) for r, v in log.peak_memory_mb().items()},
         peak_footprint_bytes_by_rank={str(r): int(v * MB) for r, v in log.peak_reserved_mb().items()},
-        gpu_type_by_rank=gpus, job_id=str(job_id), log_file=str(log_file), prediction=prediction,
+        gpu_type_by_rank=gpus, stage_by_rank=stages, job_spec=job_to_spec(job), job_id=str(job_id),
+        log_file=str(log_file), prediction=prediction,
         provenance={"host": socket.gethostname(), "time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                     "slurm_state": outcome.state, "plan_file": plan_file, "versions": _versions(),
                     "megatron_version": site.megatron_version, "source": "memx-hpc verify"},

@@ -174,3 +174,118 @@ def test_kill_mid_append_never_corrupts(tmp_path):
         assert not any(".tmp-" in p.name for p in tmp_path.iterdir())
         assert len(ProfileStore(path).samples()) == len(mbs) + 1
     assert len(counts) >= 2  # the kills landed at different moments
+
+
+# --------------------------------------------------------------------------- end-to-end records
+
+
+def e2e(job_id: str = "7", ms: float = 123.5, site: str = "local", job: str = "tiny-gpt", **kw):
+    from memx_hpc.profile.store import E2ERecord
+
+    base = dict(key=f"k{job_id}", plan={"format": "memx-plan/1", "tp": 1, "dp": 1, "micro_batch_size": 2,
+                                       "global_batch_size": 8,
+                                       "stages": [{"partition": "nvidia_a100", "num_layers": 4, "recompute": "none"}]},
+                site=site, job=job, iters=3, iteration_ms=ms, peak_allocated_bytes={"0": 10 * 2**20, "1": 2**20},
+                peak_footprint_bytes_by_rank={"0": 400 * 2**20, "1": 300 * 2**20},
+                gpu_type_by_rank={"0": "cpu-4g", "1": "cpu-2g"}, stage_by_rank={"0": 0, "1": 1}, job_id=job_id,
+                log_file="/runs/x.out", prediction={"iteration_ms": 100.0, "stages": [{"peak_bytes": 1}]},
+                job_spec={"name": job, "global_batch_size": 8}, provenance={"host": "h", "note": "ünïcode, \"q\""})
+    base.update(kw)
+    return E2ERecord(**base)
+
+
+def test_e2e_records_round_trip_filter_and_dedupe(tmp_path):
+    st = ProfileStore(tmp_path / "s.h5")
+    assert st.e2e_records() == []
+    st.append([sample()])
+    hash_samples = st.content_hash()
+    empty_e2e = st.e2e_hash()
+    recs = [e2e("1"), e2e("2", ms=99.0, job="other"), e2e("3", site="elsewhere")]
+    assert st.append_e2e(recs + recs[:1]) == 3
+    assert st.append_e2e([recs[1]]) == 0  # an exact duplicate
+    again = ProfileStore(tmp_path / "s.h5")
+    assert again.e2e_records() == recs  # stored order, every field
+    assert [r.job_id for r in again.e2e_records(site="local")] == ["1", "2"]
+    assert [r.job_id for r in again.e2e_records(site="local", job="tiny-gpt")] == ["1"]
+    r = again.e2e_records()[0]
+    assert r.peak_footprint_bytes == 400 * 2**20 and r.gpu_types == ("cpu-2g", "cpu-4g")
+    assert r.by_gpu_type(r.peak_allocated_bytes) == {"cpu-4g": 10 * 2**20, "cpu-2g": 2**20}
+    # layer samples survive e2e writes and e2e records survive sample writes
+    assert len(again.samples()) == 1
+    again.append([sample(mbs=2)])
+    again.set_device_figures("cpu-4g", {"peak_tflops_fp32": 0.1, "peak_tflops_bf16": 0.1, "hbm_gbps": 1,
+                                        "memory_gib": 4})
+    assert len(ProfileStore(tmp_path / "s.h5").e2e_records()) == 3
+    # the sample hash does not see e2e records; the e2e hash does, in any order
+    b = ProfileStore(tmp_path / "b.h5")
+    b.append([sample()])
+    assert b.content_hash() == hash_samples
+    b.append_e2e(list(reversed(recs)))
+    assert b.content_hash() == hash_samples and b.e2e_hash() == ProfileStore(tmp_path / "s.h5").e2e_hash()
+    assert b.e2e_hash() != empty_e2e
+    from memx_hpc.profile.store import records_hash
+    assert records_hash(recs) == b.e2e_hash()
+    with h5py.File(tmp_path / "s.h5", "r") as f:
+        assert int(f.attrs["schema_version"]) == SCHEMA_VERSION == 2
+        assert f["e2e/iteration_ms"].shape == (3,)
+        assert json.loads(f["e2e/plan_json"].asstr()[0])["micro_batch_size"] == 2
+
+
+def test_e2e_bad_records_are_refused_by_field(tmp_path):
+    st = ProfileStore(tmp_path / "s.h5")
+    with pytest.raises(SpecError) as e:
+        st.append_e2e([e2e(ms=0.0)])
+    assert e.value.field == "iteration_ms"
+    with pytest.raises(SpecError) as e:
+        st.append_e2e([e2e(origin="guessed")])
+    assert e.value.field == "origin"
+    with pytest.raises(SpecError) as e:
+        st.append_e2e([e2e(peak_footprint_bytes_by_rank={"0": -5})])
+    assert e.value.field == "peak_footprint_bytes_by_rank.0"
+    with pytest.raises(TypeError):
+        st.append_e2e([sample()])
+    assert not st.exists()
+
+
+def test_version_1_files_still_open_and_upgrade_on_write(tmp_path):
+    """A version-1 store (what this code wrote before e2e records: /gpu only) reads as a
+    store without e2e records; its samples and their hash are unchanged; the next write is version 2."""
+    path = tmp_path / "v1.h5"
+    st = ProfileStore(path)
+    batch = [sample(mbs=m) for m in (1, 2)] + [sample(gpu="A100-80", origin="imported")]
+    st.append(batch)
+    h = st.content_hash()
+    with h5py.File(path, "r+") as f:  # make it exactly the version-1 layout
+        del f["e2e"]
+        f.attrs["schema_version"] = 1
+    v1 = ProfileStore(path)
+    assert sorted(v1.samples(), key=repr) == sorted(batch, key=repr)
+    assert v1.e2e_records() == [] and v1.content_hash() == h
+    assert v1.append_e2e([e2e()]) == 1
+    with h5py.File(path, "r") as f:
+        assert int(f.attrs["schema_version"]) == 2
+    v2 = ProfileStore(path)
+    assert len(v2.samples()) == 3 and len(v2.e2e_records()) == 1 and v2.content_hash() == h
+    with h5py.File(path, "r+") as f:
+        f.attrs["schema_version"] = 3
+    with pytest.raises(SpecError) as e:
+        ProfileStore(path).samples()
+    assert e.value.field == "schema_version" and "1, 2" in str(e.value)
+
+
+def test_e2e_writer_lock_is_the_store_lock(tmp_path):
+    path = tmp_path / "s.h5"
+    holder = _spawn(f"""
+        import time
+        from memx_hpc.profile.store import ProfileStore
+        with ProfileStore({str(path)!r}).writer():
+            print("held", flush=True)
+            time.sleep(30)
+    """)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(StoreLocked):
+            ProfileStore(path).append_e2e([e2e()])
+    finally:
+        holder.kill()
+        holder.wait()
