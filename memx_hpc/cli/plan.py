@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .common import add_job, add_site
-from .search import add_search_options, execute
+from .search import add_search_options
 
 HELP = "profile what is missing, fit the predictor, search, and report the best plans"
 DESCRIPTION = """\
@@ -18,7 +18,12 @@ The main command, run on a login node:
      store did not change (GPU types without samples: datasheet roofline),
   3. search every plan Megatron-LM can run on the site (see 'memx-hpc search'),
   4. print the top-K plans by T^w_t * M^w_m * B^w_b beside their time-only rank,
-     and write one plan JSON per plan, pareto.png and summary.json to --out.
+     and write one plan JSON per plan, pareto.png and summary.json to --out,
+  5. with --submit: render the best plan into a heterogeneous sbatch script
+     (plan-01.sbatch in --out; 'bash -n' checked), submit it and print the job id.
+
+The predictor is calibrated by the end-to-end runs 'memx-hpc verify' stored for the
+site, when there are any (the notes say so).
 
 Every number says where it came from: measured, imported, augmented, or estimated
 from datasheet figures only. Works without Slurm and without a GPU.
@@ -27,6 +32,7 @@ examples:
   memx-hpc plan --site site_configs/example-cross-vendor.yaml --job jobs/llama2-7b.yaml
   memx-hpc plan --site site_configs/local.yaml --job jobs/tiny-gpt.yaml --top 5
   memx-hpc plan --site S --job J --weights time=1,memory=1,balance=0 --no-profile --json
+  memx-hpc plan --site site_configs/local.yaml --job jobs/tiny-gpt.yaml --submit
   memx-hpc render --site S --plan <out>/plan-01.json
 """
 
@@ -37,8 +43,51 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_job(p)
     p.add_argument("--no-profile", action="store_true", help="do not profile; search with what the store holds")
     add_search_options(p)
+    g = p.add_argument_group("submitting the best plan")
+    g.add_argument("--submit", action="store_true",
+                   help="render the best plan (plan-01.sbatch next to the plan files), submit it, print the job id")
+    g.add_argument("--iters", type=int, metavar="N", help="training iterations of the submitted job "
+                                                          "(default: the job's train_iters)")
+    g.add_argument("--chdir", metavar="DIR", help="working directory of the submitted job (default: here)")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    return execute(args, profile_first=True)
+    from ..errors import SpecError, SystemFailure
+    from .search import report, run_search
+
+    if args.iters is not None and args.iters < 1:
+        raise SpecError("must be >= 1", field="--iters", found=args.iters)
+    if args.submit:
+        from ..slurm.local_cluster import START_HINT, slurm_available
+
+        # before the search: no point planning for minutes to find there is nowhere to submit
+        if not slurm_available(timeout=5.0):
+            raise SystemFailure(f"--submit: Slurm does not answer (sinfo), nothing was submitted. {START_HINT}")
+    outcome = run_search(args, profile_first=True)
+    if not outcome.rank0:
+        return 0
+    if args.submit and outcome.result.top:
+        outcome.summary["submitted"] = submit_best(outcome, iters=args.iters, workdir=args.chdir)
+    report(outcome, args)
+    sub = outcome.summary.get("submitted")
+    if sub and not args.json:
+        print(f"\nsubmitted plan-01 as Slurm job {sub['job_id']}: {sub['script']} (log in {sub['log_dir']})")
+    return 0
+
+
+def submit_best(outcome, *, iters: int | None, workdir: str | None) -> dict:
+    """Render the best plan of a search, check it with ``bash -n``, submit it; the job id
+    and where things are. SystemFailure when Slurm refuses or does not answer."""
+    from ..slurm import render as rs
+
+    best = outcome.result.top[0]
+    out_dir = outcome.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    script = out_dir / "plan-01.sbatch"
+    script.write_text(rs.render(best.plan, outcome.site, outcome.job, iters=iters, log_dir=str(out_dir),
+                                workdir=workdir, job_name=f"memx-{outcome.job.name}"), encoding="utf-8")
+    rs.check_syntax(script)
+    job_id = rs.submit(script)
+    outcome.files.append(str(script))
+    return {"job_id": job_id, "script": str(script), "log_dir": str(out_dir), "plan_rank": best.rank}

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .common import add_job, add_json, add_site, emit_json, table
 
@@ -66,13 +68,15 @@ def _spread(text: str) -> int | None:
     return v
 
 
-def add_search_options(p: argparse.ArgumentParser, *, out: bool = True) -> None:
-    """Options shared by plan, search and simulate."""
+def add_search_options(p: argparse.ArgumentParser, *, out: bool = True, top_default: int = 10,
+                       top_help: str = "plans to report") -> None:
+    """Options shared by plan, search, simulate and verify."""
     p.add_argument("--store", metavar="PATH", help="profile store (default: the site's store)")
     p.add_argument("--weights", metavar="W", default=None,
                    help="objective exponents, e.g. time=1,memory=0.5,balance=0.5 (the default); "
                         "time=1,memory=0,balance=0 is the time-only ranking")
-    p.add_argument("--top", type=_positive, default=10, metavar="K", help="plans to report (default 10)")
+    p.add_argument("--top", type=_positive, default=top_default, metavar="K",
+                   help=f"{top_help} (default {top_default})")
     if out:
         p.add_argument("--out", metavar="DIR", help="where plan files, pareto.png and summary.json go "
                                                     "(default: the site's work_dir/plan-<job>)")
@@ -146,9 +150,45 @@ PROVENANCE_WORDS = {"measured": "measured by the profiler", "imported": "importe
                     "datasheet-only": "estimated from datasheet figures only"}
 
 
-def load_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[str], fit: bool = True):
+def load_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[str], fit: bool = True,
+                    calibrate: bool = True):
     """The cost model for ``site``: the predictor fitted on the store for GPU types it has
-    samples of (fitted or reloaded: see fit_or_load), the datasheet roofline for the rest."""
+    samples of (fitted or reloaded: see fit_or_load), the datasheet roofline for the rest;
+    calibrated by the end-to-end runs the store holds for the site (see
+    :mod:`memx_hpc.model.calibrate`) unless ``calibrate`` is False or ``analytic`` is set."""
+    model = _uncalibrated_cost_model(site, job, store_path, analytic=analytic, notes=notes, fit=fit)
+    if analytic or not calibrate or not store_path.is_file():
+        return model
+    return calibrated(model, site, job, store_path, notes)
+
+
+def calibrated(model, site, job, store_path: Path, notes: list[str]):
+    """``model`` wrapped in the calibration from the store's end-to-end runs of ``site``
+    (``model`` itself when there are none); what was used goes into ``notes``."""
+    from ..model.calibrate import CalibratedCostModel
+    from ..profile.store import ProfileStore
+
+    records = ProfileStore(store_path).e2e_records(site=site.name)
+    if not records:
+        return model
+    cm = CalibratedCostModel(model, records, site, job).fit()
+    cal = cm.calibration_
+    if not cal.runs:
+        notes.append(f"end-to-end runs in {store_path} not used for calibration: " + "; ".join(cal.skipped[:3]))
+        return model
+    notes.append(f"calibrated by end-to-end runs (memx-hpc verify): {cal.describe()}"
+                 + (f"; {len(cal.skipped)} run(s) left out" if cal.skipped else "")
+                 + "; its held-out (leave-one-out) error: memx-hpc verify")
+    return cm
+
+
+def base_of(model):
+    """The model under a calibration (the model itself when it is not calibrated)."""
+    from ..model.calibrate import CalibratedCostModel
+    return model.base if isinstance(model, CalibratedCostModel) else model
+
+
+def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[str], fit: bool = True):
     from ..model.api import AnalyticCostModel
     from ..search.cost import RoutedCostModel
     fallback = AnalyticCostModel(site)
@@ -203,16 +243,59 @@ def provenance_of(cost_model, site) -> dict[str, str]:
     return {g: cost_model.provenance(g) for g in sorted({p.gpu_type for p in site.partitions})}
 
 
+@dataclass(frozen=True, kw_only=True)
+class SearchRun:
+    """A finished search as the commands use it: what was searched, with which model, the
+    result, and (on rank 0) the files written and the JSON summary. ``rank0`` is False on
+    the other MPI ranks, which have nothing to report."""
+
+    site: Any
+    job: Any
+    cost_model: Any
+    result: Any
+    notes: list[str]
+    provenance: dict[str, str]
+    out_dir: Path
+    files: list[str]
+    summary: dict
+    rank0: bool
+
+
 def execute(args: argparse.Namespace, *, profile_first: bool) -> int:
+    run = run_search(args, profile_first=profile_first)
+    if not run.rank0:
+        return 0
+    report(run, args)
+    return 0
+
+
+def report(run: SearchRun, args: argparse.Namespace) -> None:
+    """Print the search (table or --json); SpecError when no plan fits."""
     from ..errors import SpecError
+
+    if args.json:
+        emit_json(run.summary)
+    else:
+        print_report(run.result, run.site, run.job, run.provenance, run.notes, run.files)
+    if not run.result.top:
+        site, job = run.site, run.job
+        raise SpecError(f"none of the {run.result.stats.plans:,} plans fits in memory on {site.name} "
+                        f"(capacity minus the {site.memory_safety_margin:.0%} safety margin); allow more "
+                        f"recompute, smaller micro-batches, more pipeline stages (--max-stages), or add GPUs",
+                        file=job.source_file)
+
+
+def run_search(args: argparse.Namespace, *, profile_first: bool, site=None, job=None) -> SearchRun:
+    """Profile what is missing (``profile_first``), load the cost model, search, and on rank 0
+    write the plan files, pareto.png and summary.json. Prints nothing on stdout."""
     from ..search.cache import PredictionCache
     from ..search.engine import launched_under_mpi, mpi_comm, search
-    from ..search.report import ProgressBar, pareto_png, result_to_json, table_rows, write_plan_files
+    from ..search.report import ProgressBar, pareto_png, result_to_json, write_plan_files
     from ..search.space import PlanSpace
     from ..spec import load_job, load_site
 
-    site = load_site(args.site)
-    job = load_job(args.job)
+    site = site or load_site(args.site)
+    job = job or load_job(args.job)
     space_opts = space_options(args)
     opts = search_options(args, site)  # bad --weights stop here, before any work
     comm = mpi_comm(required=True) if args.mpi else (mpi_comm() if launched_under_mpi() else None)
@@ -237,10 +320,11 @@ def execute(args: argparse.Namespace, *, profile_first: bool) -> int:
         cache = PredictionCache(identity=cost_model.identity, path=cache_path)
     progress = ProgressBar("search", enabled=rank0)
     result = search(space, cost_model, options=opts, cache=cache, comm=comm, progress=progress)
-    if not rank0:
-        return 0
     provenance = provenance_of(cost_model, site)
     out_dir = Path(args.out) if getattr(args, "out", None) else site.resolve(site.work_dir) / f"plan-{job.name}"
+    if not rank0:
+        return SearchRun(site=site, job=job, cost_model=cost_model, result=result, notes=notes,
+                         provenance=provenance, out_dir=out_dir, files=[], summary={}, rank0=False)
     files: list[str] = []
     if result.top:
         files += [str(p) for p in write_plan_files(result, out_dir, site=site, job=job, provenance=provenance)]
@@ -253,16 +337,8 @@ def execute(args: argparse.Namespace, *, profile_first: bool) -> int:
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         files.append(str(out_dir / "summary.json"))
         summary["files"] = files
-    if args.json:
-        emit_json(summary)
-    else:
-        print_report(result, site, job, provenance, notes, files)
-    if not result.top:
-        raise SpecError(f"none of the {result.stats.plans:,} plans fits in memory on {site.name} "
-                        f"(capacity minus the {site.memory_safety_margin:.0%} safety margin); allow more "
-                        f"recompute, smaller micro-batches, more pipeline stages (--max-stages), or add GPUs",
-                        file=job.source_file)
-    return 0
+    return SearchRun(site=site, job=job, cost_model=cost_model, result=result, notes=notes, provenance=provenance,
+                     out_dir=out_dir, files=files, summary=summary, rank0=True)
 
 
 def print_report(result, site, job, provenance, notes, files, *, stream=None) -> None:

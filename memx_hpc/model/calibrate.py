@@ -38,7 +38,8 @@ log error after one run, 90 % after nine. Solved with ``scipy.optimize.least_squ
 
 Honesty. A calibration is never scored on the runs it was fitted on:
 :func:`leave_one_out` fits on all runs but one, predicts the one left out, and repeats;
-that error is the number to report.
+that error is the number to report. Other runs of the very same plan (``--rerun``) are
+left out with it, so a repeat cannot tell the calibration the answer.
 
 Which runs. Runs of the site (by name) whose plan still runs on the site's partitions
 (same partitions, same GPU types as when measured). When a job is given and the site
@@ -350,7 +351,8 @@ class CalibratedCostModel:
 def leave_one_out(base: Any, records: Sequence[E2ERecord], site: Site, job: TrainJob | None = None, *,
                   prior_records: float = PRIOR_RECORDS, options: Any = None) -> list[HeldOut]:
     """Every usable run of the selection, predicted by the base model and by a calibration
-    fitted on the other runs only. With one run, 'after' is the base model (nothing else to learn from)."""
+    fitted on the runs of other plans only (other runs of the same plan are left out too).
+    With nothing else to learn from, 'after' is the base model."""
     from ..search.cost import predict_plan
 
     selected, selection = select_records(records, site, job)
@@ -358,7 +360,7 @@ def leave_one_out(base: Any, records: Sequence[E2ERecord], site: Site, job: Trai
     runs, skipped = _prepare(selected, site, job, memo, options)
     out = []
     for i, run in enumerate(runs):
-        rest = list(runs[:i]) + list(runs[i + 1:])
+        rest = [r for r in runs if r.record.key != run.record.key]
         cal = _fit(rest, memo, site, prior_records=prior_records, options=options, selection=selection,
                    skipped=skipped)
         after = predict_plan(run.plan, site, run.job, _Corrected(memo, cal.time_factor, cal.overhead_bytes),

@@ -191,6 +191,9 @@ def test_leave_one_out_never_sees_the_held_out_run(site, job):
     # a run whose GPU types no other run has is predicted by the base model alone
     only = leave_one_out(base, recs[:1], site, job)
     assert only[0].after_ms == pytest.approx(only[0].before_ms) and only[0].fitted_on == 0
+    # a second run of the same plan is left out with it: it would tell the answer
+    twice = leave_one_out(base, [recs[0], dataclasses.replace(recs[0], job_id="again")], site, job)
+    assert [h.fitted_on for h in twice] == [0, 0] and twice[0].after_ms == pytest.approx(twice[0].before_ms)
     # a corrupted run: leave-one-out shows it as an error, a fit on it would hide it
     bad = recs[:3] + [dataclasses.replace(recs[3], iteration_ms=recs[3].iteration_ms * 3)]  # all cpu-4g
     held = {h.job_id: h for h in leave_one_out(base, bad, site, job, prior_records=0.0)}
