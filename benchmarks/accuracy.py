@@ -55,7 +55,7 @@ from memx_hpc.datapaths import SOURCES, shared_data  # noqa: E402
 from memx_hpc.model.api import AnalyticCostModel  # noqa: E402
 from memx_hpc.model.baselines import NearestPointScaling  # noqa: E402
 from memx_hpc.model.features import query_of  # noqa: E402
-from memx_hpc.model.predictor import Predictor, error_summary, held_out_micro_batch_folds  # noqa: E402
+from memx_hpc.model.predictor import DEFAULT_PARAMS, Predictor, error_summary, held_out_micro_batch_folds  # noqa: E402
 from memx_hpc.profile.importers import import_cephalo, import_sailor  # noqa: E402
 from memx_hpc.spec import LayerSample  # noqa: E402
 
@@ -161,7 +161,7 @@ def minimal_subset(data: list[LayerSample]) -> set[int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer trees and no ablations on the new-gpu split")
+    ap.add_argument("--quick", action="store_true", help="100 trees and no ablations on the new-gpu split")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--store", metavar="PATH", help="profile store with the project's own CPU measurements")
     args = ap.parse_args(argv)
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     sailor = import_sailor(root / "sailor")
     cephalo = import_cephalo(root / "cephalo" / "model_latencies.json")
     data = sailor + cephalo
-    n_trees = 200 if args.quick else 400
+    n_trees = 100 if args.quick else DEFAULT_PARAMS["n_estimators"]  # the shipped default unless --quick
     P = lambda **kw: (lambda: Predictor(n_estimators=n_trees, seed=0, **kw))  # noqa: E731
     tab = Table()
 
