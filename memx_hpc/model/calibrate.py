@@ -111,6 +111,8 @@ class HeldOut:
     before_footprint_bytes: int  # largest predicted peak over the stages
     after_footprint_bytes: int
     fitted_on: int  # runs the 'after' calibration saw
+    before: Any = field(default=None, compare=False, repr=False)  # the whole Predictions
+    after: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -369,7 +371,8 @@ def leave_one_out(base: Any, records: Sequence[E2ERecord], site: Site, job: Trai
                            measured_ms=run.record.iteration_ms, before_ms=run.base.iteration_ms,
                            after_ms=after.iteration_ms, measured_footprint_bytes=run.record.peak_footprint_bytes,
                            before_footprint_bytes=max(s.peak_bytes for s in run.base.stages),
-                           after_footprint_bytes=max(s.peak_bytes for s in after.stages), fitted_on=len(rest)))
+                           after_footprint_bytes=max(s.peak_bytes for s in after.stages), fitted_on=len(rest),
+                           before=run.base, after=after))
     return out
 
 
