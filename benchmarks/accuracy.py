@@ -3,7 +3,7 @@
 Data (read-only, ../shared/data/, MIT licence, sources named in every row's dataset):
 Sailor (ETH Zurich) per-layer profiles + llm_info.json, imported by
 memx_hpc.profile.importers.import_sailor; Cephalo per-layer latencies on 12 GPU types,
-imported by import_cephalo. Optionally (``--store PATH`` or ``$MEMX_STORE``) the
+imported by import_cephalo. Optionally (``--store PATH`` or ``$MEMX_STORE``, GPU types from ``--site``) the
 project's own CPU measurements in a profile store, for the memory rows per recompute mode.
 
 Sections (the split of each is printed with the table; nothing scored is seen in
@@ -112,11 +112,11 @@ def _pct(x: float) -> str:
 # --------------------------------------------------------------------------- splits
 
 
-def interp_predictions(data: list[LayerSample], make: Callable[[], Any], *, fitter: str = "predictor") -> np.ndarray:
+def interp_predictions(data: list[LayerSample], make: Callable[[], Any], gpus: Any = CAT) -> np.ndarray:
     """Leave-one-micro-batch-size-out predictions (NaN where a sample is never scored)."""
     pred = np.full((len(data), 2), np.nan)
     for train, test in held_out_micro_batch_folds(data):
-        model = make().fit([data[i] for i in train], CAT)
+        model = make().fit([data[i] for i in train], gpus)
         pred[test] = model.predict([query_of(data[i]) for i in test])
     return pred
 
@@ -164,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="100 trees and no ablations on the new-gpu split")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--store", metavar="PATH", help="profile store with the project's own CPU measurements")
+    ap.add_argument("--site", metavar="SITE.yaml", default=str(Path(__file__).resolve().parents[1] / "site_configs"
+                                                                / "local.yaml"),
+                    help="site whose GPU types the store's samples name (default: site_configs/local.yaml)")
     args = ap.parse_args(argv)
     logging.disable(logging.WARNING)
     t0 = time.time()
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 3. memory against llm_info.json --------------------------------------------------------
     mem_rows = memory_section(sailor, cephalo, P, tab)
-    store_memory_rows(args.store or os.environ.get("MEMX_STORE"), P, tab)
+    store_memory_rows(args.store or os.environ.get("MEMX_STORE"), args.site, P, tab)
 
     # 4. minimal set against the full grid ---------------------------------------------------
     keep = minimal_subset(data)
@@ -306,32 +309,35 @@ def memory_section(sailor: list[LayerSample], cephalo: list[LayerSample], P, tab
     return ""
 
 
-def store_memory_rows(store_path: str | None, P, tab: Table) -> None:
+def store_memory_rows(store_path: str | None, site_path: str, P, tab: Table) -> None:
     """The project's own CPU measurements: measured activation bytes per recompute mode
     against the analytic formula and the predictor (leave one micro-batch size out).
     A hook: rows appear once a store with measured layer samples is given."""
     if not store_path or not Path(store_path).is_file():
-        tab.rows.append({"section": "3 memory", "what": "project CPU measurements", "model": "(no store given)",
+        tab.rows.append({"section": "3 memory", "what": "own measurements (--store)", "model": "(no store given)",
                          "mape": float("nan"), "median_ape": float("nan"), "max_ape": float("nan"), "n": 0,
                          "goal": GOALS["memory"]})
         return
-    from memx_hpc.model.api import analytic_activation_bytes
+    from memx_hpc.model.api import analytic_activation_bytes, with_store_figures
     from memx_hpc.profile.store import ProfileStore
-    samples = [s for s in ProfileStore(store_path).samples(kind="layer", origins=["measured"])
+    from memx_hpc.spec import load_site
+    store = ProfileStore(store_path)
+    gpus = with_store_figures(load_site(site_path), store)
+    samples = [s for s in store.samples(kind="layer", origins=["measured"])
                if s.activation_bytes > 0 and not s.infeasible]
     if not samples:
         return
-    pred = interp_predictions(samples, P())
+    pred = interp_predictions(samples, P(), gpus)
     for mode in ("none", "selective", "full"):
         idx = [i for i, s in enumerate(samples) if s.point.recompute == mode]
         if not idx:
             continue
         true = np.array([samples[i].activation_bytes for i in idx], dtype=np.float64)
         an = np.array([analytic_activation_bytes(query_of(samples[i]), dropout_mask_bytes=1) for i in idx])
-        tab.add("3 memory", f"project CPU, recompute {mode}", "analytic formula", an, true, GOALS["memory"])
+        tab.add("3 memory", f"own measurements, recompute {mode}", "analytic formula", an, true, GOALS["memory"])
         ok = [j for j, i in enumerate(idx) if not np.isnan(pred[i, 1])]
         if ok:
-            tab.add("3 memory", f"project CPU, recompute {mode}", "predictor, interp",
+            tab.add("3 memory", f"own measurements, recompute {mode}", "predictor, interp",
                     pred[[idx[j] for j in ok], 1], true[ok], GOALS["memory"])
 
 
