@@ -34,16 +34,21 @@ def run(args: argparse.Namespace) -> int:
 
     site = load_site(args.site)
     store_path = Path(args.store) if args.store else site.store
-    out: dict = {"site": site.name, "store": str(store_path), "cache": str(site.cache)}
+    # the same rule as plan/search: an explicit --store keeps its cache beside it
+    cache_path = site.cache if (site.cache_path or not args.store) else store_path.with_suffix(".cache.sqlite")
+    out: dict = {"site": site.name, "store": str(store_path), "cache": str(cache_path)}
     has_sbatch = shutil.which("sbatch") is not None
     up = slurm_available() if has_sbatch else False
     out["slurm"] = {"installed": has_sbatch, "answers": up}
     if up:
         found = partitions()
         out["slurm"]["partitions"] = {p.name: (p.name in found) for p in site.partitions}
+    out["e2e_runs"] = 0
     if store_path.exists():
         from ..profile.store import ProfileStore
-        out["store_summary"] = ProfileStore(store_path).summary()
+        store = ProfileStore(store_path)
+        out["store_summary"] = store.summary()
+        out["e2e_runs"] = len(store.e2e_records(site=site.name))
     else:
         out["store_summary"] = []
     model_file = store_path.with_suffix(".predictor.ubj")
@@ -68,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
                          ", ".join(f"{k} {v}" for k, v in sorted(r.get("by_origin", {}).items())),
                          ", ".join(f"{k} {v}" for k, v in sorted(r.get("by_kind", {}).items()))))
         table(rows, ["gpu type", "samples", "by origin", "by kind"])
+    print(f"end-to-end runs measured on this site: {out['e2e_runs']}"
+          + (" (plan, search and predict calibrate with them)" if out["e2e_runs"] else " (memx-hpc verify adds them)"))
     print(f"predictor: {out['predictor'] or 'not fitted yet (memx-hpc fit, or plan fits it)'}")
-    print(f"cache: {site.cache}" + ("" if site.cache.exists() else " (none yet)"))
+    print(f"cache: {cache_path}" + ("" if cache_path.exists() else " (none yet)"))
     return 0

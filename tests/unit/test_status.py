@@ -1,0 +1,34 @@
+"""memx-hpc status reports what is in place, from an empty store to a filled one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from memx_hpc.cli.main import main
+from memx_hpc.profile.store import ProfileStore
+from memx_hpc.spec import LayerSample, LayerShape, ProfilePoint
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = str(ROOT / "site_configs/local.yaml")
+
+
+def test_status_of_an_empty_then_filled_store(tmp_path, capsys):
+    store = tmp_path / "s.h5"
+    assert main(["status", "--site", SITE, "--store", str(store), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["store_summary"] == [] and out["predictor"] is None and out["e2e_runs"] == 0
+    assert out["cache"] == str(store.with_suffix(".cache.sqlite"))
+    shape = LayerShape(hidden_size=64, num_attention_heads=4, num_query_groups=4, ffn_hidden_size=256,
+                       seq_length=32, vocab_size=100)
+    samples = [LayerSample(point=ProfilePoint(gpu_type="cpu-4g", kind="layer", shape=shape, micro_batch_size=m),
+                           forward_ms=1.0 * m, backward_ms=2.0 * m, activation_bytes=1000 * m)
+               for m in (1, 2, 4)]
+    assert ProfileStore(store).append(samples) == 3
+    assert main(["status", "--site", SITE, "--store", str(store), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["gpu_type"]: r for r in out["store_summary"]}
+    assert set(rows) == {"cpu-4g"}
+    assert main(["status", "--site", SITE, "--store", str(store)]) == 0
+    text = capsys.readouterr().out
+    assert "cpu-4g" in text and "end-to-end runs measured on this site: 0" in text
