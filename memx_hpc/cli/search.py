@@ -200,9 +200,14 @@ def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, not
         notes.append(f"no profile store at {store_path}: every number is estimated from datasheet figures "
                      f"(run 'memx-hpc plan' or 'memx-hpc profile' to measure)")
         return fallback
+    from ..model.api import with_store_figures
     from ..profile.store import ProfileStore
     store = ProfileStore(store_path)
     samples = store.samples()
+    # CPU "devices" (measured_at_profile_time): the speeds measured when profiling, as
+    # memx-hpc fit uses them, so both fit the same model from the same figures
+    gpus = with_store_figures(site, store)
+    fallback = AnalyticCostModel(gpus)
     if not samples:
         notes.append(f"the profile store {store_path} is empty: estimates from datasheet figures only")
         return fallback
@@ -230,13 +235,26 @@ def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, not
     t0 = time.perf_counter()
     print(f"predictor: reusing {model_path} or fitting it on {len(samples):,} samples from {store_path} ...",
           file=sys.stderr, flush=True)
-    predictor = fit_or_load(samples, model_path, site)
+    predictor = fit_or_load(samples, model_path, gpus)
     print(f"predictor: ready in {time.perf_counter() - t0:.1f} s (covers {', '.join(covered)})", file=sys.stderr,
           flush=True)
     if missing:
+        # The predictor's datasheet booster estimates a GPU type it has no samples of from
+        # that type's figures, which is about half the roofline's error on held-out types
+        # (benchmarks/accuracy.py, new-gpu) -- but only when the store spans several GPU
+        # types to learn that mapping from; with fewer, the plain roofline is safer.
+        layer_types = {s.point.gpu_type for s in samples if s.point.kind == "layer"}
+        if len(layer_types) >= MIN_TYPES_FOR_DATASHEET_TRANSFER:
+            notes.append(f"no samples for {', '.join(missing)} in {store_path}: the predictor estimates those "
+                         f"GPU types from their datasheet figures and the {len(layer_types)} profiled types")
+            return RoutedCostModel({g: predictor for g in site_gpus}, fallback)
         notes.append(f"no samples for {', '.join(missing)} in {store_path}: those GPU types use the datasheet "
                      f"roofline (AnalyticCostModel)")
     return RoutedCostModel({g: predictor for g in covered}, fallback)
+
+
+#: profiled GPU types a store needs before the predictor estimates unprofiled types itself
+MIN_TYPES_FOR_DATASHEET_TRANSFER = 3
 
 
 def provenance_of(cost_model, site) -> dict[str, str]:

@@ -1,0 +1,51 @@
+"""Which model answers which GPU type when plan/search load their cost model from a store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memx_hpc.cli.search import MIN_TYPES_FOR_DATASHEET_TRANSFER, load_cost_model
+from memx_hpc.datapaths import sailor_dir
+from memx_hpc.model.api import AnalyticCostModel
+from memx_hpc.model.predictor import Predictor
+from memx_hpc.profile.importers import import_sailor
+from memx_hpc.profile.store import ProfileStore
+from memx_hpc.spec import load_job, load_site
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def sailor_store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("route") / "store.h5"
+    ProfileStore(path).append(import_sailor(sailor_dir()))
+    return path
+
+
+def test_unprofiled_gpu_types_use_the_datasheet_booster_when_the_store_spans_types(sailor_store):
+    site = load_site(ROOT / "site_configs/example-cross-vendor.yaml")  # A100-80 profiled; MI250X, V100-32 not
+    job = load_job(ROOT / "jobs/gpt3-2.7b.yaml")
+    types = {s.point.gpu_type for s in ProfileStore(sailor_store).samples(kind="layer")}
+    assert len(types) >= MIN_TYPES_FOR_DATASHEET_TRANSFER
+    notes: list[str] = []
+    model = load_cost_model(site, job, sailor_store, analytic=False, notes=notes)
+    assert isinstance(model.model_for("MI250X-GCD"), Predictor)
+    assert isinstance(model.model_for("A100-80"), Predictor)
+    assert model.provenance("MI250X-GCD") == "datasheet-only"
+    assert model.provenance("A100-80") in ("imported", "augmented")
+    assert any("datasheet figures and the" in n for n in notes)
+
+
+def test_a_store_of_one_gpu_type_leaves_the_others_to_the_roofline(tmp_path, sailor_store):
+    only = [s for s in ProfileStore(sailor_store).samples() if s.point.gpu_type == "A100-80"]
+    path = tmp_path / "one.h5"
+    ProfileStore(path).append(only)
+    site = load_site(ROOT / "site_configs/example-cross-vendor.yaml")
+    job = load_job(ROOT / "jobs/gpt3-2.7b.yaml")
+    notes: list[str] = []
+    model = load_cost_model(site, job, path, analytic=False, notes=notes)
+    assert isinstance(model.model_for("A100-80"), Predictor)
+    assert isinstance(model.model_for("MI250X-GCD"), AnalyticCostModel)
+    assert any("datasheet roofline" in n for n in notes)
