@@ -558,7 +558,7 @@ class ProfileStore:
             })
         return out
 
-    def e2e_records(self, *, site: str | None = None, job: str | None = None) -> list[E2ERecord]:
+    def e2e_records(self, site: str | None = None, job: str | None = None) -> list[E2ERecord]:
         """End-to-end records in the order they were added, optionally of one site and one job (names)."""
         out = []
         for row in self._read().e2e:

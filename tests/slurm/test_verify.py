@@ -118,3 +118,18 @@ def test_plan_submit_without_slurm_is_a_system_error(tmp_path: Path, capsys: pyt
     err = capsys.readouterr().err
     assert "Slurm does not answer" in err and "nothing was submitted" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()  # stopped before searching
+
+
+def test_runs_kept_as_json_lines_by_earlier_versions_move_into_the_store(tmp_path: Path) -> None:
+    from memx_hpc.cli.verify import _move_legacy_records
+    from memx_hpc.profile.store import E2ERecord
+
+    rec = E2ERecord(key="k1", plan={"format": "memx-plan/1"}, site="local", job="tiny-gpt", iters=5,
+                    iteration_ms=12.5, peak_allocated_bytes={"0": 10}, peak_footprint_bytes_by_rank={"0": 30},
+                    gpu_type_by_rank={"0": "cpu-4g"}, job_id="7", log_file="x.out")
+    rec.append_to(tmp_path / "store.e2e.jsonl")  # what verify wrote before runs lived in the store
+    store = ProfileStore(tmp_path / "store.h5")
+    notes: list[str] = []
+    assert _move_legacy_records(store, notes) == 1
+    assert store.e2e_records("local") == [rec] and "moved 1 run(s)" in notes[0]
+    assert _move_legacy_records(store, notes) == 0 and len(notes) == 1  # moved once
