@@ -5,8 +5,10 @@ for the fitted predictor and the datasheet roofline side by side in one run.
    the two partitions used is measured through the local Slurm
    (``memx_hpc.slurm.dispatch.profile``: submitit job arrays, the profiler on the node),
    into a store in a temporary folder (or ``--store``; what it already holds is reused).
-2. **Fit.** The dual-output XGBoost predictor is fitted on those layer samples
-   (``memx_hpc.model.predictor.fit_or_load``). It sees no end-to-end run.
+2. **Fit.** The dual-output XGBoost predictor is fitted on those layer samples, as
+   ``memx-hpc plan`` fits it (``memx_hpc.cli.search.load_cost_model``: the CPU's speed
+   figures measured while profiling, ``fit_or_load``), without the calibration: it sees
+   no end-to-end run.
 3. **Predict and rank** a small space of plans that fit this 2-core machine (world size
    <= 2, so ranks never share a core; one core per rank): tensor, pipeline and data
    parallel degrees, micro-batch, layer split across two partitions, recompute per stage.
@@ -130,7 +132,7 @@ def mape(pred: list[float], true: list[float]) -> float:
 def profile_and_fit(site: Site, job: TrainJob, store_path: Path, partitions: list[str]):
     """Measure what the store lacks on ``partitions``, then fit (or reuse) the predictor.
     Returns (predictor, description)."""
-    from memx_hpc.model.predictor import fit_or_load
+    from memx_hpc.cli.search import load_cost_model
     from memx_hpc.profile.store import ProfileStore
     from memx_hpc.slurm.dispatch import profile
 
@@ -147,8 +149,14 @@ def profile_and_fit(site: Site, job: TrainJob, store_path: Path, partitions: lis
     if lacking:
         raise SpecError(f"the store has no samples of {lacking} after profiling")
     t1 = time.monotonic()
-    model = fit_or_load(samples, store_path.with_suffix(".predictor.ubj"), site)
+    # the planner's own loading (memx-hpc plan/search), without the calibration: no end-to-end run is used
+    notes: list[str] = []
+    model = load_cost_model(site, job, store_path, analytic=False, notes=notes, calibrate=False)
     fit_s = time.monotonic() - t1
+    for n in notes:
+        print(f"note: {n}")
+    if any(model.provenance(g) == "datasheet-only" for g in types):
+        raise SpecError(f"the planner's cost model still answers {types} from datasheet figures: " + "; ".join(notes))
     measured = sum(1 for s in samples if s.origin == "measured")
     desc = (f"XGBoost predictor fitted on {len(samples)} layer samples ({measured} measured by the profiler here; "
             f"{report.measured} new in {prof_s:.0f} s via {report.scheduler or 'nothing'}, {report.skipped} "
