@@ -217,7 +217,9 @@ class AnalyticCostModel:
         self.dropout_mask_bytes = dropout_mask_bytes
         self.identity = _digest({"model": "analytic-roofline", "version": 1, "efficiency": compute_efficiency,
                                  "mask": dropout_mask_bytes,
-                                 "site_gpus": [asdict(g) for g in getattr(site, "gpu_types", ())]})
+                                 # resolved figures: measured CPU speeds (MeasuredFigures) included
+                                 "site_gpus": [asdict(resolve_gpu(site, g.name)) for g in getattr(site, "gpu_types", ())],
+                                 "measured": getattr(site, "figures", {})})
 
     def predict(self, queries: Sequence[LayerQuery]) -> np.ndarray:
         out = np.empty((len(queries), 2), dtype=np.float64)

@@ -84,6 +84,11 @@ class Calibration:
     runs_by_gpu_type: Mapping[str, int]
     selection: str  # which runs, in words
     skipped: tuple[str, ...] = ()  # runs left out, with the reason
+    # factor for GPU types with no runs: the run-weighted geometric mean of the fitted
+    # factors. What the base model gets wrong for every type alike (framework overhead,
+    # the schedule) is corrected there too; without it, calibrating one type would make
+    # the uncalibrated ones look faster by comparison and the search would move to them.
+    default_time_factor: float = 1.0
 
     def describe(self) -> str:
         if not self.runs:
@@ -94,6 +99,8 @@ class Calibration:
             o = self.overhead_bytes.get(g)
             parts.append(f"{g}: layer time x{f:.3f}" + (f", device overhead {o / 2**20:,.0f} MiB" if o is not None
                                                         else "") + f" ({self.runs_by_gpu_type[g]} run(s))")
+        if abs(self.default_time_factor - 1.0) > 1e-9:
+            parts.append(f"other GPU types: layer time x{self.default_time_factor:.3f}")
         return f"{self.selection}; " + "; ".join(parts)
 
 
@@ -156,13 +163,19 @@ class _Memo:
 class _Corrected:
     """``memo`` with layer times scaled by ``factors`` and overheads replaced by ``overheads``."""
 
-    def __init__(self, memo: _Memo, factors: Mapping[str, float], overheads: Mapping[str, int]) -> None:
+    def __init__(self, memo: _Memo, factors: Mapping[str, float], overheads: Mapping[str, int],
+                 default_factor: float = 1.0) -> None:
         self.memo, self.factors, self.overheads = memo, dict(factors), dict(overheads)
+        self.default_factor = default_factor
+
+    @staticmethod
+    def of(memo: _Memo, cal: "Calibration") -> "_Corrected":
+        return _Corrected(memo, cal.time_factor, cal.overhead_bytes, cal.default_time_factor)
 
     def predict(self, queries: Sequence[LayerQuery]) -> np.ndarray:
         out = self.memo.predict(queries).copy()
-        if self.factors:
-            out[:, 0] *= np.array([self.factors.get(q.gpu_type, 1.0) for q in queries])
+        if self.factors or self.default_factor != 1.0:
+            out[:, 0] *= np.array([self.factors.get(q.gpu_type, self.default_factor) for q in queries])
         return out
 
     def overhead_bytes(self, gpu_type: str) -> int:
@@ -288,9 +301,15 @@ def _fit(runs: Sequence[_Run], memo: _Memo, site: Site, *, prior_records: float,
     for r in runs:
         for g in r.gpu_types:
             by_type[g] = by_type.get(g, 0) + 1
-    return Calibration(time_factor=_time_factors(runs, memo, site, prior_records, options),
-                       overhead_bytes=_overheads(runs), runs=len(runs), runs_by_gpu_type=by_type,
-                       selection=selection, skipped=tuple(skipped))
+    factors = _time_factors(runs, memo, site, prior_records, options)
+    default = 1.0
+    if factors:
+        weights = {g: by_type.get(g, 0) for g in factors}
+        total = sum(weights.values())
+        if total:
+            default = math.exp(sum(weights[g] * math.log(f) for g, f in factors.items()) / total)
+    return Calibration(time_factor=factors, overhead_bytes=_overheads(runs), runs=len(runs), runs_by_gpu_type=by_type,
+                       selection=selection, skipped=tuple(skipped), default_time_factor=default)
 
 
 # --------------------------------------------------------------------------- the model
@@ -327,7 +346,7 @@ class CalibratedCostModel:
         runs, skipped = _prepare(self.records, self.site, self.job, self._memo, self.options)
         self.calibration_ = _fit(runs, self._memo, self.site, prior_records=self.prior_records, options=self.options,
                                  selection=self.selection, skipped=skipped)
-        self._view = _Corrected(self._memo, self.calibration_.time_factor, self.calibration_.overhead_bytes)
+        self._view = _Corrected.of(self._memo, self.calibration_)
         return self
 
     def _corrected(self) -> _Corrected:
@@ -365,8 +384,7 @@ def leave_one_out(base: Any, records: Sequence[E2ERecord], site: Site, job: Trai
         rest = [r for r in runs if r.record.key != run.record.key]
         cal = _fit(rest, memo, site, prior_records=prior_records, options=options, selection=selection,
                    skipped=skipped)
-        after = predict_plan(run.plan, site, run.job, _Corrected(memo, cal.time_factor, cal.overhead_bytes),
-                             options=options)
+        after = predict_plan(run.plan, site, run.job, _Corrected.of(memo, cal), options=options)
         out.append(HeldOut(key=run.record.key, job_id=run.record.job_id, plan=run.record.plan,
                            measured_ms=run.record.iteration_ms, before_ms=run.base.iteration_ms,
                            after_ms=after.iteration_ms, measured_footprint_bytes=run.record.peak_footprint_bytes,

@@ -596,7 +596,6 @@ def _measure_module(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
         return _sample(ctx, point, infeasible=True, peak_allocated_bytes=predicted,
                        note=f"MemTracker under FakeTensorMode predicts {predicted} B > cap {cap} B; not run",
                        extra={"peak_source": "MemTracker/FakeTensorMode"})
-    rss0 = _rss_bytes("VmRSS")
     if cpu:
         _reset_peak_rss()
     else:
@@ -632,7 +631,10 @@ def _measure_module(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
             bwd(fwd())
         peak = int(max(v.get("Total", 0) for v in mt.get_tracker_snapshot("peak").values()))
         reserved = peak  # no caching allocator on CPU
-        footprint = max(0, _rss_bytes("VmHWM") - rss0)
+        # What "the device reports for the process" means on a CPU: the process's peak
+        # resident memory, runtime and libraries included -- the analogue of the CUDA
+        # context and communication buffers that nvidia-smi counts on a GPU.
+        footprint = _rss_bytes("VmHWM")
     else:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -645,7 +647,7 @@ def _measure_module(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
     infeasible = peak > cap
     note = f"measured peak {peak} B > cap {cap} B" if infeasible else ""
     extra = {"peak_source": "MemTracker" if cpu else "max_memory_allocated",
-             "footprint_source": "peak RSS growth (VmHWM - VmRSS before)" if cpu else _FOOTPRINT_SOURCE,
+             "footprint_source": "process peak RSS (VmHWM)" if cpu else _FOOTPRINT_SOURCE,
              "forward_ms_all": [round(t[0], 4) for t in times], "backward_ms_all": [round(t[1], 4) for t in times],
              "params": sum(p.numel() for p in module.parameters())}
     if predicted is not None:

@@ -200,3 +200,25 @@ def test_leave_one_out_never_sees_the_held_out_run(site, job):
     assert held["3"].after_ms == pytest.approx(recs[3].iteration_ms, rel=1e-3)  # learned from the others
     fitted = CalibratedCostModel(base, bad, site, job, prior_records=0.0)
     assert predict_plan(ps[3], site, job, fitted).iteration_ms > 1.2 * recs[3].iteration_ms  # pulled by it
+
+
+def test_gpu_types_without_runs_take_the_pooled_time_factor(site, job):
+    """Calibrating one type must not make the others look faster by comparison: a type with
+    no runs gets the run-weighted geometric mean of the fitted factors."""
+    base = AnalyticCostModel(site)
+    truth = Truth(base, {"cpu-4g": 3.0, "cpu-2g": 3.0}, TRUE_OVERHEAD)
+    a100 = [p for p in plans(site, job) if {s.partition for s in p.stages} == {"nvidia_a100"}]
+    cm = CalibratedCostModel(base, [record_of(p, site, job, truth) for p in a100], site, job).fit()
+    cal = cm.calibration_
+    assert "cpu-2g" not in cal.time_factor
+    assert cal.default_time_factor == pytest.approx(cal.time_factor["cpu-4g"], rel=1e-12)
+    from memx_hpc.search.cost import context_queries
+    q2 = context_queries(job, "cpu-2g", 1, 2, False)
+    assert np.allclose(cm.predict(q2)[:, 0], base.predict(q2)[:, 0] * cal.default_time_factor)
+    # so the same plan on the two partitions (same CPU here) keeps its order after calibration
+    p4 = a100[0]
+    p2 = dataclasses.replace(p4, stages=tuple(dataclasses.replace(s, partition="nvidia_v100") for s in p4.stages))
+    ratio_before = predict_plan(p4, site, job, base).iteration_ms / predict_plan(p2, site, job, base).iteration_ms
+    ratio_after = predict_plan(p4, site, job, cm).iteration_ms / predict_plan(p2, site, job, cm).iteration_ms
+    assert ratio_after == pytest.approx(ratio_before, rel=1e-9)
+    assert "other GPU types" in cal.describe()
