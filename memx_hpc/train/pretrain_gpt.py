@@ -280,9 +280,13 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers,
         **({"recompute_modules": list(args.recompute_modules)} if args.recompute_modules else {}),
-        # CUDA kernel fusions off on the CPU (their fallbacks are the plain ops)
-        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-        bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        # Megatron-LM's default fusions of bias+activation (GeLU with biases, SwiGLU) and
+        # bias+dropout+add keep less for backward than the unfused ops; the profiler runs
+        # them too (eagerly under cpu_workarounds), so the memory measured in training
+        # means what the profiled layer's memory means. The rest are CUDA kernels.
+        bias_activation_fusion=args.swiglu or args.add_bias_linear, bias_dropout_fusion=True,
+        masked_softmax_fusion=False, persist_layer_norm=False, apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
         deallocate_pipeline_outputs=True,
     )
     vocab = padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by, tp)
