@@ -38,6 +38,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -309,7 +310,38 @@ def _run_task_entry(task: ProfileTask) -> TaskResult:
     """What submitit pickles and runs on the node (a plain module-level function)."""
     from ..profile.runner import run_task
 
-    return run_task(task)
+    with _one_cpu_measurement_at_a_time(task):
+        return run_task(task)
+
+
+#: Host-wide lock file of CPU "device" measurements (see _one_cpu_measurement_at_a_time).
+CPU_LOCK = Path(tempfile.gettempdir()) / "memx-hpc-cpu-profile.lock"
+
+
+@contextlib.contextmanager
+def _one_cpu_measurement_at_a_time(task: ProfileTask):
+    """CPU devices of one host share its cores: tasks profiling them concurrently (the
+    local executor starts every task at once; the local cluster's fake nodes all live on
+    one host) would time each other's contention. Rank 0 of each CPU task holds a host-wide
+    lock while the task runs, so one task measures at a time; the other ranks of a
+    multi-rank task follow their rank 0 through the rendezvous. GPU tasks do not lock:
+    each owns its devices."""
+    if task.vendor != "cpu":
+        yield
+        return
+    from ..profile.runner import _rank_world
+
+    if _rank_world()[0] != 0:
+        yield
+        return
+    import fcntl
+
+    with open(CPU_LOCK, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _job_object(kind: str, folder: str, job_id: str, ntasks: int) -> Any:

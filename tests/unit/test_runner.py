@@ -193,3 +193,33 @@ def test_dispatch_through_submitit_local_executor(tmp_path):
     # nothing left to do the second time, and nothing is submitted
     again = profile(site, job, store, progress=False)
     assert again.scheduled == 0 and again.skipped == rep.scheduled and again.job_ids == ()
+
+
+def test_cpu_tasks_measure_one_at_a_time_on_a_host(tmp_path, monkeypatch):
+    """Concurrent CPU profiling tasks on one host would time each other's contention: the
+    second task's rank 0 waits for the first's lock; GPU tasks never wait."""
+    import fcntl
+    import threading
+
+    from memx_hpc.profile.runner import ProfileTask
+    from memx_hpc.slurm import dispatch
+
+    monkeypatch.setattr(dispatch, "CPU_LOCK", tmp_path / "cpu.lock")
+    cpu = ProfileTask(gpu_type="cpu-4g", vendor="cpu", memory_cap_bytes=1, points=())
+    gpu = ProfileTask(gpu_type="A100-80", vendor="nvidia", memory_cap_bytes=1, points=())
+    entered = threading.Event()
+    with open(tmp_path / "cpu.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another task is measuring
+
+        def second():
+            with dispatch._one_cpu_measurement_at_a_time(cpu):
+                entered.set()
+
+        t = threading.Thread(target=second)
+        t.start()
+        assert not entered.wait(0.5), "a CPU task measured while another held the host lock"
+        with dispatch._one_cpu_measurement_at_a_time(gpu):
+            pass  # a GPU task is not held up
+        fcntl.flock(held, fcntl.LOCK_UN)
+    t.join(5)
+    assert entered.is_set()
