@@ -8,7 +8,7 @@ import sys
 import time
 
 from .common import add_job, add_site, emit_json, table
-from .search import add_search_options, load_cost_model, provenance_of, search_options, space_options
+from .search import _int_list, add_search_options, load_cost_model, provenance_of, search_options, space_options
 
 HELP = "search the site scaled up to more GPUs (replicated partitions) and report search time and plans"
 DESCRIPTION = """\
@@ -26,13 +26,8 @@ examples:
 
 
 def _scales(text: str) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected GPU counts like 40,60, got {text!r}") from None
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected GPU counts >= 1, got {text!r}")
-    return vals
+    """GPU counts like ``40,60`` (the same rule as every comma-separated option)."""
+    return _int_list(text)
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
