@@ -576,15 +576,20 @@ def _output_dirs(script_path: str | Path) -> list[Path]:
     return dirs
 
 
-def test_only(script_path: str | Path, *, timeout_s: float = 30.0) -> TestOnly:
-    """Ask Slurm whether it would accept and schedule the script (nothing is submitted)."""
+def _sbatch_run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """``sbatch ARGS``; no answer in time or no sbatch at all is a system error (exit 2)."""
     try:
-        r = subprocess.run([_sbatch(), "--test-only", str(script_path)], capture_output=True, text=True,
-                           timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
+        return subprocess.run([_sbatch(), *args], capture_output=True, text=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL, check=False)
     except subprocess.TimeoutExpired:
-        raise SystemFailure(f"sbatch --test-only did not answer within {timeout_s:g} s") from None
+        raise SystemFailure(f"sbatch {args[0]} did not answer within {timeout_s:g} s") from None
     except OSError as e:
         raise SystemFailure(f"could not run sbatch: {e}") from None
+
+
+def test_only(script_path: str | Path, *, timeout_s: float = 30.0) -> TestOnly:
+    """Ask Slurm whether it would accept and schedule the script (nothing is submitted)."""
+    r = _sbatch_run(["--test-only", str(script_path)], timeout_s)
     message = (r.stderr.strip() or r.stdout.strip())
     return TestOnly(accepted=r.returncode == 0, message=message)
 
@@ -594,13 +599,7 @@ def submit(script_path: str | Path, *, timeout_s: float = 60.0) -> str:
     Creates the folder of the script's ``--output`` first (Slurm does not)."""
     for d in _output_dirs(script_path):
         d.mkdir(parents=True, exist_ok=True)
-    try:
-        r = subprocess.run([_sbatch(), "--parsable", str(script_path)], capture_output=True, text=True,
-                           timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
-        raise SystemFailure(f"sbatch did not answer within {timeout_s:g} s") from None
-    except OSError as e:
-        raise SystemFailure(f"could not run sbatch: {e}") from None
+    r = _sbatch_run(["--parsable", str(script_path)], timeout_s)
     if r.returncode != 0:
         raise SystemFailure(f"sbatch refused {script_path}: {r.stderr.strip() or r.stdout.strip()}")
     job_id = r.stdout.strip().split(";")[0]
