@@ -6,7 +6,7 @@
    (../shared/data/cephalo, MIT licence). The 12 measured GH200 training runs in
    ../shared/data/sailor/validation_dev/clariden/GPT-NEO are then predicted as general
    plans (per stage, data-parallel replicas with their own TP) with the search's own
-   composition (memx_hpc.search.cost.predict_general): iteration time against the
+   composition (memx_hpc.model.compose.predict_general): iteration time against the
    measured mean (``real``), peak memory against the measured device peak (``max_mem``,
    the maximum over ranks of what the device reports), APE per plan and MAPE.
    Known faults of these files (../shared/data/README.md) are handled: layers are
@@ -65,7 +65,7 @@ if str(ROOT) not in sys.path:
 from memx_hpc.cli.common import table  # noqa: E402
 from memx_hpc.datapaths import SOURCES, shared_data  # noqa: E402
 from memx_hpc.model.api import AnalyticCostModel  # noqa: E402
-from memx_hpc.search.cost import predict_general, predict_plan  # noqa: E402
+from memx_hpc.model.compose import predict_general, predict_plan  # noqa: E402
 from memx_hpc.spec import (GeneralPlan, GeneralStage, ModelSpec, Partition, Plan, Recompute, Replica,  # noqa: E402
                            Site, Stage, job_for_model)
 

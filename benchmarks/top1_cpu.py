@@ -13,7 +13,7 @@ for the fitted predictor and the datasheet roofline side by side in one run.
    <= 2, so ranks never share a core; one core per rank): tensor, pipeline and data
    parallel degrees, micro-batch, layer split across two partitions, recompute per stage.
    Each plan is predicted with the planner's own composition
-   (``memx_hpc.search.cost.predict_plan``) by the fitted predictor and by the datasheet
+   (``memx_hpc.model.compose.predict_plan``) by the fitted predictor and by the datasheet
    roofline (``AnalyticCostModel``: what the planner falls back to without profiles).
 4. **Run every plan for real**: rendered (``memx_hpc.slurm.render``), submitted as a
    (het)job running the local site's Megatron entry (megatron-core on the CPU), measured
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from memx_hpc.model.api import AnalyticCostModel
     from memx_hpc.model.calibrate import leave_one_out
-    from memx_hpc.search.cost import predict_plan
+    from memx_hpc.model.compose import predict_plan
     from memx_hpc.search.objective import Weights, log_score, parse_weights
     from memx_hpc.slurm.local_cluster import START_HINT, slurm_available
     from memx_hpc.train.measure import measure_plan

@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..planfile import load_plan
-    from ..search.cost import CostOptions, predict_general, predict_plan
+    from ..model.compose import CostOptions, predict_general, predict_plan
     from ..spec import GeneralPlan, load_job, load_site
     from .search import PROVENANCE_WORDS, load_cost_model, provenance_of
 

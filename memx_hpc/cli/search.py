@@ -136,7 +136,7 @@ def space_options(args: argparse.Namespace):
 
 def search_options(args: argparse.Namespace, site=None):
     """Search options; the site's ``objective:`` weights are the default that --weights overrides."""
-    from ..search.cost import CostOptions
+    from ..model.compose import CostOptions
     from ..search.engine import SearchOptions
     from ..search.objective import Weights, parse_weights
     default = Weights(**dict(zip(("time", "memory", "balance"), site.objective_weights))) if site is not None and site.objective_weights else None
@@ -190,7 +190,7 @@ def base_of(model):
 
 def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[str], fit: bool = True):
     from ..model.api import AnalyticCostModel
-    from ..search.cost import RoutedCostModel
+    from ..model.routed import RoutedCostModel
     fallback = AnalyticCostModel(site)
     site_gpus = sorted({p.gpu_type for p in site.partitions})
     if analytic:

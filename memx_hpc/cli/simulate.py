@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from ..search.cache import PredictionCache
     from ..search.engine import launched_under_mpi, mpi_comm, search
     from ..search.report import ProgressBar, scored_to_dict, stage_summary
-    from ..search.simulate import closed_form_ms, simulate_1f1b
+    from ..model.schedule import closed_form_ms, simulate_1f1b
     from ..search.space import PlanSpace
     from ..spec import load_job, load_site
 

@@ -202,7 +202,7 @@ def select_records(records: Sequence[E2ERecord], site: Site, job: TrainJob | Non
 def _prepare(records: Sequence[E2ERecord], site: Site, job: TrainJob | None, memo: _Memo,
              options: Any) -> tuple[list[_Run], list[str]]:
     from ..planfile import plan_from_mapping
-    from ..search.cost import predict_plan
+    from .compose import predict_plan
     from ..train.measure import job_from_spec
 
     runs, skipped = [], []
@@ -276,7 +276,7 @@ def _time_factors(runs: Sequence[_Run], memo: _Memo, site: Site, prior_records: 
                   options: Any) -> dict[str, float]:
     from scipy.optimize import least_squares
 
-    from ..search.cost import predict_plan
+    from .compose import predict_plan
 
     types = sorted({g for r in runs for g in r.gpu_types})
     if not types:
@@ -374,7 +374,7 @@ def leave_one_out(base: Any, records: Sequence[E2ERecord], site: Site, job: Trai
     """Every usable run of the selection, predicted by the base model and by a calibration
     fitted on the runs of other plans only (other runs of the same plan are left out too).
     With nothing else to learn from, 'after' is the base model."""
-    from ..search.cost import predict_plan
+    from .compose import predict_plan
 
     selected, selection = select_records(records, site, job)
     memo = _Memo(base)

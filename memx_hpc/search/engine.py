@@ -26,11 +26,12 @@ import numpy as np
 
 from ..errors import SpecError, SystemFailure
 from ..model.api import LayerQuery
+from ..model.compose import (MODE_NAMES, Composer, CostOptions, Prediction, context_queries, predict_plan,
+                             required_queries)
 from ..spec import Plan
 from .cache import CacheStats, PredictionCache, signature
-from .cost import Composer, CostOptions, Prediction, context_queries, predict_plan, required_queries
 from .objective import Weights, log_score
-from .space import MODE_NAMES, PlanSpace
+from .space import PlanSpace
 
 #: Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun)
 #: set in every rank; without one of them mpi4py is never imported.

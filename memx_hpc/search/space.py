@@ -46,11 +46,8 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import SpecError
+from ..model.compose import MODE_FULL, MODE_NAMES, MODE_NONE, MODE_SELECTIVE  # noqa: F401 (the codes live there)
 from ..spec import Plan, Recompute, Site, Stage, TrainJob
-
-# Codes of the per-layer recompute mode used by the vectorised cost composition.
-MODE_NONE, MODE_SELECTIVE, MODE_FULL = 0, 1, 2
-MODE_NAMES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,7 @@ from memx_hpc.model.api import AnalyticCostModel, CostModel
 from memx_hpc.model.calibrate import (CalibratedCostModel, error_summary, leave_one_out, select_records)
 from memx_hpc.planfile import plan_to_dict
 from memx_hpc.profile.store import E2ERecord
-from memx_hpc.search.cost import predict_plan
+from memx_hpc.model.compose import predict_plan
 from memx_hpc.spec import Plan, Recompute, Stage, load_job, load_site
 from memx_hpc.train.measure import job_to_spec, plan_key
 
@@ -110,7 +110,7 @@ def test_known_factors_and_overheads_are_recovered(site, job):
         assert got.iteration_ms == pytest.approx(r.iteration_ms, rel=1e-4)
         assert max(s.peak_bytes for s in got.stages) == pytest.approx(r.peak_footprint_bytes, abs=4)
     # embedding and head are scaled too; activation bytes are not touched
-    from memx_hpc.search.cost import context_queries
+    from memx_hpc.model.compose import context_queries
     qs = context_queries(job, "cpu-4g", 1, 2, False)
     assert np.allclose(cm.predict(qs)[:, 0], base.predict(qs)[:, 0] * cm.calibration_.time_factor["cpu-4g"])
     assert np.array_equal(cm.predict(qs)[:, 1], base.predict(qs)[:, 1])
@@ -212,7 +212,7 @@ def test_gpu_types_without_runs_take_the_pooled_time_factor(site, job):
     cal = cm.calibration_
     assert "cpu-2g" not in cal.time_factor
     assert cal.default_time_factor == pytest.approx(cal.time_factor["cpu-4g"], rel=1e-12)
-    from memx_hpc.search.cost import context_queries
+    from memx_hpc.model.compose import context_queries
     q2 = context_queries(job, "cpu-2g", 1, 2, False)
     assert np.allclose(cm.predict(q2)[:, 0], base.predict(q2)[:, 0] * cal.default_time_factor)
     # so the same plan on the two partitions (same CPU here) keeps its order after calibration

@@ -10,9 +10,9 @@ import pytest
 
 from memx_hpc.errors import SpecError
 from memx_hpc.model import analytic
-from memx_hpc.search.cost import (Composer, CostOptions, p2p_bytes, predict_general, predict_plan, required_queries,
+from memx_hpc.model.compose import (Composer, CostOptions, p2p_bytes, predict_general, predict_plan, required_queries,
                                   stage_layout, sync_ms_per_param)
-from memx_hpc.search.simulate import simulate_1f1b
+from memx_hpc.model.schedule import simulate_1f1b
 from memx_hpc.search.space import PlanSpace, SpaceOptions
 from memx_hpc.spec import (GeneralPlan, GeneralStage, Link, ModelSpec, Partition, Plan, Recompute, Replica, Site,
                            Stage, job_for_model)

@@ -12,7 +12,7 @@ import pytest
 from memx_hpc.cli.main import main
 from memx_hpc.errors import SystemFailure
 from memx_hpc.search.cache import PredictionCache
-from memx_hpc.search.cost import predict_plan
+from memx_hpc.model.compose import predict_plan
 from memx_hpc.search.engine import SearchOptions, launched_under_mpi, mpi_comm, search
 from memx_hpc.search.objective import TIME_ONLY, Weights, log_score
 from memx_hpc.search.space import PlanSpace, SpaceOptions

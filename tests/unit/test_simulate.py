@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memx_hpc.errors import SpecError
-from memx_hpc.search.simulate import (closed_form_ms, pipeline_finish_batch, schedule_1f1b, simulate_1f1b,
+from memx_hpc.model.schedule import (closed_form_ms, pipeline_finish_batch, schedule_1f1b, simulate_1f1b,
                                       uniform_closed_form_ms)
 
 

@@ -1,0 +1,697 @@
+"""Composition of per-layer predictions into a plan's iteration time and per-GPU memory.
+
+Per stage ``i`` of a plan (``n_i`` layers, ``k_i`` of them under full recompute, the
+rest under the stage's base mode ``none`` or ``selective``), from the cost model's
+per-layer answers ``t`` (forward+backward ms per micro-batch) and ``a`` (activation
+bytes kept per in-flight micro-batch):
+
+* time per micro-batch ``T_i = k_i t_full + (n_i - k_i) t_base`` + embedding (first
+  stage) + output layer and loss (last stage), split into forward and backward with
+  :func:`memx_hpc.model.api.forward_fraction`;
+* activations ``A_i = k_i a_full + (n_i - k_i) a_base`` (+ embedding / head), held for
+  ``min(p - i, m)`` in-flight micro-batches under 1F1B (Narayanan et al. 2021, §2.2:
+  stage i runs ``p - i - 1`` warm-up forwards before its first backward), plus, when
+  a stage recomputes, one layer's full activations rebuilt during its backward;
+* weights, gradients and optimizer states from :mod:`memx_hpc.model.analytic`
+  (``stage_params`` -> ``state_bytes``), and the per-GPU runtime overhead the cost
+  model reports (context, communication buffers, allocator slack): the peak memory a
+  device reports. A plan is infeasible when any GPU's peak exceeds its capacity times
+  ``1 - site.memory_safety_margin``;
+* point-to-point sends between stages: the ``s·b·h`` activation (divided by TP under
+  sequence parallelism) over the link between the two stages' GPUs: intra-node, the
+  partition's inter-node network, or the site's link between partitions;
+* the pipeline: Megatron's 1F1B schedule evaluated exactly (see
+  :mod:`memx_hpc.model.schedule`), giving each stage's finish time;
+* after its last backward each stage synchronises gradients over its data-parallel
+  group — ring all-reduce ``2(d-1)/d · bytes / bw`` (Patarasuk & Yuan 2009), or with the
+  distributed optimizer reduce-scatter of gradients then all-gather of parameters,
+  ``(d-1)/d`` each (Rajbhandari et al. 2020, ZeRO §5) — then steps its optimizer. Tied
+  embeddings add the first/last-stage embedding-gradient all-reduce (Megatron-LM
+  ``_allreduce_word_embedding_grads``). The iteration ends when the last stage does.
+
+Gradients travel in fp32 under bf16 (Megatron-LM sets ``accumulate_allreduce_grads_in_fp32``
+for bf16 in ``megatron/training/arguments.py``), in the parameter dtype otherwise.
+
+:class:`Composer` evaluates blocks of plans of a :class:`~memx_hpc.search.space.PlanSpace`
+with numpy; :func:`predict_plan` and :func:`predict_general` evaluate one plan (the same
+formulas; the tests check that they agree).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import SpecError
+from ..spec import BYTES_PER_ELEMENT, GeneralPlan, LayerShape, Plan, Site, TrainJob
+from . import analytic
+from .api import LayerQuery, forward_fraction
+from .schedule import pipeline_finish_batch
+
+# Codes of the per-layer recompute mode used by the vectorised cost composition.
+MODE_NONE, MODE_SELECTIVE, MODE_FULL = 0, 1, 2
+MODE_NAMES = ("none", "selective", "full")
+
+# ``PlanSpace`` and ``Block`` in annotations below are :mod:`memx_hpc.search.space` types;
+# they are used, not imported, so that this module stays below the search.
+
+#: Bytes per parameter of the gradients that DP synchronises (see the module docstring).
+GRAD_BYTES_PER_PARAM = {"bf16": 4, "fp16": 2, "fp32": 4}
+
+Predictions = Mapping[LayerQuery, tuple[float, float]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostOptions:
+    """``overlap_grad_reduce``: Megatron's ``--overlap-grad-reduce``; the gradient
+    synchronisation then hides behind the stage's last backward (only the excess shows)."""
+
+    overlap_grad_reduce: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagePrediction:
+    """One GPU of one stage (for general plans: of one replica of the stage)."""
+
+    stage: int
+    replica: int
+    partition: str | None
+    gpu_type: str
+    tp: int
+    num_layers: int
+    recompute: str
+    forward_ms: float  # per micro-batch
+    backward_ms: float
+    in_flight: int
+    activation_bytes: int
+    state_bytes: int
+    overhead_bytes: int
+    peak_bytes: int
+    capacity_bytes: int
+    send_ms: float  # one p2p message to the next stage
+    grad_sync_ms: float
+    optimizer_ms: float
+    finish_ms: float  # end of this stage's work in the iteration
+
+    @property
+    def utilisation(self) -> float:
+        return self.peak_bytes / self.capacity_bytes
+
+    @property
+    def time_ms(self) -> float:
+        return self.forward_ms + self.backward_ms
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """Predicted iteration of one plan."""
+
+    iteration_ms: float
+    pipeline_ms: float
+    tokens_per_s: float
+    num_microbatches: int
+    stages: tuple[StagePrediction, ...]
+    max_utilisation: float
+    balance: float
+    feasible: bool
+    reason: str = ""
+    limit_fraction: float = 0.95
+
+    @property
+    def stage_ms(self) -> tuple[float, ...]:
+        """Forward+backward ms per micro-batch of each stage (its slowest replica)."""
+        out: dict[int, float] = {}
+        for s in self.stages:
+            out[s.stage] = max(out.get(s.stage, 0.0), s.time_ms)
+        return tuple(out[i] for i in sorted(out))
+
+    def peak_by_gpu_type(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.stages:
+            out[s.gpu_type] = max(out.get(s.gpu_type, 0), s.peak_bytes)
+        return out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["stage_ms"] = list(self.stage_ms)
+        d["peak_bytes_by_gpu_type"] = self.peak_by_gpu_type()
+        for s, sd in zip(self.stages, d["stages"]):
+            sd["utilisation"] = s.utilisation
+        return d
+
+
+# --------------------------------------------------------------------------- shared pieces
+
+
+def shape_of(job: TrainJob) -> LayerShape:
+    return LayerShape.of(job.model)
+
+
+def layer_query(job: TrainJob, gpu_type: str, *, kind: str, tp: int, micro_batch_size: int, recompute: str,
+                sequence_parallel: bool) -> LayerQuery:
+    return LayerQuery(gpu_type=gpu_type, kind=kind, shape=shape_of(job), tp=tp, micro_batch_size=micro_batch_size,
+                      recompute=recompute, precision=job.precision, attention=job.attention,
+                      sequence_parallel=sequence_parallel and tp > 1)
+
+
+def context_queries(job: TrainJob, gpu_type: str, tp: int, mbs: int, sp: bool) -> list[LayerQuery]:
+    """The five queries one (GPU type, TP, micro-batch) context needs: a layer under each
+    recompute mode, the embedding and the head."""
+    q = [layer_query(job, gpu_type, kind="layer", tp=tp, micro_batch_size=mbs, recompute=m, sequence_parallel=sp)
+         for m in MODE_NAMES]
+    q += [layer_query(job, gpu_type, kind=k, tp=tp, micro_batch_size=mbs, recompute="none", sequence_parallel=sp)
+          for k in ("embedding", "head")]
+    return q
+
+
+def p2p_bytes(job: TrainJob, *, micro_batch_size: int, tp: int, sequence_parallel: bool) -> float:
+    """One activation (or its gradient) sent between stages: ``s·b·h`` elements."""
+    m = job.model
+    n = m.seq_length * micro_batch_size * m.hidden_size * BYTES_PER_ELEMENT[job.precision]
+    return n / tp if sequence_parallel and tp > 1 else float(n)
+
+
+def transfer_ms(nbytes: float, gbps: float) -> float:
+    return nbytes / (gbps * 1e6)
+
+
+def sync_ms_per_param(job: TrainJob, dp: int, gbps: float) -> float:
+    """Milliseconds per parameter (per GPU) of the data-parallel gradient synchronisation."""
+    if dp <= 1:
+        return 0.0
+    g = GRAD_BYTES_PER_PARAM[job.precision]
+    if job.distributed_optimizer:
+        per_param = (dp - 1) / dp * (g + BYTES_PER_ELEMENT[job.precision])  # reduce-scatter + all-gather
+    else:
+        per_param = 2.0 * (dp - 1) / dp * g  # ring all-reduce
+    return per_param / (gbps * 1e6)
+
+
+def tied_embedding_sync_ms(site: Site, job: TrainJob, tp: int, pp: int, first_partition: str | None,
+                           last_partition: str | None) -> float:
+    """The first/last-stage all-reduce of the shared word-embedding gradients (two ranks)."""
+    if pp <= 1 or not job.model.tied_embeddings:
+        return 0.0
+    nbytes = analytic.embedding_params(job.model, tp) * GRAD_BYTES_PER_PARAM[job.precision]
+    if first_partition and last_partition:
+        gbps = site.link_gbps(first_partition, last_partition)
+    else:
+        gbps = site.inter_partition_gbps
+    return transfer_ms(nbytes, gbps)  # 2 (n-1)/n with n = 2
+
+
+def stage_layout(site: Site, stage_partitions: Sequence[str], tp: int, dp: int) -> tuple[list[float], list[float]]:
+    """Link bandwidths (GB/s) between consecutive stages and of each stage's DP group.
+
+    Stages on one partition are packed onto its GPUs in order, ``tp * dp`` each (stage j
+    of a group on slots ``[j w, (j+1) w)``, node = slot // gpus_per_node). A stage boundary
+    inside a partition uses the intra-node link when every sending GPU's peer is on its
+    node, the partition's network otherwise; across partitions the site's link. A DP
+    group inside one node uses the intra-node link.
+    """
+    w = tp * dp
+    slots: list[int] = []
+    used: dict[str, int] = {}
+    for name in stage_partitions:
+        slots.append(used.get(name, 0))
+        used[name] = used.get(name, 0) + w
+    links = []
+    for i in range(len(stage_partitions) - 1):
+        a, b = stage_partitions[i], stage_partitions[i + 1]
+        if a != b:
+            links.append(site.link_gbps(a, b))
+            continue
+        gpn = site.partition(a).gpus_per_node
+        same = all((slots[i] + r) // gpn == (slots[i + 1] + r) // gpn for r in range(w))
+        links.append(site.intra_gbps(a) if same else site.link_gbps(a, a))
+    dps = []
+    for i, name in enumerate(stage_partitions):
+        gpn = site.partition(name).gpus_per_node
+        one_node = slots[i] // gpn == (slots[i] + w - 1) // gpn
+        dps.append(site.intra_gbps(name) if one_node else site.link_gbps(name, name))
+    return links, dps
+
+
+def _limit(site: Site) -> float:
+    return 1.0 - site.memory_safety_margin
+
+
+# --------------------------------------------------------------------------- vectorised composition
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockCost:
+    """Scores' inputs for a block: iteration ms (inf when infeasible), worst-GPU memory
+    utilisation, balance (max / mean utilisation over the plan's GPUs), feasibility."""
+
+    iteration_ms: np.ndarray
+    max_utilisation: np.ndarray
+    balance: np.ndarray
+    feasible: np.ndarray
+
+
+class Composer:
+    """Composes the plans of a space from a table of per-query predictions."""
+
+    def __init__(self, space: PlanSpace, predictions: Predictions, *, overhead_bytes: Mapping[str, int],
+                 options: CostOptions | None = None) -> None:
+        self.space = space
+        self.options = options or CostOptions()
+        site, job = space.site, space.job
+        self.site, self.job = site, job
+        sp = space.options.sequence_parallel
+        L = job.model.num_layers
+        levels = space.levels
+        self._lev_base = np.array([0 if lv.base == "none" else 1 for lv in levels], dtype=np.int64)
+        self._lev_frac = np.array([lv.full_fraction for lv in levels], dtype=np.float64)
+        ff = np.array([forward_fraction(m) for m in MODE_NAMES], dtype=np.float64)
+        self._ff = ff
+
+        S, P = len(space.skeletons), max(space.max_pp, 1)
+        ctx_ids: dict[tuple[str, int, int], int] = {}
+        ctx_rows: list[list[float]] = []
+        state_ids: dict[tuple, int] = {}
+        state_rows: list[np.ndarray] = []
+        param_rows: list[np.ndarray] = []
+        opt_ids: dict[tuple, int] = {}
+        opt_rows: list[np.ndarray] = []
+        sk_ctx = np.zeros((S, P), dtype=np.int64)
+        sk_state = np.zeros((S, P), dtype=np.int64)
+        sk_opt = np.zeros((S, P), dtype=np.int64)
+        sk_inflight = np.zeros((S, P), dtype=np.float64)
+        sk_first = np.zeros((S, P), dtype=np.float64)
+        sk_last = np.zeros((S, P), dtype=np.float64)
+        sk_link = np.zeros((S, P), dtype=np.float64)
+        sk_sync = np.zeros((S, P), dtype=np.float64)
+        sk_tied = np.zeros((S, P), dtype=np.float64)
+        sk_m = np.zeros(S, dtype=np.int64)
+        sk_pp = np.zeros(S, dtype=np.int64)
+        ns = np.arange(L + 1)
+        for si, sk in enumerate(space.skeletons):
+            pp, tp, dp, mbs = sk.pp, sk.tp, sk.dp, sk.micro_batch_size
+            m = job.global_batch_size // (mbs * dp)
+            sk_m[si], sk_pp[si] = m, pp
+            parts = sk.stage_partitions()
+            names = [space.partitions[p].name for p in parts]
+            links, dps = stage_layout(site, names, tp, dp)
+            msg = p2p_bytes(job, micro_batch_size=mbs, tp=tp, sequence_parallel=sp)
+            tied = tied_embedding_sync_ms(site, job, tp, pp, names[0], names[-1])
+            for i, name in enumerate(names):
+                gpu = space.partitions[parts[i]].gpu_type
+                key = (gpu, tp, mbs)
+                c = ctx_ids.get(key)
+                if c is None:
+                    c = ctx_ids[key] = len(ctx_rows)
+                    ctx_rows.append(self._context_row(predictions, overhead_bytes, gpu, tp, mbs, sp))
+                sk_ctx[si, i] = c
+                first, last = i == 0, i == pp - 1
+                skey = (tp, pp, dp, first, last)
+                s = state_ids.get(skey)
+                if s is None:
+                    s = state_ids[skey] = len(state_rows)
+                    params = np.array([analytic.stage_params(job.model, int(n), first=first, last=last, tp=tp, pp=pp)
+                                       for n in ns], dtype=np.float64)
+                    param_rows.append(params)
+                    state_rows.append(np.array([analytic.state_bytes(int(x), precision=job.precision,
+                                                                     optimizer=job.optimizer,
+                                                                     distributed_optimizer=job.distributed_optimizer,
+                                                                     dp=dp) for x in params], dtype=np.float64))
+                sk_state[si, i] = s
+                okey = (gpu, s)
+                o = opt_ids.get(okey)
+                if o is None:
+                    o = opt_ids[okey] = len(opt_rows)
+                    g = site.gpu(gpu)
+                    opt_rows.append(np.array([analytic.optimizer_step_ms(int(x), g, precision=job.precision,
+                                                                         optimizer=job.optimizer,
+                                                                         distributed_optimizer=job.distributed_optimizer,
+                                                                         dp=dp) for x in param_rows[s]]))
+                sk_opt[si, i] = o
+                sk_inflight[si, i] = min(pp - i, m)
+                sk_first[si, i] = first
+                sk_last[si, i] = last
+                if i < pp - 1:
+                    sk_link[si, i] = transfer_ms(msg, links[i])
+                sk_sync[si, i] = sync_ms_per_param(job, dp, dps[i])
+                if first or last:
+                    sk_tied[si, i] = tied
+        # columns: t[none, selective, full], a[none, selective, full], embedding (t, a), head (t, a),
+        # runtime overhead bytes, capacity bytes
+        ctx = np.array(ctx_rows, dtype=np.float64).reshape(len(ctx_rows), 12)
+        self._ctx_t = np.ascontiguousarray(ctx[:, 0:3])
+        self._ctx_a = np.ascontiguousarray(ctx[:, 3:6])
+        self._ctx_emb = np.ascontiguousarray(ctx[:, 6:8])
+        self._ctx_head = np.ascontiguousarray(ctx[:, 8:10])
+        self._ctx_over = ctx[:, 10]
+        self._ctx_cap = ctx[:, 11]
+        self._state = np.array(state_rows).reshape(len(state_rows), L + 1)
+        self._params = np.array(param_rows).reshape(len(param_rows), L + 1)
+        self._opt = np.array(opt_rows).reshape(len(opt_rows), L + 1)
+        self._sk = dict(ctx=sk_ctx, state=sk_state, opt=sk_opt, inflight=sk_inflight, first=sk_first,
+                        last=sk_last, link=sk_link, sync=sk_sync, tied=sk_tied)
+        self._sk_m, self._sk_pp = sk_m, sk_pp
+        self.contexts = tuple(ctx_ids)
+        self._sp = sp
+
+    def set_predictions(self, predictions: Predictions) -> None:
+        """Replace the per-layer values of every context with those ``predictions`` holds
+        (values it lacks are kept)."""
+        for c, (gpu, tp, mbs) in enumerate(self.contexts):
+            qs = context_queries(self.job, gpu, tp, mbs, self._sp)
+            for j, q in enumerate(qs):
+                v = predictions.get(q)
+                if v is None:
+                    continue
+                if j < 3:
+                    self._ctx_t[c, j], self._ctx_a[c, j] = v
+                elif j == 3:
+                    self._ctx_emb[c] = v
+                else:
+                    self._ctx_head[c] = v
+
+    def _context_row(self, predictions: Predictions, overhead: Mapping[str, int], gpu: str, tp: int, mbs: int,
+                     sp: bool) -> list[float]:
+        qs = context_queries(self.job, gpu, tp, mbs, sp)
+        try:
+            vals = [predictions[q] for q in qs]
+        except KeyError as e:  # pragma: no cover - the engine predicts every context first
+            raise RuntimeError(f"no prediction for {e.args[0]}") from None
+        t = [v[0] for v in vals]
+        a = [v[1] for v in vals]
+        return t[0:3] + a[0:3] + [t[3], a[3], t[4], a[4], float(overhead[gpu]),
+                                  float(self.site.gpu(gpu).memory_bytes)]
+
+    def compose(self, block: Block) -> BlockCost:
+        """Iteration time, worst utilisation, balance and feasibility of every plan in ``block``."""
+        sk = block.skeleton
+        B = len(block)
+        P = block.layers.shape[1]
+        g = {k: v[sk, :P] for k, v in self._sk.items()}
+        n = block.layers.astype(np.float64)
+        valid = block.levels >= 0
+        lev = np.where(valid, block.levels, 0)
+        base = self._lev_base[lev]
+        # k per partition group (one --recompute-num-layers per hetjob component), at most n
+        k = np.minimum(n, np.ceil(block.group_max * self._lev_frac[lev] - 1e-9))
+        nb = n - k
+        ctx = g["ctx"]
+        t_base = self._ctx_t[ctx, base]
+        t_full = self._ctx_t[ctx, MODE_FULL]
+        a_base = self._ctx_a[ctx, base]
+        a_full = self._ctx_a[ctx, MODE_FULL]
+        a_none = self._ctx_a[ctx, 0]
+        emb, head = self._ctx_emb[ctx], self._ctx_head[ctx]
+        first, last = g["first"], g["last"]
+        ff = self._ff
+        fwd = (k * t_full * ff[MODE_FULL] + nb * t_base * ff[base]
+               + (first * emb[..., 0] + last * head[..., 0]) * ff[0])
+        total = k * t_full + nb * t_base + first * emb[..., 0] + last * head[..., 0]
+        bwd = total - fwd
+        act = k * a_full + nb * a_base + first * emb[..., 1] + last * head[..., 1]
+        transient = np.where(k > 0, a_none - a_full, 0.0)
+        ni = block.layers.astype(np.int64)
+        state = self._state[g["state"], ni]
+        peak = state + g["inflight"] * act + transient + self._ctx_over[ctx]
+        cap = self._ctx_cap[ctx]
+        ok = (peak <= cap * _limit(self.site)) | ~valid
+        feasible = ok.all(axis=1)
+        util = np.where(valid, peak / cap, 0.0)
+        umax = util.max(axis=1)
+        pp = self._sk_pp[sk]
+        balance = umax * pp / util.sum(axis=1)
+        iteration = np.full(B, np.inf)
+        if feasible.any():
+            sync = self._params[g["state"], ni] * g["sync"]
+            if self.options.overlap_grad_reduce:
+                sync = np.maximum(0.0, sync - bwd)
+            tail = sync + self._opt[g["opt"], ni] + g["tied"]
+            m = self._sk_m[sk]
+            fidx = np.flatnonzero(feasible)
+            key = pp[fidx] * 1_000_000 + m[fidx]
+            for kv in np.unique(key):
+                rows = fidx[key == kv]
+                p_, m_ = int(kv // 1_000_000), int(kv % 1_000_000)
+                fin = pipeline_finish_batch(fwd[rows, :p_], bwd[rows, :p_], g["link"][rows, :max(p_ - 1, 0)], m_)
+                iteration[rows] = np.max(fin + tail[rows, :p_], axis=1)
+        return BlockCost(iteration_ms=iteration, max_utilisation=umax, balance=balance, feasible=feasible)
+
+
+def required_queries(space: PlanSpace) -> list[LayerQuery]:
+    """Every query the composition of ``space`` needs, once each, in a stable order."""
+    sp = space.options.sequence_parallel
+    seen: dict[LayerQuery, None] = {}
+    contexts = sorted({(space.partitions[p].gpu_type, sk.tp, sk.micro_batch_size)
+                       for sk in space.skeletons for p, _ in sk.groups})
+    for gpu, tp, mbs in contexts:
+        for q in context_queries(space.job, gpu, tp, mbs, sp):
+            seen.setdefault(q, None)
+    return list(seen)
+
+
+# --------------------------------------------------------------------------- one plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Replica:
+    gpu_type: str
+    tp: int
+    partition: str | None
+    sync_tp: int | None = None  # TP whose shard size the DP synchronisation moves (None: tp)
+
+
+def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micro_batch_size: int,
+                  stages: Sequence[tuple[int, str, int | None, Sequence[_Replica]]], dp_per_stage: Sequence[int],
+                  links_gbps: Sequence[float], dp_gbps: Sequence[Sequence[float]], sequence_parallel: bool,
+                  options: CostOptions) -> Prediction:
+    """The scalar composition shared by :func:`predict_plan` and :func:`predict_general`.
+
+    ``stages``: per stage (layers, base mode of the layers not fully recomputed, number of
+    fully recomputed layers, replicas).
+    """
+    p = len(stages)
+    mbs = micro_batch_size
+    gbs = job.global_batch_size
+    ms = []
+    for i, d in enumerate(dp_per_stage):
+        if gbs % (mbs * d):
+            raise SpecError(f"global_batch_size {gbs} is not a multiple of micro_batch_size x replicas "
+                            f"({mbs} x {d}) of stage {i}", field=f"stages[{i}].replicas", found=d)
+        ms.append(gbs // (mbs * d))
+    m = max(ms)
+    queries: list[LayerQuery] = []
+    rows = []
+    for i, (n, base, k, reps) in enumerate(stages):
+        for r in reps:
+            sp = sequence_parallel and r.tp > 1
+            row = {}
+            for name, kind, mode in (("base", "layer", base), ("full", "layer", "full"), ("none", "layer", "none"),
+                                     ("emb", "embedding", "none"), ("head", "head", "none")):
+                row[name] = len(queries)
+                queries.append(layer_query(job, r.gpu_type, kind=kind, tp=r.tp, micro_batch_size=mbs,
+                                           recompute=mode, sequence_parallel=sp))
+            rows.append(row)
+    vals = np.asarray(model_predict(queries), dtype=np.float64).reshape(len(queries), 2)
+    limit = _limit(site)
+    per: list[dict] = []
+    j = 0
+    fwd_stage, bwd_stage = [], []
+    for i, (n, base, kk, reps) in enumerate(stages):
+        first, last = i == 0, i == p - 1
+        best = None
+        for ri, r in enumerate(reps):
+            row = rows[j]
+            j += 1
+            tb, ab = vals[row["base"]]
+            tf, af = vals[row["full"]]
+            _, an = vals[row["none"]]
+            te, ae = vals[row["emb"]]
+            th, ah = vals[row["head"]]
+            nb = n - kk
+            ffb, fff, ffn = forward_fraction(base), forward_fraction("full"), forward_fraction("none")
+            fwd = kk * tf * fff + nb * tb * ffb + (first * te + last * th) * ffn
+            total = kk * tf + nb * tb + first * te + last * th
+            # the stage's share of micro-batches differs from m when its replica count does
+            scale = ms[i] / m
+            fwd, total = fwd * scale, total * scale
+            act = kk * af + nb * ab + first * ae + last * ah
+            transient = (an - af) if kk > 0 else 0.0
+            params = analytic.stage_params(job.model, n, first=first, last=last, tp=r.tp, pp=p)
+            state = analytic.state_bytes(params, precision=job.precision, optimizer=job.optimizer,
+                                         distributed_optimizer=job.distributed_optimizer, dp=dp_per_stage[i])
+            inflight = min(p - i, ms[i])
+            over = int(overhead_of(r.gpu_type))
+            peak = state + inflight * act + transient + over
+            cap = site.gpu(r.gpu_type).memory_bytes
+            sync_params = params if r.sync_tp in (None, r.tp) else analytic.stage_params(
+                job.model, n, first=first, last=last, tp=r.sync_tp, pp=p)
+            sync = sync_params * sync_ms_per_param(job, dp_per_stage[i], dp_gbps[i][ri])
+            if options.overlap_grad_reduce:
+                sync = max(0.0, sync - (total - fwd))
+            opt = analytic.optimizer_step_ms(params, site.gpu(r.gpu_type), precision=job.precision,
+                                             optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer,
+                                             dp=dp_per_stage[i])
+            recompute = base if kk == 0 else ("full" if kk == n else f"full:{kk}")
+            d = dict(stage=i, replica=ri, partition=r.partition, gpu_type=r.gpu_type, tp=r.tp, num_layers=n,
+                     recompute=recompute, forward_ms=float(fwd), backward_ms=float(total - fwd), in_flight=inflight,
+                     activation_bytes=int(round(inflight * act + transient)), state_bytes=int(state),
+                     overhead_bytes=over, peak_bytes=int(round(peak)), capacity_bytes=cap,
+                     send_ms=0.0, grad_sync_ms=float(sync), optimizer_ms=float(opt), peak_float=float(peak),
+                     total=float(total))
+            per.append(d)
+            if best is None or total > best[1]:
+                best = (fwd, total)
+        fwd_stage.append(best[0])
+        bwd_stage.append(best[1] - best[0])
+    first_part = stages[0][3][0].partition
+    last_part = stages[-1][3][0].partition
+    tp0 = stages[0][3][0].tp
+    tied = tied_embedding_sync_ms(site, job, tp0, p, first_part, last_part)
+    link_ms = []
+    for i in range(p - 1):
+        tp_send = min(r.tp for r in stages[i][3])
+        sp = sequence_parallel and tp_send > 1
+        link_ms.append(transfer_ms(p2p_bytes(job, micro_batch_size=mbs, tp=tp_send, sequence_parallel=sp),
+                                   links_gbps[i]))
+    fin = pipeline_finish_batch(np.array([fwd_stage]), np.array([bwd_stage]), np.array([link_ms]).reshape(1, -1), m)[0]
+    feasible, reason = True, ""
+    out = []
+    for d in per:
+        i = d["stage"]
+        end = fin[i] + d["grad_sync_ms"] + d["optimizer_ms"] + (tied if i in (0, p - 1) else 0.0)
+        d["send_ms"] = float(link_ms[i]) if i < p - 1 else 0.0
+        d["finish_ms"] = float(end)
+        if d["peak_float"] > d["capacity_bytes"] * limit and feasible:
+            feasible = False
+            reason = (f"stage {i} ({d['gpu_type']}) needs {d['peak_float'] / 2**30:.2f} GiB, above "
+                      f"{limit:.0%} of its {d['capacity_bytes'] / 2**30:.2f} GiB")
+        d.pop("peak_float")
+        d.pop("total")
+        out.append(StagePrediction(**d))
+    iteration = max(s.finish_ms for s in out)
+    utils = [s.peak_bytes / s.capacity_bytes for s in out]
+    umax = max(utils)
+    # balance over all GPUs of the plan: weight each entry by the GPUs it stands for
+    # (a Plan's stages all have tp x dp; a general plan's replicas have their own tp)
+    weights = [s.tp * (1 if len(stages[s.stage][3]) > 1 else dp_per_stage[s.stage]) for s in out]
+    mean = sum(u * w for u, w in zip(utils, weights)) / sum(weights)
+    tokens = gbs * job.model.seq_length / (iteration / 1e3)
+    return Prediction(iteration_ms=float(iteration), pipeline_ms=float(max(fin)), tokens_per_s=float(tokens),
+                      num_microbatches=m, stages=tuple(out), max_utilisation=float(umax),
+                      balance=float(umax / mean), feasible=feasible, reason=reason, limit_fraction=limit)
+
+
+def _base_and_k(rc, num_layers: int, field_name: str) -> tuple[str, int]:
+    """(base mode of the other layers, number of fully recomputed layers) of a Recompute."""
+    if rc.mode != "full":
+        return rc.mode, 0
+    k = num_layers if rc.num_layers is None else rc.num_layers
+    if k > num_layers:
+        raise SpecError(f"full recompute of {k} layers in a stage of {num_layers}", field=field_name,
+                        found=rc.label())
+    return "none", k
+
+
+def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: CostOptions | None = None) -> Prediction:
+    """Predict one Megatron-runnable plan (the same composition as the search)."""
+    names = [s.partition for s in plan.stages]
+    for i, name in enumerate(names):
+        site.partition(name)  # unknown partition -> SpecError naming the allowed ones
+        gpn = site.partition(name).gpus_per_node
+        if plan.tp > gpn:
+            raise SpecError(f"tp {plan.tp} exceeds the {gpn} GPUs per node of partition {name}",
+                            field=f"stages[{i}].partition", found=name)
+    need: dict[str, int] = {}
+    for name in names:
+        need[name] = need.get(name, 0) + plan.tp * plan.dp
+    for name, n in need.items():
+        if n > site.partition(name).total_gpus:
+            raise SpecError(f"the plan needs {n} GPUs of partition {name}, which has {site.partition(name).total_gpus}",
+                            field="stages", found=name)
+    if plan.num_layers != job.model.num_layers:
+        raise SpecError(f"stages hold {plan.num_layers} layers, the model has {job.model.num_layers}",
+                        field="stages", found=plan.num_layers)
+    links, dps = stage_layout(site, names, plan.tp, plan.dp)
+    stages = []
+    for i, s in enumerate(plan.stages):
+        base, k = _base_and_k(s.recompute, s.num_layers, f"stages[{i}].recompute")
+        gpu = site.partition(s.partition).gpu_type
+        stages.append((s.num_layers, base, k, [_Replica(gpu_type=gpu, tp=plan.tp, partition=s.partition)]))
+    return _predict_from(site, job, cost_model.predict, cost_model.overhead_bytes,
+                         micro_batch_size=plan.micro_batch_size, stages=stages, dp_per_stage=[plan.dp] * plan.pp,
+                         links_gbps=links, dp_gbps=[[g] for g in dps], sequence_parallel=plan.sequence_parallel,
+                         options=options or CostOptions())
+
+
+def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
+                    options: CostOptions | None = None) -> Prediction:
+    """Predict a general plan: per stage, data-parallel replicas with their own GPU type and TP.
+
+    A stage's time is its slowest replica's; its gradient synchronisation runs over the
+    slowest link among its replicas, moving the largest per-GPU shard (the replica with
+    the smallest TP). A replica without a partition is placed on the first partition of
+    its GPU type; when the site has none, its links are the site's inter-partition link.
+    Stages with different replica counts process different numbers of micro-batches; the
+    schedule is evaluated with the largest count and each stage's time scaled by its share.
+    """
+    if sum(s.num_layers for s in plan.stages) != job.model.num_layers:
+        raise SpecError(f"stages hold {sum(s.num_layers for s in plan.stages)} layers, the model has "
+                        f"{job.model.num_layers}", field="stages")
+    stages = []
+    for i, s in enumerate(plan.stages):
+        reps = []
+        for ri, r in enumerate(s.replicas):
+            gpu = site.gpu(r.gpu_type).name if _known(site, r.gpu_type) else None
+            if gpu is None:
+                raise SpecError("unknown GPU type", field=f"stages[{i}].replicas[{ri}].gpu_type", found=r.gpu_type)
+            part = r.partition
+            if part is not None:
+                try:
+                    site.partition(part)
+                except SpecError as e:
+                    raise SpecError(e.detail, field=f"stages[{i}].replicas[{ri}].partition", found=part,
+                                    allowed=e.allowed) from None
+            else:
+                part = next((p.name for p in site.partitions if site.gpu(p.gpu_type).name == gpu), None)
+            heads = job.model.num_attention_heads
+            if heads % r.tp:
+                raise SpecError(f"tp {r.tp} does not divide the {heads} attention heads",
+                                field=f"stages[{i}].replicas[{ri}].tp", found=r.tp)
+            reps.append(_Replica(gpu_type=r.gpu_type, tp=r.tp, partition=part))
+        # the largest shard (smallest TP) bottlenecks the DP ring: every replica moves it
+        tmin = min(r.tp for r in reps)
+        reps = [_Replica(gpu_type=r.gpu_type, tp=r.tp, partition=r.partition, sync_tp=tmin) for r in reps]
+        base, k = _base_and_k(s.recompute, s.num_layers, f"stages[{i}].recompute")
+        stages.append((s.num_layers, base, k, reps))
+
+    def gbps(a: str | None, b: str | None) -> float:
+        if a is None or b is None:
+            return site.inter_partition_gbps
+        return site.link_gbps(a, b)
+
+    links = [min(gbps(x.partition, y.partition) for x in stages[i][3] for y in stages[i + 1][3])
+             for i in range(len(stages) - 1)]
+    dp_g = []
+    for _, _, _, reps in stages:
+        slow = min((gbps(x.partition, y.partition) for x in reps for y in reps), default=math.inf)
+        dp_g.append([slow] * len(reps))
+    return _predict_from(site, job, cost_model.predict, cost_model.overhead_bytes,
+                         micro_batch_size=plan.micro_batch_size, stages=stages,
+                         dp_per_stage=[len(s.replicas) for s in plan.stages], links_gbps=links, dp_gbps=dp_g,
+                         sequence_parallel=False, options=options or CostOptions())
+
+
+def _known(site: Site, name: str) -> bool:
+    try:
+        site.gpu(name)
+        return True
+    except SpecError:
+        return False
+
+
+__all__ = ["BlockCost", "Composer", "CostOptions", "GRAD_BYTES_PER_PARAM", "Prediction", "StagePrediction",
+           "context_queries", "p2p_bytes", "predict_general", "predict_plan", "required_queries",
+           "stage_layout",
+           "sync_ms_per_param", "tied_embedding_sync_ms", "transfer_ms"]

@@ -1,0 +1,269 @@
+"""An event-driven simulator of Megatron-LM's 1F1B pipeline schedule.
+
+Each stage runs its operations in the order Megatron's
+``forward_backward_pipelining_without_interleaving`` issues them
+(``megatron/core/pipeline_parallel/schedules.py``): ``min(p - i - 1, m)`` warm-up
+forwards, then ``m - warmup`` steady (forward, backward) pairs, then the remaining
+backwards. A forward of micro-batch j on stage i starts when the stage is free and
+the activation of j has arrived from stage i-1 (its forward end plus the link time);
+a backward starts when the gradient of j has arrived from stage i+1 (the last stage:
+after its own forward of j). Links are modelled as delays (a send does not occupy
+the sending stage), as with asynchronous p2p.
+
+The search evaluates the same schedule for many plans at once with
+:func:`pipeline_finish_batch` (vectorised over plans, exact against the event-driven
+:func:`simulate_1f1b`). :func:`uniform_closed_form_ms` is the closed form for uniform
+stages, derived from and checked against the simulator; :func:`closed_form_ms`, the
+textbook heterogeneous estimate, is kept to show how far off it is.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import SpecError
+
+__all__ = ["Op", "Simulation", "closed_form_ms", "pipeline_finish_batch", "schedule_1f1b", "simulate_1f1b",
+           "uniform_closed_form_ms"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Op:
+    """One scheduled operation: stage, micro-batch, ``F`` or ``B``, start and end (ms)."""
+
+    stage: int
+    microbatch: int
+    kind: str
+    start_ms: float
+    end_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Simulation:
+    """The result of one simulated iteration's pipeline part."""
+
+    total_ms: float
+    stage_finish_ms: tuple[float, ...]  # when each stage's last backward ends
+    stage_busy_ms: tuple[float, ...]
+    ops: tuple[Op, ...]
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the stages over the iteration (0: no bubble)."""
+        p = len(self.stage_busy_ms)
+        return 1.0 - sum(self.stage_busy_ms) / (p * self.total_ms) if self.total_ms > 0 else 0.0
+
+
+def schedule_1f1b(stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int]]:
+    """The op order of one stage under non-interleaved 1F1B (Megatron-LM's schedule)."""
+    m = num_microbatches
+    warmup = min(num_stages - stage - 1, m)
+    ops = [("F", j) for j in range(warmup)]
+    f, b = warmup, 0
+    for _ in range(m - warmup):
+        ops.append(("F", f))
+        f += 1
+        ops.append(("B", b))
+        b += 1
+    ops += [("B", j) for j in range(b, m)]
+    return ops
+
+
+def simulate_1f1b(forward_ms: Sequence[float], backward_ms: Sequence[float], link_ms: Sequence[float],
+                  num_microbatches: int) -> Simulation:
+    """Simulate one iteration; ``link_ms[i]`` is the one-way time from stage i to i+1."""
+    p = len(forward_ms)
+    m = num_microbatches
+    if p < 1 or len(backward_ms) != p:
+        raise SpecError("forward and backward times need one entry per stage",
+                        found=(len(forward_ms), len(backward_ms)))
+    if len(link_ms) < p - 1:
+        raise SpecError("link times need one entry per stage boundary", found=len(link_ms), allowed=f">= {p - 1}")
+    if m < 1:
+        raise SpecError("the number of micro-batches must be >= 1", found=m)
+    if any(x < 0 for x in list(forward_ms) + list(backward_ms) + list(link_ms)):
+        raise SpecError("times must be >= 0")
+    orders = [schedule_1f1b(i, p, m) for i in range(p)]
+    pos = [0] * p
+    free = [0.0] * p
+    busy = [0.0] * p
+    f_end: dict[tuple[int, int], float] = {}
+    b_end: dict[tuple[int, int], float] = {}
+    ops: list[Op] = []
+    # Event queue of stages whose next op may have become ready; an op is issued when its
+    # input's arrival time is known. Ordered by time so that ops are recorded in time order.
+    queue: list[tuple[float, int]] = [(0.0, i) for i in range(p)]
+    heapq.heapify(queue)
+    waiting: dict[tuple[str, int, int], list[int]] = {}
+
+    def ready_time(i: int, kind: str, j: int) -> float | None:
+        if kind == "F":
+            if i == 0:
+                return 0.0
+            t = f_end.get((i - 1, j))
+            return None if t is None else t + link_ms[i - 1]
+        if i == p - 1:
+            return f_end.get((i, j))
+        t = b_end.get((i + 1, j))
+        return None if t is None else t + link_ms[i]
+
+    while queue:
+        _, i = heapq.heappop(queue)
+        if pos[i] >= len(orders[i]):
+            continue
+        kind, j = orders[i][pos[i]]
+        r = ready_time(i, kind, j)
+        if r is None:
+            dep = ("F", i - 1, j) if kind == "F" else (("F", i, j) if i == p - 1 else ("B", i + 1, j))
+            waiting.setdefault(dep, []).append(i)
+            continue
+        start = max(free[i], r)
+        dur = forward_ms[i] if kind == "F" else backward_ms[i]
+        end = start + dur
+        free[i] = end
+        busy[i] += dur
+        (f_end if kind == "F" else b_end)[(i, j)] = end
+        ops.append(Op(stage=i, microbatch=j, kind=kind, start_ms=start, end_ms=end))
+        pos[i] += 1
+        for w in waiting.pop((kind, i, j), []):
+            heapq.heappush(queue, (end, w))
+        heapq.heappush(queue, (end, i))
+    if any(pos[i] < len(orders[i]) for i in range(p)):  # pragma: no cover - the schedule is deadlock-free
+        raise RuntimeError("1F1B simulation deadlocked")
+    finish = tuple(b_end[(i, m - 1)] for i in range(p))
+    return Simulation(total_ms=max(finish), stage_finish_ms=finish, stage_busy_ms=tuple(busy),
+                      ops=tuple(sorted(ops, key=lambda o: (o.start_ms, o.stage))))
+
+
+def uniform_closed_form_ms(forward_ms: float, backward_ms: float, link_ms: float, num_stages: int,
+                           num_microbatches: int) -> float:
+    """1F1B time for ``p`` identical stages joined by identical links, in closed form.
+
+    Without link costs this is the textbook ``(m + p - 1)(f + b)`` (Narayanan et al. 2021,
+    §2.2). With a link time ``c``, micro-batch 0 needs ``R = p(f + b) + 2(p - 1)c`` to go
+    down the pipeline and back, and stage 0 holds only ``p`` micro-batches, so the link
+    round trip cannot be hidden: each later micro-batch adds ``f + b + 2c``, except one in
+    every ``p`` (the first of each in-flight window), which adds ``f + b``. Derived from and
+    checked against :func:`simulate_1f1b`.
+    """
+    p, m = num_stages, num_microbatches
+    t, c = forward_ms + backward_ms, link_ms if num_stages > 1 else 0.0
+    first = p * t + 2 * (p - 1) * c
+    if m == 1:
+        return first
+    window_starts = (m - 2) // p + 1  # j in 1..m-1 with j % p == 1
+    return first + (m - 1) * (t + 2 * c) - 2 * c * window_starts
+
+
+@functools.lru_cache(maxsize=512)
+def _op_dag(p: int, m: int) -> tuple[tuple[np.ndarray, ...], ...]:
+    """The 1F1B op graph of (p stages, m micro-batches), grouped into dependency levels.
+
+    Returns per level ``(op ids, previous op on the stage, input op, link index, duration
+    index)``; index ``n_ops`` / link ``p - 1`` / are sentinels for "none" (time 0).
+    """
+    orders = [schedule_1f1b(i, p, m) for i in range(p)]
+    ids: dict[tuple[str, int, int], int] = {}
+    for i in range(p):
+        for kind, j in orders[i]:
+            ids[(kind, i, j)] = len(ids)
+    n = len(ids)
+    prev = np.full(n, n, dtype=np.int64)
+    dep = np.full(n, n, dtype=np.int64)
+    link = np.full(n, p - 1, dtype=np.int64)
+    dur = np.zeros(n, dtype=np.int64)
+    for i in range(p):
+        last = n
+        for kind, j in orders[i]:
+            k = ids[(kind, i, j)]
+            prev[k] = last
+            last = k
+            dur[k] = i if kind == "F" else p + i
+            if kind == "F" and i > 0:
+                dep[k], link[k] = ids[("F", i - 1, j)], i - 1
+            elif kind == "B" and i < p - 1:
+                dep[k], link[k] = ids[("B", i + 1, j)], i
+    # Kahn's topological order; an op's level is one more than its inputs' levels.
+    level = np.zeros(n + 1, dtype=np.int64)
+    users: list[list[int]] = [[] for _ in range(n + 1)]
+    indeg = np.zeros(n, dtype=np.int64)
+    for k in range(n):
+        for d in {int(prev[k]), int(dep[k])} - {n}:
+            users[d].append(k)
+            indeg[k] += 1
+    ready = [k for k in range(n) if indeg[k] == 0]
+    while ready:
+        k = ready.pop()
+        level[k] = 1 + max(level[prev[k]] if prev[k] < n else 0, level[dep[k]] if dep[k] < n else 0)
+        for u in users[k]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                ready.append(u)
+    out = []
+    for lv in range(1, int(level[:n].max()) + 1):
+        sel = np.flatnonzero(level[:n] == lv)
+        out.append((sel, prev[sel], dep[sel], link[sel], dur[sel]))
+    finals = np.array([ids[("B", i, m - 1)] for i in range(p)], dtype=np.int64)
+    return tuple(out) + ((finals,),)
+
+
+def pipeline_finish_batch(forward_ms: np.ndarray, backward_ms: np.ndarray, link_ms: np.ndarray,
+                          num_microbatches: int, *, max_elements: int = 1 << 19) -> np.ndarray:
+    """:func:`simulate_1f1b` for many plans at once: ``(N, p)`` times -> ``(N, p)`` finish times.
+
+    All plans share ``p`` (columns) and ``m``. The op graph is evaluated level by level
+    (ops whose inputs are ready together), each level one vectorised max-plus step over
+    the N plans, so the cost is ``O(N * p * m)`` with ``O(p + m)`` Python steps. Rows are
+    processed in chunks of at most ``max_elements`` op times to bound memory.
+    """
+    f = np.asarray(forward_ms, dtype=np.float64)
+    b = np.asarray(backward_ms, dtype=np.float64)
+    N, p = f.shape
+    c = np.zeros((N, p), dtype=np.float64)
+    if p > 1:
+        c[:, :p - 1] = link_ms
+    levels = _op_dag(p, num_microbatches)
+    finals = levels[-1][0]
+    levels = levels[:-1]
+    n_ops = 2 * p * num_microbatches
+    out = np.empty((N, p), dtype=np.float64)
+    step = max(1, max_elements // (n_ops + 1))
+    # Op-major layout: each level gathers whole rows (contiguous copies), not scattered columns.
+    for a in range(0, N, step):
+        z = min(N, a + step)
+        dur = np.concatenate([f[a:z].T, b[a:z].T], axis=0)
+        cc = np.ascontiguousarray(c[a:z].T)
+        E = np.zeros((n_ops + 1, z - a), dtype=np.float64)
+        for sel, prv, dp_, lk, du in levels:
+            x = E[dp_]
+            x += cc[lk]
+            np.maximum(x, E[prv], out=x)
+            x += dur[du]
+            E[sel] = x
+        out[a:z] = E[finals].T
+    return out
+
+
+def closed_form_ms(forward_ms, backward_ms, link_ms, num_microbatches):
+    """The textbook heterogeneous 1F1B estimate (arrays: stages on the last axis).
+
+    ``sum_i (f_i + b_i) + 2 sum_i c_i + (m - 1) max_i (f_i + b_i)``: one micro-batch's trip
+    through every stage and link and back, plus ``m - 1`` periods of the bottleneck stage.
+    Exact for uniform stages without link costs; otherwise it is off, both ways: it
+    assumes the bottleneck stage also waits for the last micro-batch's downstream round
+    trip (in 1F1B it runs its cooldown backwards meanwhile: overestimate), and it ignores
+    the link round trips stage 0 cannot hide with only ``p`` micro-batches in flight
+    (underestimate). Against :func:`simulate_1f1b` on random heterogeneous stages it is
+    up to ~20 % high, so the search composes with :func:`pipeline_finish_batch` instead;
+    this is kept for comparison (``benchmarks/search_speed.py`` prints the gap).
+    """
+    f = np.asarray(forward_ms, dtype=np.float64)
+    b = np.asarray(backward_ms, dtype=np.float64)
+    c = np.asarray(link_ms, dtype=np.float64)
+    t = f + b
+    return np.sum(t, axis=-1) + 2.0 * np.sum(c, axis=-1) + (np.asarray(num_microbatches) - 1) * np.max(t, axis=-1)
