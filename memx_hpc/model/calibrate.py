@@ -59,7 +59,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import SpecError
-from ..profile.store import E2ERecord, records_hash
+from ..records import E2ERecord, job_from_spec, records_hash
 from ..spec import Plan, Site, TrainJob
 from .api import LayerQuery
 
@@ -203,7 +203,6 @@ def _prepare(records: Sequence[E2ERecord], site: Site, job: TrainJob | None, mem
              options: Any) -> tuple[list[_Run], list[str]]:
     from ..planfile import plan_from_mapping
     from .compose import predict_plan
-    from ..train.measure import job_from_spec
 
     runs, skipped = [], []
     for r in records:

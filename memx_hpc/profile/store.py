@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ..errors import SpecError, SystemFailure
+from ..records import RECORD_FORMAT, E2ERecord, records_hash  # noqa: F401 (re-exported)
 from ..spec import SAMPLE_KINDS, SAMPLE_ORIGINS, LayerSample, LayerShape, ProfilePoint
 
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "COLUMNS", "E2E_COLUMNS", "E2ERecord", "ProfileStore",
@@ -65,8 +66,6 @@ FORMAT_NAME = "memx-profile-store"
 _SAMPLES_HASH_TAG = f"{FORMAT_NAME}/1"
 #: Origins of end-to-end records: run by ``memx-hpc verify`` here, or imported from elsewhere.
 E2E_ORIGINS = ("measured", "imported")
-#: Format tag of an end-to-end record in JSON Lines (``<store>.e2e.jsonl`` of earlier versions).
-RECORD_FORMAT = "memx-e2e/1"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,73 +197,6 @@ def _row_digest(row: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- end-to-end records
 
 
-@dataclass(frozen=True, kw_only=True)
-class E2ERecord:
-    """One measured run of one plan (``memx-hpc verify``, the benchmarks).
-
-    ``key`` identifies what was run (:func:`memx_hpc.train.measure.plan_key`: plan, site,
-    GPU types, job, iterations). Per-rank values are keyed by the global rank as text (JSON
-    keys): ``peak_allocated_bytes`` is the peak of allocated tensor bytes (Megatron-LM's
-    ``max allocated``), ``peak_footprint_bytes_by_rank`` what the device reports for the
-    process (``max reserved``; on the CPU the peak RSS). Only data-parallel rank 0 of each
-    model-parallel rank reports memory, as Megatron-LM does. ``prediction`` is what the
-    planner predicted when the plan was chosen; ``job_spec`` the job's shape and batch (see
-    :func:`memx_hpc.train.measure.job_to_spec`), so that a record can be predicted again
-    with another cost model; ``stage_by_rank`` the pipeline stage each rank ran.
-    """
-
-    key: str
-    plan: dict
-    site: str
-    job: str
-    iters: int
-    iteration_ms: float
-    peak_allocated_bytes: dict[str, int]  # by global rank (str keys: JSON)
-    peak_footprint_bytes_by_rank: dict[str, int]
-    gpu_type_by_rank: dict[str, str]
-    job_id: str
-    log_file: str
-    prediction: dict | None = None
-    provenance: dict = field(default_factory=dict)
-    format: str = RECORD_FORMAT
-    job_spec: dict | None = None
-    stage_by_rank: dict[str, int] = field(default_factory=dict)
-    origin: str = "measured"
-
-    @property
-    def peak_footprint_bytes(self) -> int:
-        """The largest footprint over the ranks that reported one."""
-        return max(self.peak_footprint_bytes_by_rank.values(), default=0)
-
-    @property
-    def peak_allocated_max_bytes(self) -> int:
-        return max(self.peak_allocated_bytes.values(), default=0)
-
-    @property
-    def gpu_types(self) -> tuple[str, ...]:
-        return tuple(sorted(set(self.gpu_type_by_rank.values())))
-
-    def by_gpu_type(self, values: dict[str, int]) -> dict[str, int]:
-        """Per GPU type, the largest of per-rank ``values`` (ranks of unknown type are left out)."""
-        out: dict[str, int] = {}
-        for r, v in values.items():
-            g = self.gpu_type_by_rank.get(r)
-            if g is not None:
-                out[g] = max(out.get(g, 0), int(v))
-        return out
-
-    def append_to(self, path: str | os.PathLike) -> None:
-        """Append the record as one JSON line (the interchange format; the store is the home)."""
-        from dataclasses import asdict
-
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        with open(p, "a", encoding="utf-8") as f:
-            f.write(json.dumps(asdict(self), sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-
 # Columns of the /e2e table. Per-rank maps, the plan, the prediction, the job and the
 # provenance are canonical JSON text (sorted keys, no spaces): equal content, equal text.
 E2E_COLUMNS: tuple[Column, ...] = (
@@ -361,15 +293,6 @@ def _e2e_digest(row: dict[str, Any]) -> str:
     text = json.dumps([repr(row[n]) if isinstance(row[n], float) else row[n] for n in E2E_COLUMN_NAMES],
                       ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def records_hash(records: Iterable[E2ERecord]) -> str:
-    """sha256 over end-to-end records, independent of their order (as :meth:`ProfileStore.e2e_hash`)."""
-    digests = sorted(_e2e_digest(record_to_row(r)) for r in records)
-    h = hashlib.sha256(f"{FORMAT_NAME}/e2e/1\n".encode())
-    for d in digests:
-        h.update(d.encode())
-    return h.hexdigest()
 
 
 def _check_gpu_name(name: str) -> None:
@@ -571,11 +494,7 @@ class ProfileStore:
 
     def e2e_hash(self) -> str:
         """sha256 over every end-to-end record, independent of order (see :func:`records_hash`)."""
-        digests = sorted(_e2e_digest(r) for r in self._read().e2e)
-        h = hashlib.sha256(f"{FORMAT_NAME}/e2e/1\n".encode())
-        for d in digests:
-            h.update(d.encode())
-        return h.hexdigest()
+        return records_hash(self.e2e_records())
 
     # ------------------------------------------------------------------ writing
 

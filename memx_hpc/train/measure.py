@@ -26,8 +26,8 @@ from typing import Any
 
 from ..errors import SpecError, SystemFailure
 from ..planfile import plan_to_dict
-from ..profile.store import RECORD_FORMAT, E2ERecord
-from ..spec import ModelSpec, Plan, Site, TrainJob
+from ..records import RECORD_FORMAT, E2ERecord, job_from_spec, job_to_spec
+from ..spec import Plan, Site, TrainJob
 
 __all__ = ["E2ERecord", "RECORD_FORMAT", "job_from_spec", "job_to_spec", "measure_plan", "plan_key", "read_records"]
 
@@ -45,36 +45,6 @@ def plan_key(plan: Plan, site: Site, job: TrainJob, iters: int) -> str:
         "iters": iters,
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def job_to_spec(job: TrainJob) -> dict[str, Any]:
-    """The job as plain data (what a cost model needs to predict its plans again); the
-    file it came from is left out, it does not change a prediction."""
-    d = asdict(job)
-    d.pop("source_file", None)
-    d["micro_batch_sizes"] = list(job.micro_batch_sizes)
-    d["recompute_modes"] = list(job.recompute_modes)
-    return d
-
-
-def job_from_spec(d: Any) -> TrainJob:
-    """The inverse of :func:`job_to_spec`; a SpecError names what does not fit."""
-    if not isinstance(d, dict) or not isinstance(d.get("model"), dict):
-        raise SpecError("expected a job mapping with a model", field="job_spec", found=type(d).__name__)
-    names = {f.name for f in fields(TrainJob)}
-    mnames = {f.name for f in fields(ModelSpec)}
-    unknown = sorted(set(d) - names) + [f"model.{k}" for k in sorted(set(d["model"]) - mnames)]
-    if unknown:
-        raise SpecError("unknown job fields", field="job_spec", found=unknown)
-    try:
-        model = ModelSpec(**d["model"])
-        rest = {k: v for k, v in d.items() if k != "model"}
-        for k in ("micro_batch_sizes", "recompute_modes"):
-            if k in rest:
-                rest[k] = tuple(rest[k])
-        return TrainJob(model=model, **rest)
-    except TypeError as e:
-        raise SpecError(f"incomplete job ({e})", field="job_spec") from None
 
 
 def read_records(path: str | os.PathLike) -> list[E2ERecord]:

@@ -122,7 +122,7 @@ def test_plan_submit_without_slurm_is_a_system_error(tmp_path: Path, capsys: pyt
 
 def test_runs_kept_as_json_lines_by_earlier_versions_move_into_the_store(tmp_path: Path) -> None:
     from memx_hpc.cli.verify import _move_legacy_records
-    from memx_hpc.profile.store import E2ERecord
+    from memx_hpc.records import E2ERecord
 
     rec = E2ERecord(key="k1", plan={"format": "memx-plan/1"}, site="local", job="tiny-gpt", iters=5,
                     iteration_ms=12.5, peak_allocated_bytes={"0": 10}, peak_footprint_bytes_by_rank={"0": 30},

@@ -13,11 +13,11 @@ import pytest
 from memx_hpc.errors import SpecError
 from memx_hpc.model.api import AnalyticCostModel, CostModel
 from memx_hpc.model.calibrate import (CalibratedCostModel, error_summary, leave_one_out, select_records)
-from memx_hpc.planfile import plan_to_dict
-from memx_hpc.profile.store import E2ERecord
 from memx_hpc.model.compose import predict_plan
+from memx_hpc.planfile import plan_to_dict
+from memx_hpc.records import E2ERecord, job_to_spec
 from memx_hpc.spec import Plan, Recompute, Stage, load_job, load_site
-from memx_hpc.train.measure import job_to_spec, plan_key
+from memx_hpc.train.measure import plan_key
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 2**20
