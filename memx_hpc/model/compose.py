@@ -245,19 +245,22 @@ def _limit(site: Site) -> float:
 @dataclass(frozen=True, kw_only=True)
 class BlockCost:
     """Scores' inputs for a block: iteration ms (inf when infeasible), worst-GPU memory
-    utilisation, balance (max / mean utilisation over the plan's GPUs), feasibility."""
+    utilisation, balance (max / mean utilisation over the plan's GPUs), feasibility, and the
+    worst-GPU utilisation with each peak widened by its GPU type's expected memory error
+    (the recommended plan's check; see search/objective.py)."""
 
     iteration_ms: np.ndarray
     max_utilisation: np.ndarray
     balance: np.ndarray
     feasible: np.ndarray
+    risk_utilisation: np.ndarray
 
 
 class Composer:
     """Composes the plans of a space from a table of per-query predictions."""
 
     def __init__(self, space: PlanSpace, predictions: Predictions, *, overhead_bytes: Mapping[str, int],
-                 options: CostOptions | None = None) -> None:
+                 options: CostOptions | None = None, memory_error: Mapping[str, float] | None = None) -> None:
         self.space = space
         self.options = options or CostOptions()
         site, job = space.site, space.job
@@ -354,6 +357,9 @@ class Composer:
                         last=sk_last, link=sk_link, sync=sk_sync, tied=sk_tied)
         self._sk_m, self._sk_pp = sk_m, sk_pp
         self.contexts = tuple(ctx_ids)
+        # 1 + the expected relative error of the predicted peak, per context's GPU type
+        err = memory_error or {}
+        self._ctx_widen = np.array([1.0 + float(err.get(gpu, 0.0)) for gpu, _, _ in self.contexts])
         self._sp = sp
 
     def set_predictions(self, predictions: Predictions) -> None:
@@ -420,6 +426,7 @@ class Composer:
         feasible = ok.all(axis=1)
         util = np.where(valid, peak / cap, 0.0)
         umax = util.max(axis=1)
+        risk = (util * self._ctx_widen[ctx]).max(axis=1)
         pp = self._sk_pp[sk]
         balance = umax * pp / util.sum(axis=1)
         iteration = np.full(B, np.inf)
@@ -436,7 +443,8 @@ class Composer:
                 p_, m_ = int(kv // 1_000_000), int(kv % 1_000_000)
                 fin = pipeline_finish_batch(fwd[rows, :p_], bwd[rows, :p_], g["link"][rows, :max(p_ - 1, 0)], m_)
                 iteration[rows] = np.max(fin + tail[rows, :p_], axis=1)
-        return BlockCost(iteration_ms=iteration, max_utilisation=umax, balance=balance, feasible=feasible)
+        return BlockCost(iteration_ms=iteration, max_utilisation=umax, balance=balance, feasible=feasible,
+                         risk_utilisation=risk)
 
 
 def required_queries(space: PlanSpace) -> list[LayerQuery]:

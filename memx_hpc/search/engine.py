@@ -20,7 +20,7 @@ import os
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from ..model.compose import (MODE_NAMES, Composer, CostOptions, Prediction, cont
                              required_queries)
 from ..spec import Plan
 from .cache import CacheStats, PredictionCache, signature
-from .objective import Weights, log_score
+from .objective import TIME_NOISE, Weights, log_score, risk_utilisation, tie_key
 from .space import PlanSpace
 
 #: Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun)
@@ -72,25 +72,38 @@ def mpi_comm(*, required: bool = False):
 @dataclass(frozen=True, kw_only=True)
 class SearchOptions:
     """``use_cache`` False asks the cost model for every stage of every plan (no signature
-    table): the baseline the hash-signature cache is measured against."""
+    table): the baseline the hash-signature cache is measured against. ``memory_error``:
+    per GPU type the expected relative error of the predicted peak (see
+    :func:`~memx_hpc.search.objective.memory_error_bands`); the recommended ranking widens
+    peaks by it. ``time_noise``: plans this close to the fastest risk-feasible one count as
+    equally fast."""
 
     top_k: int = 10
     weights: Weights = field(default_factory=Weights)
     block_size: int = 65536
     use_cache: bool = True
     cost: CostOptions = field(default_factory=CostOptions)
+    memory_error: Mapping[str, float] = field(default_factory=dict)
+    time_noise: float = TIME_NOISE
 
     def __post_init__(self) -> None:
         if not isinstance(self.top_k, int) or self.top_k < 1:
             raise SpecError("must be a whole number >= 1", field="top", found=self.top_k)
         if self.block_size < 1:
             raise SpecError("must be >= 1", field="block_size", found=self.block_size)
+        if not 0 <= self.time_noise < 1:
+            raise SpecError("must be in [0, 1)", field="time_noise", found=self.time_noise)
+        for g, v in self.memory_error.items():
+            if not (isinstance(v, (int, float)) and 0 <= v < 10):
+                raise SpecError("an expected memory error is a fraction >= 0", field=f"memory_error.{g}", found=v)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ScoredPlan:
-    """A plan with its prediction; ``rank`` by score and ``time_rank`` by iteration time
-    alone (1 = fastest; plans with equal time share a rank), among feasible plans."""
+    """A plan with its prediction; ``rank`` in the list it is reported in, ``score`` its
+    weighted product, ``time_rank`` its rank by iteration time alone (1 = fastest; plans
+    with equal time share a rank) among feasible plans, ``risk_utilisation`` its worst
+    GPU's peak widened by the expected memory error, over capacity (> 1: may not fit)."""
 
     index: int
     plan: Plan
@@ -98,6 +111,11 @@ class ScoredPlan:
     score: float
     rank: int
     time_rank: int
+    risk_utilisation: float = float("nan")
+
+    @property
+    def risk_feasible(self) -> bool:
+        return bool(self.prediction.feasible) and self.risk_utilisation <= 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,11 +150,37 @@ class SearchStats:
 
 @dataclass(frozen=True, kw_only=True)
 class SearchResult:
+    """``top``: by MemX's weighted product; ``time_top``: by iteration time alone (feasible
+    plans); ``recommended_top``: the recommended ranking (risk-feasible plans: the plans
+    within ``time_noise`` of the fastest one by widened memory x imbalance, then the others
+    by time; see search/objective.py). ``recommended`` is its first plan (None when no plan
+    is risk-feasible); ``risk_feasible``: how many plans are."""
+
     top: tuple[ScoredPlan, ...]
     time_top: tuple[ScoredPlan, ...]
     pareto: tuple[ParetoPoint, ...]
     weights: Weights
     stats: SearchStats
+    recommended_top: tuple[ScoredPlan, ...] = ()
+    risk_feasible: int = 0
+    memory_error: Mapping[str, float] = field(default_factory=dict)
+    time_noise: float = TIME_NOISE
+
+    @property
+    def recommended(self) -> ScoredPlan | None:
+        return self.recommended_top[0] if self.recommended_top else None
+
+    @property
+    def fastest(self) -> ScoredPlan | None:
+        return self.time_top[0] if self.time_top else None
+
+    @property
+    def weighted_best(self) -> ScoredPlan | None:
+        return self.top[0] if self.top else None
+
+    def ranking(self, objective: str) -> tuple[ScoredPlan, ...]:
+        """The plans as ``objective`` (recommended | memx) ranks them."""
+        return self.recommended_top if objective == "recommended" else self.top
 
 
 # --------------------------------------------------------------------------- streaming keepers
@@ -164,24 +208,51 @@ def _front(t: np.ndarray, u: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return order[us < prev_min]
 
 
+def _band(t: np.ndarray, key: np.ndarray, idx: np.ndarray, noise: float):
+    """The entries within ``noise`` of the fastest (all of them: the recommended plan is
+    the best of these by ``key``, and a plan left out here could be it)."""
+    if not len(t):
+        return t, key, idx
+    keep = t <= t.min() * (1.0 + noise)
+    return t[keep], key[keep], idx[keep]
+
+
+_EMPTY3 = (np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64))
+
+
 @dataclass
 class _Keeper:
     k: int
+    noise: float = TIME_NOISE
     score: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0, dtype=np.int64))
     time: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0, dtype=np.int64))
-    front: tuple[np.ndarray, np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64))
+    safe: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0, dtype=np.int64))
+    band: tuple[np.ndarray, np.ndarray, np.ndarray] = _EMPTY3
+    front: tuple[np.ndarray, np.ndarray, np.ndarray] = _EMPTY3
     times: list = field(default_factory=list)
     plans: int = 0
     feasible: int = 0
+    risk_feasible: int = 0
     lookups: int = 0
+    recommended: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
-    def add(self, idx: np.ndarray, ls: np.ndarray, it: np.ndarray, util: np.ndarray, feasible: np.ndarray) -> None:
+    def add(self, idx: np.ndarray, ls: np.ndarray, it: np.ndarray, util: np.ndarray, feasible: np.ndarray,
+            risk: np.ndarray | None = None, balance: np.ndarray | None = None) -> None:
         self.plans += len(idx)
         self.feasible += int(feasible.sum())
         s0, i0 = self.score
         self.score = _take_best(np.r_[s0, ls], np.r_[i0, idx], self.k)
         t0, j0 = self.time
         self.time = _take_best(np.r_[t0, it], np.r_[j0, idx], self.k)
+        if risk is not None:
+            rf = feasible & (risk <= 1.0)
+            self.risk_feasible += int(rf.sum())
+            r0, k0 = self.safe
+            self.safe = _take_best(np.r_[r0, np.where(rf, it, np.inf)], np.r_[k0, idx], self.k)
+            g = np.flatnonzero(rf)
+            bt, bk, bi = self.band
+            self.band = _band(np.r_[bt, it[g]], np.r_[bk, tie_key(risk[g], balance[g])], np.r_[bi, idx[g]],
+                              self.noise)
         f = np.flatnonzero(feasible)
         ft, fu, fi = self.front
         t = np.r_[ft, it[f]]
@@ -276,9 +347,10 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
         stats.unique = len(queries)
     gpus = sorted({p.gpu_type for p in space.partitions})
     overhead = {g: int(cost_model.overhead_bytes(g)) for g in gpus}
-    composer = Composer(space, predictions, overhead_bytes=overhead, options=options.cost)
+    composer = Composer(space, predictions, overhead_bytes=overhead, options=options.cost,
+                        memory_error=options.memory_error)
     start, stop = space.rank_range(rank, size)
-    keeper = _Keeper(k=options.top_k * _SPARE)
+    keeper = _Keeper(k=options.top_k * _SPARE, noise=options.time_noise)
     sp = space.options.sequence_parallel
     t_compose = time.perf_counter()
     done = 0
@@ -291,7 +363,8 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
             composer.set_predictions({q: (float(v[0]), float(v[1])) for q, v in zip(qs, vals)})
         cost = composer.compose(block)
         ls = log_score(cost.iteration_ms, cost.max_utilisation, cost.balance, options.weights)
-        keeper.add(block.indices, ls, cost.iteration_ms, cost.max_utilisation, cost.feasible)
+        keeper.add(block.indices, ls, cost.iteration_ms, cost.max_utilisation, cost.feasible, cost.risk_utilisation,
+                   cost.balance)
         if options.use_cache:
             keeper.lookups += int((block.levels >= 0).sum())
         done += len(block)
@@ -304,9 +377,13 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if comm is not None:
         parts = comm.gather((keeper.score, keeper.time, keeper.front, keeper.plans, keeper.feasible, keeper.lookups,
-                             rss, compose_s), root=0)
+                             rss, compose_s, keeper.safe, keeper.band, keeper.risk_feasible), root=0)
         if rank == 0:
-            merged = _Keeper(k=options.top_k * _SPARE)
+            merged = _Keeper(k=options.top_k * _SPARE, noise=options.time_noise)
+            merged.safe = _take_best(np.concatenate([p[8][0] for p in parts]),
+                                     np.concatenate([p[8][1] for p in parts]), options.top_k * _SPARE)
+            merged.band = _band(*(np.concatenate([p[9][j] for p in parts]) for j in range(3)), options.time_noise)
+            merged.risk_feasible = sum(p[10] for p in parts)
             merged.score = _take_best(np.concatenate([p[0][0] for p in parts]),
                                       np.concatenate([p[0][1] for p in parts]), options.top_k * _SPARE)
             merged.time = _take_best(np.concatenate([p[1][0] for p in parts]),
@@ -327,6 +404,7 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
             keeper_view = None
         keeper_view = comm.bcast(keeper_view, root=0)
         _keep_distinct(space, keeper_view, options.top_k)
+        _recommended_order(space, keeper_view, options.top_k)
         # time-only rank of every reported plan: count faster feasible plans on every rank
         targets = _report_indices(keeper_view)
         target_times = _times_of(space, composer, targets)
@@ -338,12 +416,14 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
         keeper = keeper_view
     else:
         _keep_distinct(space, keeper, options.top_k)
+        _recommended_order(space, keeper, options.top_k)
         targets = _report_indices(keeper)
         target_times = _times_of(space, composer, targets)
         faster = np.searchsorted(times, target_times, side="left") if len(targets) else np.zeros(0, dtype=np.int64)
     time_rank = {int(i): int(f) + 1 for i, f in zip(targets, faster)}
     top = _scored(space, cost_model, options, keeper.score[1], keeper.score[0], time_rank)
     time_top = _scored(space, cost_model, options, keeper.time[1], None, time_rank)
+    recommended_top = _scored(space, cost_model, options, keeper.recommended, None, time_rank)
     ft, fu, fi = keeper.front
     pareto = tuple(ParetoPoint(index=int(i), iteration_ms=float(t), max_utilisation=float(u))
                    for t, u, i in zip(ft, fu, fi))
@@ -352,7 +432,9 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
         seconds = comm.bcast(seconds, root=0)
     st = SearchStats(plans=keeper.plans, feasible=keeper.feasible, seconds=seconds, compose_seconds=compose_s,
                      ranks=size, peak_rss_bytes=int(rss), cache=stats.to_dict(), space=space.describe())
-    return SearchResult(top=top, time_top=time_top, pareto=pareto, weights=options.weights, stats=st)
+    return SearchResult(top=top, time_top=time_top, pareto=pareto, weights=options.weights, stats=st,
+                        recommended_top=recommended_top, risk_feasible=keeper.risk_feasible,
+                        memory_error=dict(options.memory_error), time_noise=options.time_noise)
 
 
 # Different indices can decode to the same runnable plan (a fractional full-recompute
@@ -380,8 +462,31 @@ def _keep_distinct(space: PlanSpace, k: _Keeper, top_k: int) -> None:
         setattr(k, name, (keys[keep_a], idx[keep_a]))
 
 
+def _recommended_order(space: PlanSpace, k: _Keeper, top_k: int) -> None:
+    """``k.recommended``: the recommended ranking's plan indices (distinct plans, at most
+    ``top_k``): the plans within the time noise of the fastest risk-feasible plan by
+    widened memory x imbalance (then time, then index), followed by the other
+    risk-feasible plans by time."""
+    bt, bk, bi = k.band
+    order = np.lexsort((bi, bt, bk))
+    in_band = set(int(i) for i in bi)
+    cands = [int(i) for i in bi[order]] + [int(i) for i in k.safe[1] if int(i) not in in_band]
+    seen: set = set()
+    out = []
+    for i in cands:
+        plan = space.plan_at(i)
+        if plan in seen:
+            continue
+        seen.add(plan)
+        out.append(i)
+        if len(out) == top_k:
+            break
+    k.recommended = np.asarray(out, dtype=np.int64)
+
+
 def _report_indices(k: _Keeper) -> np.ndarray:
-    return np.unique(np.r_[k.score[1], k.time[1]]).astype(np.int64)
+    return np.unique(np.r_[k.score[1], k.time[1], k.recommended]
+                     ).astype(np.int64)
 
 
 def _times_of(space: PlanSpace, composer: Composer, indices: np.ndarray) -> np.ndarray:
@@ -401,5 +506,6 @@ def _scored(space: PlanSpace, cost_model, options: SearchOptions, indices, log_s
         ls = float(log_scores[r]) if log_scores is not None else float(
             log_score(pred.iteration_ms, pred.max_utilisation, pred.balance, options.weights))
         out.append(ScoredPlan(index=int(i), plan=plan, prediction=pred, score=float(np.exp(ls)), rank=r + 1,
-                              time_rank=time_rank.get(int(i), 0)))
+                              time_rank=time_rank.get(int(i), 0),
+                              risk_utilisation=risk_utilisation(pred, options.memory_error)))
     return tuple(out)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -51,7 +52,9 @@ TIME_ONLY = Weights(time=1.0, memory=0.0, balance=0.0)
 
 
 def parse_weights(text: str | None, *, default: Weights | None = None) -> Weights:
-    """``"time=1,memory=0.5,balance=0.5"`` -> Weights; names left out keep their default.
+    """``"time=1,memory=0.5,balance=0.5"`` -> Weights; names left out are 0 (``time=1`` is
+    the time-only ranking). Without ``text`` the result is ``default`` (the site's
+    ``objective:`` weights) or MemX's defaults.
 
     Unknown names, repeated names, non-numbers and negative values raise SpecError
     naming the offending item and the allowed names.
@@ -59,7 +62,7 @@ def parse_weights(text: str | None, *, default: Weights | None = None) -> Weight
     base = default or Weights()
     if text is None or not text.strip():
         return base
-    values = {n: getattr(base, n) for n in WEIGHT_NAMES}
+    values = {n: 0.0 for n in WEIGHT_NAMES}
     seen: set[str] = set()
     for item in text.split(","):
         item = item.strip()
@@ -106,3 +109,127 @@ def score(iteration_ms, max_utilisation, balance, weights: Weights):
     """``T^w_t · M^w_m · B^w_b`` (T in seconds); ``inf`` for infeasible plans (T = inf)."""
     with np.errstate(over="ignore"):
         return np.exp(log_score(iteration_ms, max_utilisation, balance, weights))
+
+
+# --------------------------------------------------------------------------- the recommended plan
+#
+# MemX's weighted product trades time for memory headroom at a fixed exchange rate, even
+# when the headroom buys nothing: once a plan fits, a GPU at 28 % of its memory is no safer
+# than one at 72 % unless the prediction could be 40 % off. The recommended plan asks the
+# question the user has instead: the fastest plan that will not run out of memory, given
+# how wrong the memory prediction can be for each GPU type.
+#
+#   1. risk-feasible: every GPU's predicted peak, widened by the expected error of the
+#      memory prediction for its GPU type (MemoryErrorBand), is within its capacity (and the
+#      plan is feasible under the site's safety margin as well);
+#   2. the fastest risk-feasible plan sets the time T0;
+#   3. among risk-feasible plans within TIME_NOISE of T0 -- differences the time prediction
+#      cannot tell apart -- the one with the lowest widened worst-GPU utilisation times
+#      imbalance wins (ties: faster, then lower plan index).
+
+#: Objectives ``--objective`` accepts: ``recommended`` (the default) and ``memx`` (the weighted product).
+OBJECTIVES = ("recommended", "memx")
+#: Plans this close in predicted time count as equally fast. The time predictor's error on
+#: held-out runs is far larger (benchmarks/end_to_end.py), but most of it is shared by plans
+#: on the same GPUs; 2 % is the spread of repeated measurements of one plan on a quiet node
+#: (benchmarks/top1_cpu.py --repeat), i.e. below it a measurement cannot rank two plans.
+TIME_NOISE = 0.02
+#: Held-out runs of a GPU type needed before its own leave-one-out error replaces the table.
+MIN_RUNS_FOR_OWN_BAND = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryErrorBand:
+    """The expected relative error of one GPU type's predicted peak memory, and its source."""
+
+    gpu_type: str
+    fraction: float
+    basis: str  # measured | imported | augmented | datasheet-only | calibrated | verify-loo
+    source: str  # where the number comes from (a benchmark line, or the site's own runs)
+
+    def label(self) -> str:
+        return f"+-{self.fraction:.0%} ({self.basis})"
+
+
+def _error_table() -> dict:
+    from importlib import resources
+
+    import yaml
+    text = resources.files("memx_hpc.data").joinpath("memory_error.yaml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+def table_band(gpu_type: str, basis: str) -> MemoryErrorBand:
+    """The shipped expected error (data/memory_error.yaml) for a GPU type whose numbers come
+    from ``basis``; an unknown basis gets the widest (datasheet-only) row."""
+    table = _error_table()
+    row = table.get(basis) or table["datasheet-only"]
+    return MemoryErrorBand(gpu_type=gpu_type, fraction=float(row["fraction"]),
+                           basis=basis if basis in table else "datasheet-only",
+                           source=f"{row['benchmark']} ({row['statistic']})")
+
+
+def memory_error_bands(provenance: Mapping[str, str], *, calibrated: Iterable[str] = (),
+                       held_out: Sequence = ()) -> dict[str, MemoryErrorBand]:
+    """Per GPU type of the site, the band the recommended plan widens its peak by.
+
+    ``provenance``: GPU type -> measured | imported | augmented | datasheet-only (the cost
+    model's). ``calibrated``: GPU types whose device overhead the site's end-to-end runs
+    calibrate. ``held_out``: (:class:`memx_hpc.model.calibrate.HeldOut`, its E2ERecord) pairs
+    of those runs (each run predicted by a calibration fitted on the others); a GPU type with at least
+    :data:`MIN_RUNS_FOR_OWN_BAND` of them gets its own mean absolute error, never less
+    than the table's calibrated row (a few lucky runs do not make a band narrower than
+    what 12 runs elsewhere showed)."""
+    cal = set(calibrated)
+    own = _held_out_errors(held_out)
+    out = {}
+    for g, prov in provenance.items():
+        band = table_band(g, "calibrated" if g in cal else prov)
+        errs = own.get(g, [])
+        if g in cal and len(errs) >= MIN_RUNS_FOR_OWN_BAND:
+            frac = max(sum(errs) / len(errs), band.fraction)
+            band = MemoryErrorBand(gpu_type=g, fraction=frac, basis="verify-loo",
+                                   source=f"leave-one-out over this site's {len(errs)} end-to-end runs of {g} "
+                                          f"(mean absolute error {sum(errs) / len(errs):.1%}; floor: {band.source})")
+        out[g] = band
+    return out
+
+
+def _held_out_errors(held_out: Sequence) -> dict[str, list[float]]:
+    """Per GPU type, |predicted - measured| / measured of the largest footprint on that type,
+    one value per held-out run. ``held_out``: (HeldOut, E2ERecord) pairs."""
+    out: dict[str, list[float]] = {}
+    for h, rec in held_out:
+        types = rec.gpu_type_by_rank or {}
+        meas_by_rank = rec.peak_footprint_bytes_by_rank or {}
+        for g in sorted(set(types.values())):
+            meas = max((v for r, v in meas_by_rank.items() if types.get(r) == g), default=0)
+            pred = max((s.peak_bytes for s in h.after.stages if s.gpu_type == g), default=0)
+            if meas > 0 and pred > 0:
+                out.setdefault(g, []).append(abs(pred - meas) / meas)
+    return out
+
+
+def band_fraction(bands: Mapping[str, "MemoryErrorBand | float"], gpu_type: str) -> float:
+    """The band of ``gpu_type`` as a fraction; 0 for a type ``bands`` does not name (the
+    search widens by what it is given, as the vectorised composition does)."""
+    b = bands.get(gpu_type)
+    if b is None:
+        return 0.0
+    return float(b.fraction if isinstance(b, MemoryErrorBand) else b)
+
+
+def risk_utilisation(prediction, bands: Mapping[str, "MemoryErrorBand | float"]) -> float:
+    """Worst GPU's predicted peak widened by its type's band, as a fraction of its capacity."""
+    return max(s.peak_bytes * (1.0 + band_fraction(bands, s.gpu_type)) / s.capacity_bytes
+               for s in prediction.stages)
+
+
+def risk_feasible(prediction, bands) -> bool:
+    """Feasible under the site's margin and, widened by the band, within capacity."""
+    return bool(prediction.feasible) and risk_utilisation(prediction, bands) <= 1.0
+
+
+def tie_key(risk_util, balance):
+    """Within the time noise: lower widened worst-GPU utilisation times imbalance wins."""
+    return np.asarray(risk_util, dtype=np.float64) * np.asarray(balance, dtype=np.float64)

@@ -119,6 +119,49 @@ def test_top_k_time_ranking_and_pareto_equal_brute_force(world):
     assert r.stats.plans == len(space) and r.stats.feasible == len(rows)
 
 
+def brute_recommended(space, model, bands, noise):
+    """The recommended plan by its definition, plan by plan with the scalar composition."""
+    from memx_hpc.search.objective import risk_utilisation
+    rows = []
+    for i, plan in space.iter_range(0, len(space)):
+        p = predict_plan(plan, space.site, space.job, model)
+        r = risk_utilisation(p, bands)
+        if p.feasible and r <= 1.0:
+            rows.append((p.iteration_ms, r * p.balance, i))
+    t0 = min(t for t, _, _ in rows)
+    band = [x for x in rows if x[0] <= t0 * (1 + noise) * (1 + 1e-12)]
+    return min(band, key=lambda x: (x[1], x[0], x[2])), rows, t0
+
+
+@pytest.mark.parametrize("bands", [{"A100-80": 0.0, "V100-32": 0.0}, {"A100-80": 0.15, "V100-32": 0.4}])
+def test_recommended_plan_equals_its_definition(bands):
+    site, job, space = setup(margin=0.05)
+    model = LinearModel(act=2.5e9)
+    noise = 0.05
+    want, rows, t0 = brute_recommended(space, model, bands, noise)
+    r = search(space, model, options=SearchOptions(top_k=5, memory_error=bands, time_noise=noise, block_size=97))
+    rec = r.recommended
+    assert rec is not None and rec.risk_feasible
+    assert space.plan_at(rec.index) == space.plan_at(want[2])
+    assert rec.prediction.iteration_ms <= t0 * (1 + noise) * (1 + 1e-9)
+    assert r.risk_feasible == len(rows)
+    # every plan of the recommended ranking is risk-feasible; the fastest feasible plan may not be
+    assert all(s.risk_feasible for s in r.recommended_top)
+    assert r.fastest.prediction.iteration_ms <= rec.prediction.iteration_ms
+    assert r.ranking("memx") == r.top and r.ranking("recommended") == r.recommended_top
+
+
+def test_a_wider_band_moves_the_recommendation_off_the_memory_edge():
+    site, job, space = setup(margin=0.05)
+    model = LinearModel(act=2.5e9)
+    narrow = search(space, model, options=SearchOptions(top_k=3, memory_error={"A100-80": 0.0, "V100-32": 0.0}))
+    wide = search(space, model, options=SearchOptions(top_k=3, memory_error={"A100-80": 0.5, "V100-32": 0.5}))
+    assert narrow.fastest.index == wide.fastest.index  # the fastest feasible plan does not care
+    assert wide.recommended.risk_utilisation <= 1.0
+    assert wide.recommended.prediction.max_utilisation <= 1 / 1.5 + 1e-12
+    assert wide.risk_feasible < narrow.risk_feasible
+
+
 def test_answer_does_not_depend_on_block_size_or_cache(world, tmp_path):
     site, job, space, model, w, rows = world
     a = search(space, model, options=SearchOptions(top_k=5, weights=w))

@@ -13,7 +13,13 @@ from memx_hpc.search.objective import TIME_ONLY, Weights, log_score, parse_weigh
 
 def test_parse_weights():
     assert parse_weights("time=1,memory=0.5,balance=0.5") == Weights(time=1, memory=0.5, balance=0.5)
-    assert parse_weights(" memory = 2 ") == Weights(time=1, memory=2, balance=0.5)  # others keep defaults
+    # names left out are 0: time=1 alone is the time-only ranking, not time=1 with MemX's defaults
+    assert parse_weights(" memory = 2 ") == Weights(time=0, memory=2, balance=0)
+    assert parse_weights("time=1") == TIME_ONLY
+    assert parse_weights("time=1,memory=0") == TIME_ONLY
+    site_default = Weights(time=2, memory=1, balance=0)
+    assert parse_weights(None, default=site_default) == site_default
+    assert parse_weights("balance=1", default=site_default) == Weights(time=0, memory=0, balance=1)
     assert parse_weights("time=1,memory=0,balance=0") == TIME_ONLY and TIME_ONLY.time_only
     assert parse_weights(None) == Weights() and parse_weights("") == Weights()
 
@@ -62,3 +68,66 @@ def test_weights_validation():
         Weights(memory=-0.1)
     with pytest.raises(SpecError, match="weights.time"):
         Weights(time=float("nan"))
+
+
+# --------------------------------------------------------------------------- the recommended plan
+
+
+def test_shipped_error_table_names_its_benchmark_rows_and_is_wider_without_data():
+    from memx_hpc.search.objective import table_band
+    rows = {b: table_band("X", b) for b in ("calibrated", "measured", "imported", "augmented", "datasheet-only")}
+    for b, band in rows.items():
+        assert 0 < band.fraction < 1 and "benchmarks/" in band.source and band.basis == b
+    assert rows["calibrated"].fraction < rows["imported"].fraction < rows["datasheet-only"].fraction
+    assert table_band("X", "something new").basis == "datasheet-only"
+
+
+class _Stage:
+    def __init__(self, gpu, peak, cap):
+        self.gpu_type, self.peak_bytes, self.capacity_bytes = gpu, peak, cap
+
+
+class _Pred:
+    def __init__(self, *stages, feasible=True):
+        self.stages, self.feasible = stages, feasible
+
+
+def test_risk_utilisation_widens_each_gpu_by_its_own_band():
+    from memx_hpc.search.objective import risk_feasible, risk_utilisation
+    p = _Pred(_Stage("A", 70, 100), _Stage("B", 50, 100))
+    assert risk_utilisation(p, {"A": 0.1, "B": 0.5}) == pytest.approx(0.77)
+    assert risk_utilisation(p, {"A": 0.1, "B": 0.9}) == pytest.approx(0.95)
+    assert risk_feasible(p, {"A": 0.1, "B": 0.9})
+    assert not risk_feasible(p, {"A": 0.5})  # 70 * 1.5 = 105 % of capacity
+    assert not risk_feasible(_Pred(_Stage("A", 1, 100), feasible=False), {})
+    assert risk_utilisation(p, {}) == pytest.approx(0.7)  # types not named: not widened
+
+
+def test_bands_follow_provenance_and_the_sites_own_runs():
+    from memx_hpc.search.objective import MIN_RUNS_FOR_OWN_BAND, memory_error_bands, table_band
+    prov = {"A100-80": "imported", "MI250X-GCD": "datasheet-only", "cpu": "measured"}
+    b = memory_error_bands(prov)
+    assert b["MI250X-GCD"].fraction > b["A100-80"].fraction
+    assert b["cpu"].basis == "measured"
+    b = memory_error_bands(prov, calibrated=["cpu"])
+    assert b["cpu"].basis == "calibrated" and b["cpu"].fraction == table_band("cpu", "calibrated").fraction
+
+    class Rec:
+        def __init__(self, meas):
+            self.gpu_type_by_rank = {"0": "cpu", "1": "cpu"}
+            self.peak_footprint_bytes_by_rank = {"0": meas, "1": meas // 2}
+
+    class Held:
+        def __init__(self, pred):
+            self.after = _Pred(_Stage("cpu", pred, 10**12))
+
+    # three runs each 40 % off: the site's own band replaces the table's
+    held = [(Held(140), Rec(100)) for _ in range(MIN_RUNS_FOR_OWN_BAND)]
+    b = memory_error_bands(prov, calibrated=["cpu"], held_out=held)
+    assert b["cpu"].basis == "verify-loo" and b["cpu"].fraction == pytest.approx(0.4)
+    assert "3 end-to-end runs" in b["cpu"].source
+    # fewer runs than that: the table; a tiny own error never narrows the table's floor
+    assert memory_error_bands(prov, calibrated=["cpu"], held_out=held[:2])["cpu"].basis == "calibrated"
+    exact = [(Held(100), Rec(100)) for _ in range(4)]
+    assert memory_error_bands(prov, calibrated=["cpu"], held_out=exact)["cpu"].fraction == \
+        table_band("cpu", "calibrated").fraction
