@@ -78,3 +78,18 @@ def preset(name: str) -> ModelSpec:
     if name not in p:
         raise SpecError("unknown model preset" + _suggest(name, sorted(p)), found=name, allowed=", ".join(sorted(p)))
     return p[name]
+
+
+def precision_notes(site, job) -> list[str]:
+    """One line per GPU type of ``site`` whose matrix units cannot run ``job``'s precision
+    natively (bf16 on Volta or Turing): what the planner assumes and what to use instead."""
+    out = []
+    for name in dict.fromkeys(p.gpu_type for p in site.partitions):
+        g = site.gpu(name)
+        if g.native(job.precision):
+            continue
+        alt = next((x for x in ("bf16", "fp16") if g.native(x)), "fp32")
+        out.append(f"{name} has no native {job.precision} units: modelled at its fp32 rate "
+                   f"({g.peak_tflops_fp32:g} TFLOP/s, not {g.peak_tflops_bf16:g}); use 'precision: {alt}' in "
+                   f"{job.source_file or 'the job file'} to plan with its {alt} tensor units")
+    return out

@@ -193,6 +193,8 @@ class GpuType:
 
     ``link_gbps`` is the typical per-direction intra-node bandwidth of one device
     (NVLink / Infinity Fabric / PCIe) in GB/s; partitions may override it.
+    ``precisions``: the precisions its matrix units run natively (Volta and Turing have
+    fp16 tensor cores but no bf16; ``peak_tflops_bf16`` is then the fp16 figure).
     """
 
     name: str
@@ -205,10 +207,18 @@ class GpuType:
     source: str = ""
     aliases: tuple[str, ...] = ()
     measured_at_profile_time: bool = False
+    precisions: tuple[str, ...] = PRECISIONS
+
+    def native(self, precision: str) -> bool:
+        """Whether the part's matrix units run ``precision`` (bf16 on a V100 does not)."""
+        return precision in self.precisions
 
     def peak_tflops(self, precision: str) -> float:
-        """Dense matrix throughput for ``precision`` (fp16 and bf16 share a figure)."""
-        return self.peak_tflops_fp32 if precision == "fp32" else self.peak_tflops_bf16
+        """Dense matrix throughput for ``precision`` (fp16 and bf16 share a figure). A 16-bit
+        precision the part has no units for runs at best at its fp32 rate."""
+        if precision == "fp32" or not self.native(precision):
+            return self.peak_tflops_fp32
+        return self.peak_tflops_bf16
 
     @property
     def memory_bytes(self) -> int:
@@ -228,9 +238,20 @@ class GpuType:
             source=r.str("source", ""),
             aliases=r.str_list("aliases"),
             measured_at_profile_time=r.bool("measured_at_profile_time", False),
+            precisions=_precisions(r, "precisions"),
         )
         r.finish()
         return g
+
+
+def _precisions(r: "_Reader", key: str) -> tuple[str, ...]:
+    vals = r.str_list(key)
+    if not vals:
+        return PRECISIONS
+    for v in vals:
+        if v not in PRECISIONS:
+            raise SpecError("unknown precision", field=r._p(key), found=v, allowed=", ".join(PRECISIONS))
+    return tuple(vals)
 
 
 @dataclass(frozen=True, kw_only=True)

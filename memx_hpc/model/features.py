@@ -66,7 +66,8 @@ def _gpu_row(gpu: GpuType, precision: str) -> list[float]:
     peak = gpu.peak_tflops(precision)
     # Matrix units: a part whose half-precision peak is well above its fp32 peak has tensor
     # cores / matrix cores for it (P40 / P100 do not, V100 onwards do).
-    matrix = 1.0 if precision != "fp32" and gpu.peak_tflops_bf16 > 2.5 * gpu.peak_tflops_fp32 else 0.0
+    # (and only for a precision they run natively: bf16 on a V100 has no units).
+    matrix = 1.0 if precision != "fp32" and gpu.peak_tflops(precision) > 2.5 * gpu.peak_tflops_fp32 else 0.0
     return [math.log(peak), math.log(gpu.hbm_gbps), math.log(gpu.link_gbps),
             math.log(peak * 1e3 / gpu.hbm_gbps), matrix, math.log(gpu.memory_gib)]
 
