@@ -208,10 +208,18 @@ class GpuType:
     aliases: tuple[str, ...] = ()
     measured_at_profile_time: bool = False
     precisions: tuple[str, ...] = PRECISIONS
+    #: the silicon this type is a board/memory variant of (V100-16 and V100-32 are one
+    #: chip): variants share layer times and differ only in memory. Empty: its own chip.
+    chip: str = ""
 
     def native(self, precision: str) -> bool:
         """Whether the part's matrix units run ``precision`` (bf16 on a V100 does not)."""
         return precision in self.precisions
+
+    @property
+    def chip_id(self) -> str:
+        """The chip identity: ``chip`` when given, else the type's own name."""
+        return self.chip or self.name
 
     def peak_tflops(self, precision: str) -> float:
         """Dense matrix throughput for ``precision`` (fp16 and bf16 share a figure). A 16-bit
@@ -239,6 +247,7 @@ class GpuType:
             aliases=r.str_list("aliases"),
             measured_at_profile_time=r.bool("measured_at_profile_time", False),
             precisions=_precisions(r, "precisions"),
+            chip=r.str("chip", ""),
         )
         r.finish()
         return g
