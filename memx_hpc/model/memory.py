@@ -1,0 +1,141 @@
+"""Device memory as users see it: ``footprint = a · allocator peak + b`` per GPU type.
+
+What ``nvidia-smi`` / ``amd-smi`` (and Slurm's OOM killer) see of a training process is
+not the bytes its tensors hold. Two parts come on top, and they behave differently:
+
+* a part that grows with the allocator peak: PyTorch's caching allocator keeps freed
+  blocks reserved for reuse, rounds requests up (blocks of 512 B below 1 MiB, of 2 MiB
+  above, segments of 20 MiB for large requests: PyTorch "CUDA semantics, memory
+  management" and ``c10/cuda/CUDACachingAllocator.cpp``) and fragments over many
+  iterations of differently sized activations, so ``max_memory_reserved`` exceeds
+  ``max_memory_allocated`` by a share of it (typically 5-20 % in Megatron runs; the
+  ``expandable_segments`` setting narrows it). That is ``a`` (prior 1.10 on GPUs; 1.0 on
+  the CPU, whose footprint is the process's peak RSS with no caching layer).
+* a fixed part: the CUDA/HIP context and loaded kernels (CUDA 12 with lazy module
+  loading: ~0.3-0.6 GiB on A100/H100; HIP's is larger, ~1 GiB, since its code objects
+  load eagerly), cuBLAS/hipBLAS workspaces (torch's default ``CUBLAS_WORKSPACE_CONFIG``
+  ``:4096:8``: 32 MiB per stream), and the communicators' buffers: NCCL allocates
+  ``NCCL_BUFFSIZE`` (4 MiB) per channel per peer for each of the Simple protocol's
+  send and receive (NCCL environment variables docs), with 8-32 channels on NVLink
+  systems, so ~64-256 MiB per communicator and a Megatron rank holds several (TP, DP,
+  PP, embedding, the default group). That is ``b`` (prior 1.5 GiB NVIDIA, 2.0 GiB AMD,
+  1.5 GiB Intel, 0.25 GiB CPU: the sum of these with 4-6 communicators).
+
+Both terms are learned per GPU type from ``verify`` runs (end-to-end records: measured
+footprint ``F`` per rank against the allocator peak ``A`` the cost model predicts for its
+stage) as the posterior mean of a Bayesian linear regression (Gaussian prior on
+``(a, b)``, Gaussian noise whose standard deviation is :data:`NOISE_FRACTION` of the
+footprint, the run-to-run spread of measured device peaks): ::
+
+    (a, b) = argmin  sum_r (F_r - a A_r - b)^2 / (s F_r)^2
+                     + (a - a0)^2 / ta^2 + (b - b0)^2 / tb^2
+
+With few runs, or runs whose allocator peaks barely differ (``a`` and ``b`` are then not
+separable), the answer stays near the prior; with many runs of different sizes it is the
+data's line. A constant alone (``a = 1``) fitted on large plans overshoots small ones: on
+Sailor's GH200 runs the device reports ~14 % more than the allocator peak plus ~3 GiB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import SpecError
+
+__all__ = ["MemoryPrior", "DeviceMemoryModel", "PRIORS", "NOISE_FRACTION", "prior_for", "fit_device_memory"]
+
+GiB = 2**30
+#: Run-to-run spread of measured device peaks (relative standard deviation). Sailor's
+#: GH200 runs and repeated ``verify`` runs here vary by a few percent.
+NOISE_FRACTION = 0.04
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryPrior:
+    """Prior mean and standard deviation of the slope ``a`` and offset ``b`` (bytes)."""
+
+    a: float
+    b_bytes: float
+    sd_a: float
+    sd_b_bytes: float
+    source: str
+
+
+#: Per vendor (see the module docstring for where each figure comes from).
+PRIORS: dict[str, MemoryPrior] = {
+    "nvidia": MemoryPrior(a=1.10, b_bytes=1.5 * GiB, sd_a=0.10, sd_b_bytes=1.0 * GiB,
+                          source="caching-allocator reserve ~10 %; CUDA context + cuBLAS workspaces + NCCL buffers"),
+    "amd": MemoryPrior(a=1.10, b_bytes=2.0 * GiB, sd_a=0.10, sd_b_bytes=1.0 * GiB,
+                       source="caching-allocator reserve ~10 %; HIP context (eager code objects) + RCCL buffers"),
+    "intel": MemoryPrior(a=1.10, b_bytes=1.5 * GiB, sd_a=0.10, sd_b_bytes=1.0 * GiB,
+                         source="allocator reserve ~10 %; Level Zero context + oneCCL buffers"),
+    "cpu": MemoryPrior(a=1.0, b_bytes=0.25 * GiB, sd_a=0.10, sd_b_bytes=0.25 * GiB,
+                       source="peak RSS: interpreter, libraries and gloo buffers; no caching allocator"),
+}
+
+
+def prior_for(vendor: str) -> MemoryPrior:
+    if vendor not in PRIORS:
+        raise SpecError("unknown vendor", field="vendor", found=vendor, allowed=", ".join(PRIORS))
+    return PRIORS[vendor]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceMemoryModel:
+    """``footprint = a · allocator_peak + b`` for one GPU type."""
+
+    a: float
+    b_bytes: float
+    runs: int = 0  # measurements it was fitted on (0: the prior)
+    source: str = "prior"
+
+    def footprint(self, allocator_peak_bytes: float) -> float:
+        return self.a * float(allocator_peak_bytes) + self.b_bytes
+
+    def overhead_at(self, allocator_peak_bytes: float) -> float:
+        """Bytes beyond the allocator peak at this peak (``(a - 1) · A + b``)."""
+        return self.footprint(allocator_peak_bytes) - float(allocator_peak_bytes)
+
+    @classmethod
+    def from_prior(cls, prior: MemoryPrior) -> "DeviceMemoryModel":
+        return cls(a=prior.a, b_bytes=prior.b_bytes, runs=0, source=f"prior: {prior.source}")
+
+
+#: Physical bounds: the device never reports less than the allocator holds on GPUs, and
+#: a slope beyond 2 would be a leak, not an allocator.
+A_BOUNDS = (0.9, 2.0)
+
+
+def fit_device_memory(allocator_peaks: Sequence[float], footprints: Sequence[float], prior: MemoryPrior, *,
+                      noise_fraction: float = NOISE_FRACTION) -> DeviceMemoryModel:
+    """Posterior mean of ``(a, b)`` given measured ``footprints`` at predicted ``allocator_peaks``
+    (one pair per run; the module docstring has the objective). No pairs: the prior."""
+    A = np.asarray(allocator_peaks, dtype=np.float64)
+    F = np.asarray(footprints, dtype=np.float64)
+    if A.shape != F.shape:
+        raise SpecError("one allocator peak per footprint", field="allocator_peaks", found=(A.size, F.size))
+    keep = np.isfinite(A) & np.isfinite(F) & (F > 0) & (A >= 0)
+    A, F = A[keep], F[keep]
+    if A.size == 0:
+        return DeviceMemoryModel.from_prior(prior)
+    # work in GiB so the normal equations are well conditioned
+    a_, f_ = A / GiB, F / GiB
+    w = 1.0 / (noise_fraction * f_) ** 2
+    X = np.stack([a_, np.ones_like(a_)], axis=1)
+    P = np.diag([1.0 / prior.sd_a ** 2, 1.0 / (prior.sd_b_bytes / GiB) ** 2])
+    theta0 = np.array([prior.a, prior.b_bytes / GiB])
+    lhs = X.T @ (w[:, None] * X) + P
+    rhs = X.T @ (w * f_) + P @ theta0
+    a, b = np.linalg.solve(lhs, rhs)
+    if not A_BOUNDS[0] <= a <= A_BOUNDS[1]:
+        # refit b with a held at the bound
+        a = float(np.clip(a, *A_BOUNDS))
+        pb = 1.0 / (prior.sd_b_bytes / GiB) ** 2
+        b = (np.sum(w * (f_ - a * a_)) + pb * theta0[1]) / (np.sum(w) + pb)
+    b = max(float(b), 0.0)
+    return DeviceMemoryModel(a=float(a), b_bytes=b * GiB, runs=int(A.size),
+                             source=f"fitted on {A.size} run(s), prior {prior.a:.2f} x peak + "
+                                    f"{prior.b_bytes / GiB:.2f} GiB")
