@@ -13,19 +13,25 @@ bytes kept per in-flight micro-batch):
   stage i runs ``p - i - 1`` warm-up forwards before its first backward), plus, when
   a stage recomputes, one layer's full activations rebuilt during its backward;
 * weights, gradients and optimizer states from :mod:`memx_hpc.model.analytic`
-  (``stage_params`` -> ``state_bytes``), and the per-GPU runtime overhead the cost
-  model reports (context, communication buffers, allocator slack): the peak memory a
-  device reports. A plan is infeasible when any GPU's peak exceeds its capacity times
-  ``1 - site.memory_safety_margin``;
-* point-to-point sends between stages: the ``s·b·h`` activation (divided by TP under
-  sequence parallelism) over the link between the two stages' GPUs: intra-node, the
-  partition's inter-node network, or the site's link between partitions;
+  (``stage_params`` -> ``state_bytes``): with the activations, the allocator peak ``A``.
+  What the device reports is ``a·A + b`` (:mod:`memx_hpc.model.memory`): the cost
+  model's ``memory_scale`` (``a``, 1 when it has none) and ``overhead_bytes`` (``b``:
+  context, communication buffers). A plan is infeasible when any GPU's peak exceeds its
+  capacity times ``1 - site.memory_safety_margin``;
+* point-to-point sends between stages: each TP rank sends the ``s·b·h`` activation
+  (divided by TP under sequence parallelism; Megatron-core's ``p2p_communication`` has
+  no scatter-gather), all TP ranks of a node at once, over the link between the two
+  stages' GPUs: inside a node, between nodes of a partition, or between partitions. Every
+  link is a curve of message size -> time (:class:`memx_hpc.model.links.LinkModel`:
+  measured, else Sailor's imported curves, else the site's figure);
 * the pipeline: Megatron's 1F1B schedule evaluated exactly (see
   :mod:`memx_hpc.model.schedule`), giving each stage's finish time;
 * after its last backward each stage synchronises gradients over its data-parallel
-  group — ring all-reduce ``2(d-1)/d · bytes / bw`` (Patarasuk & Yuan 2009), or with the
-  distributed optimizer reduce-scatter of gradients then all-gather of parameters,
-  ``(d-1)/d`` each (Rajbhandari et al. 2020, ZeRO §5) — then steps its optimizer. Tied
+  group — a ring all-reduce (Patarasuk & Yuan 2009: ``2(d-1)`` steps of ``bytes/d`` on the
+  group's slowest link curve, all the stage's TP ranks of a node running their rings at
+  once), or with the distributed optimizer reduce-scatter of gradients then all-gather
+  of parameters, half a ring each (Rajbhandari et al. 2020, ZeRO §5) — then steps its
+  optimizer. Tied
   embeddings add the first/last-stage embedding-gradient all-reduce (Megatron-LM
   ``_allreduce_word_embedding_grads``). The iteration ends when the last stage does.
 
@@ -235,6 +241,91 @@ def stage_layout(site: Site, stage_partitions: Sequence[str], tp: int, dp: int) 
     return links, dps
 
 
+def stage_links(site: Site, stage_partitions: Sequence[str], tp: int, dp: int
+                ) -> tuple[list[tuple[str, str, bool]], list[bool]]:
+    """Where each stage boundary and each DP group runs (the placement of :func:`stage_layout`):
+    ``(sender partition, receiver partition, same node)`` per boundary and ``one node``
+    per stage's DP group."""
+    w = tp * dp
+    slots: list[int] = []
+    used: dict[str, int] = {}
+    for name in stage_partitions:
+        slots.append(used.get(name, 0))
+        used[name] = used.get(name, 0) + w
+    bounds = []
+    for i in range(len(stage_partitions) - 1):
+        a, b = stage_partitions[i], stage_partitions[i + 1]
+        gpn = site.partition(a).gpus_per_node
+        same = a == b and all((slots[i] + r) // gpn == (slots[i + 1] + r) // gpn for r in range(w))
+        bounds.append((a, b, same))
+    groups = []
+    for i, name in enumerate(stage_partitions):
+        gpn = site.partition(name).gpus_per_node
+        groups.append(slots[i] // gpn == (slots[i] + w - 1) // gpn)
+    return bounds, groups
+
+
+def link_model_for(site: Site, cost_model=None, links=None):
+    """The links to compose with: ``links`` if given, else the cost model's (the planner
+    attaches measured and imported curves there), else the site's figures alone."""
+    from .links import LinkModel
+    if links is not None:
+        return links
+    lm = getattr(cost_model, "links", None)
+    if lm is not None and getattr(lm, "site", None) is site:
+        return lm
+    if lm is not None:
+        return LinkModel(site, lm.curves)
+    return LinkModel(site)
+
+
+def memory_scale_of(cost_model):
+    """``gpu_type -> a`` of the device-memory model (1.0 when the cost model has none)."""
+    f = getattr(cost_model, "memory_scale", None)
+    return f if callable(f) else (lambda gpu_type: 1.0)
+
+
+def send_ms(links, job: TrainJob, *, micro_batch_size: int, tp: int, sequence_parallel: bool, a: str | None,
+            b: str | None, same_node: bool) -> float:
+    """One activation (or gradient) between two stages: every TP rank sends its copy
+    (``s·b·h``, or its ``1/tp`` under sequence parallelism), those of a node at once."""
+    msg = p2p_bytes(job, micro_batch_size=micro_batch_size, tp=tp, sequence_parallel=sequence_parallel)
+    if a is None or b is None:
+        return transfer_ms(msg, links.site.inter_partition_gbps)
+    streams = min(tp, links.site.partition(a).gpus_per_node)
+    return links.p2p(msg * streams, a, b, same_node=same_node, streams=streams).ms
+
+
+def dp_sync_ms(links, job: TrainJob, *, dp: int, params: float, partitions: Sequence[str | None], one_node: bool,
+               streams: int = 1) -> float:
+    """The data-parallel gradient synchronisation of ``params`` parameters per GPU."""
+    if dp <= 1 or params <= 0:
+        return 0.0
+    g = GRAD_BYTES_PER_PARAM[job.precision]
+    parts = [p for p in partitions if p is not None]
+    if len(parts) < len(partitions) or not parts:
+        per_param = sync_ms_per_param(job, dp, links.site.inter_partition_gbps)
+        return params * per_param
+    streams = 1 if one_node else streams
+
+    def ar(nbytes: float) -> float:
+        return links.allreduce(nbytes, dp, parts, one_node=one_node, streams=streams).ms
+
+    if job.distributed_optimizer:  # reduce-scatter of gradients + all-gather of parameters: half a ring each
+        return 0.5 * ar(params * g) + 0.5 * ar(params * BYTES_PER_ELEMENT[job.precision])
+    return ar(params * g)
+
+
+def tied_sync_ms(links, job: TrainJob, tp: int, pp: int, first: str | None, last: str | None) -> float:
+    """The first/last-stage all-reduce of the shared word-embedding gradients (two ranks)."""
+    if pp <= 1 or not job.model.tied_embeddings:
+        return 0.0
+    nbytes = analytic.embedding_params(job.model, tp) * GRAD_BYTES_PER_PARAM[job.precision]
+    if first is None or last is None:
+        return transfer_ms(nbytes, links.site.inter_partition_gbps)
+    return links.allreduce(nbytes, 2, [first, last]).ms
+
+
 def _limit(site: Site) -> float:
     return 1.0 - site.memory_safety_margin
 
@@ -260,11 +351,14 @@ class Composer:
     """Composes the plans of a space from a table of per-query predictions."""
 
     def __init__(self, space: PlanSpace, predictions: Predictions, *, overhead_bytes: Mapping[str, int],
-                 options: CostOptions | None = None, memory_error: Mapping[str, float] | None = None) -> None:
+                 options: CostOptions | None = None, memory_error: Mapping[str, float] | None = None,
+                 links=None, memory_scale: Mapping[str, float] | None = None) -> None:
         self.space = space
         self.options = options or CostOptions()
         site, job = space.site, space.job
         self.site, self.job = site, job
+        self.links = link_model_for(site, None, links)
+        self._memory_scale = dict(memory_scale or {})
         sp = space.options.sequence_parallel
         L = job.model.num_layers
         levels = space.levels
@@ -288,7 +382,9 @@ class Composer:
         sk_first = np.zeros((S, P), dtype=np.float64)
         sk_last = np.zeros((S, P), dtype=np.float64)
         sk_link = np.zeros((S, P), dtype=np.float64)
-        sk_sync = np.zeros((S, P), dtype=np.float64)
+        sk_sync = np.zeros((S, P), dtype=np.int64)
+        sync_ids: dict[tuple, int] = {}
+        sync_rows: list[np.ndarray] = []
         sk_tied = np.zeros((S, P), dtype=np.float64)
         sk_m = np.zeros(S, dtype=np.int64)
         sk_pp = np.zeros(S, dtype=np.int64)
@@ -299,9 +395,8 @@ class Composer:
             sk_m[si], sk_pp[si] = m, pp
             parts = sk.stage_partitions()
             names = [space.partitions[p].name for p in parts]
-            links, dps = stage_layout(site, names, tp, dp)
-            msg = p2p_bytes(job, micro_batch_size=mbs, tp=tp, sequence_parallel=sp)
-            tied = tied_embedding_sync_ms(site, job, tp, pp, names[0], names[-1])
+            bounds, one_node = stage_links(site, names, tp, dp)
+            tied = tied_sync_ms(self.links, job, tp, pp, names[0], names[-1])
             for i, name in enumerate(names):
                 gpu = space.partitions[parts[i]].gpu_type
                 key = (gpu, tp, mbs)
@@ -337,22 +432,34 @@ class Composer:
                 sk_first[si, i] = first
                 sk_last[si, i] = last
                 if i < pp - 1:
-                    sk_link[si, i] = transfer_ms(msg, links[i])
-                sk_sync[si, i] = sync_ms_per_param(job, dp, dps[i])
+                    a, b, same = bounds[i]
+                    sk_link[si, i] = send_ms(self.links, job, micro_batch_size=mbs, tp=tp, sequence_parallel=sp,
+                                             a=a, b=b, same_node=same)
+                ykey = (s, dp, name, one_node[i], tp)
+                y = sync_ids.get(ykey)
+                if y is None:
+                    y = sync_ids[ykey] = len(sync_rows)
+                    streams = min(tp, site.partition(name).gpus_per_node)
+                    sync_rows.append(np.array([dp_sync_ms(self.links, job, dp=dp, params=float(x), partitions=[name],
+                                                          one_node=one_node[i], streams=streams)
+                                               for x in param_rows[s]], dtype=np.float64))
+                sk_sync[si, i] = y
                 if first or last:
                     sk_tied[si, i] = tied
         # columns: t[none, selective, full], a[none, selective, full], embedding (t, a), head (t, a),
-        # runtime overhead bytes, capacity bytes
-        ctx = np.array(ctx_rows, dtype=np.float64).reshape(len(ctx_rows), 12)
+        # runtime overhead bytes, capacity bytes, memory scale (a of a·A + b)
+        ctx = np.array(ctx_rows, dtype=np.float64).reshape(len(ctx_rows), 13)
         self._ctx_t = np.ascontiguousarray(ctx[:, 0:3])
         self._ctx_a = np.ascontiguousarray(ctx[:, 3:6])
         self._ctx_emb = np.ascontiguousarray(ctx[:, 6:8])
         self._ctx_head = np.ascontiguousarray(ctx[:, 8:10])
         self._ctx_over = ctx[:, 10]
         self._ctx_cap = ctx[:, 11]
+        self._ctx_scale = ctx[:, 12]
         self._state = np.array(state_rows).reshape(len(state_rows), L + 1)
         self._params = np.array(param_rows).reshape(len(param_rows), L + 1)
         self._opt = np.array(opt_rows).reshape(len(opt_rows), L + 1)
+        self._sync = np.array(sync_rows).reshape(len(sync_rows), L + 1)
         self._sk = dict(ctx=sk_ctx, state=sk_state, opt=sk_opt, inflight=sk_inflight, first=sk_first,
                         last=sk_last, link=sk_link, sync=sk_sync, tied=sk_tied)
         self._sk_m, self._sk_pp = sk_m, sk_pp
@@ -388,7 +495,7 @@ class Composer:
         t = [v[0] for v in vals]
         a = [v[1] for v in vals]
         return t[0:3] + a[0:3] + [t[3], a[3], t[4], a[4], float(overhead[gpu]),
-                                  float(self.site.gpu(gpu).memory_bytes)]
+                                  float(self.site.gpu(gpu).memory_bytes), float(self._memory_scale.get(gpu, 1.0))]
 
     def compose(self, block: Block) -> BlockCost:
         """Iteration time, worst utilisation, balance and feasibility of every plan in ``block``."""
@@ -420,7 +527,7 @@ class Composer:
         transient = np.where(k > 0, a_none - a_full, 0.0)
         ni = block.layers.astype(np.int64)
         state = self._state[g["state"], ni]
-        peak = state + g["inflight"] * act + transient + self._ctx_over[ctx]
+        peak = self._ctx_scale[ctx] * (state + g["inflight"] * act + transient) + self._ctx_over[ctx]
         cap = self._ctx_cap[ctx]
         ok = (peak <= cap * _limit(self.site)) | ~valid
         feasible = ok.all(axis=1)
@@ -431,7 +538,7 @@ class Composer:
         balance = umax * pp / util.sum(axis=1)
         iteration = np.full(B, np.inf)
         if feasible.any():
-            sync = self._params[g["state"], ni] * g["sync"]
+            sync = self._sync[g["sync"], ni]
             if self.options.overlap_grad_reduce:
                 sync = np.maximum(0.0, sync - bwd)
             tail = sync + self._opt[g["opt"], ni] + g["tied"]
@@ -472,8 +579,8 @@ class _Replica:
 
 def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micro_batch_size: int,
                   stages: Sequence[tuple[int, str, int | None, Sequence[_Replica]]], dp_per_stage: Sequence[int],
-                  links_gbps: Sequence[float], dp_gbps: Sequence[Sequence[float]], sequence_parallel: bool,
-                  options: CostOptions) -> Prediction:
+                  link_ms: Sequence[float], sync_of, tied_ms: float, sequence_parallel: bool,
+                  options: CostOptions, memory_scale=None) -> Prediction:
     """The scalar composition shared by :func:`predict_plan` and :func:`predict_general`.
 
     ``stages``: per stage (layers, base mode of the layers not fully recomputed, number of
@@ -531,11 +638,12 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
                                          distributed_optimizer=job.distributed_optimizer, dp=dp_per_stage[i])
             inflight = min(p - i, ms[i])
             over = int(overhead_of(r.gpu_type))
-            peak = state + inflight * act + transient + over
+            scale = float(memory_scale(r.gpu_type)) if memory_scale else 1.0
+            peak = scale * (state + inflight * act + transient) + over
             cap = site.gpu(r.gpu_type).memory_bytes
             sync_params = params if r.sync_tp in (None, r.tp) else analytic.stage_params(
                 job.model, n, first=first, last=last, tp=r.sync_tp, pp=p)
-            sync = sync_params * sync_ms_per_param(job, dp_per_stage[i], dp_gbps[i][ri])
+            sync = sync_of(i, float(sync_params))
             if options.overlap_grad_reduce:
                 sync = max(0.0, sync - (total - fwd))
             opt = analytic.optimizer_step_ms(params, site.gpu(r.gpu_type), precision=job.precision,
@@ -553,16 +661,8 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
                 best = (fwd, total)
         fwd_stage.append(best[0])
         bwd_stage.append(best[1] - best[0])
-    first_part = stages[0][3][0].partition
-    last_part = stages[-1][3][0].partition
-    tp0 = stages[0][3][0].tp
-    tied = tied_embedding_sync_ms(site, job, tp0, p, first_part, last_part)
-    link_ms = []
-    for i in range(p - 1):
-        tp_send = min(r.tp for r in stages[i][3])
-        sp = sequence_parallel and tp_send > 1
-        link_ms.append(transfer_ms(p2p_bytes(job, micro_batch_size=mbs, tp=tp_send, sequence_parallel=sp),
-                                   links_gbps[i]))
+    tied = tied_ms
+    link_ms = list(link_ms)
     fin = pipeline_finish_batch(np.array([fwd_stage]), np.array([bwd_stage]), np.array([link_ms]).reshape(1, -1), m)[0]
     feasible, reason = True, ""
     out = []
@@ -602,7 +702,8 @@ def _base_and_k(rc, num_layers: int, field_name: str) -> tuple[str, int]:
     return "none", k
 
 
-def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: CostOptions | None = None) -> Prediction:
+def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: CostOptions | None = None,
+                 links=None) -> Prediction:
     """Predict one Megatron-runnable plan (the same composition as the search)."""
     names = [s.partition for s in plan.stages]
     for i, name in enumerate(names):
@@ -621,7 +722,16 @@ def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: 
     if plan.num_layers != job.model.num_layers:
         raise SpecError(f"stages hold {plan.num_layers} layers, the model has {job.model.num_layers}",
                         field="stages", found=plan.num_layers)
-    links, dps = stage_layout(site, names, plan.tp, plan.dp)
+    lm = link_model_for(site, cost_model, links)
+    bounds, one_node = stage_links(site, names, plan.tp, plan.dp)
+    sp = plan.sequence_parallel and plan.tp > 1
+    link_ms = [send_ms(lm, job, micro_batch_size=plan.micro_batch_size, tp=plan.tp, sequence_parallel=sp, a=a, b=b,
+                       same_node=same) for a, b, same in bounds]
+
+    def sync_of(i: int, params: float) -> float:
+        return dp_sync_ms(lm, job, dp=plan.dp, params=params, partitions=[names[i]], one_node=one_node[i],
+                          streams=min(plan.tp, site.partition(names[i]).gpus_per_node))
+
     stages = []
     for i, s in enumerate(plan.stages):
         base, k = _base_and_k(s.recompute, s.num_layers, f"stages[{i}].recompute")
@@ -629,12 +739,14 @@ def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: 
         stages.append((s.num_layers, base, k, [_Replica(gpu_type=gpu, tp=plan.tp, partition=s.partition)]))
     return _predict_from(site, job, cost_model.predict, cost_model.overhead_bytes,
                          micro_batch_size=plan.micro_batch_size, stages=stages, dp_per_stage=[plan.dp] * plan.pp,
-                         links_gbps=links, dp_gbps=[[g] for g in dps], sequence_parallel=plan.sequence_parallel,
-                         options=options or CostOptions())
+                         link_ms=link_ms, sync_of=sync_of, tied_ms=tied_sync_ms(lm, job, plan.tp, plan.pp, names[0],
+                                                                                names[-1]),
+                         sequence_parallel=plan.sequence_parallel, options=options or CostOptions(),
+                         memory_scale=memory_scale_of(cost_model))
 
 
 def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
-                    options: CostOptions | None = None) -> Prediction:
+                    options: CostOptions | None = None, links=None) -> Prediction:
     """Predict a general plan: per stage, data-parallel replicas with their own GPU type and TP.
 
     A stage's time is its slowest replica's; its gradient synchronisation runs over the
@@ -674,21 +786,56 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
         base, k = _base_and_k(s.recompute, s.num_layers, f"stages[{i}].recompute")
         stages.append((s.num_layers, base, k, reps))
 
-    def gbps(a: str | None, b: str | None) -> float:
-        if a is None or b is None:
-            return site.inter_partition_gbps
-        return site.link_gbps(a, b)
-
-    links = [min(gbps(x.partition, y.partition) for x in stages[i][3] for y in stages[i + 1][3])
-             for i in range(len(stages) - 1)]
-    dp_g = []
+    lm = link_model_for(site, cost_model, links)
+    # placement: replicas packed onto their partition's GPUs in stage order, tp GPUs each
+    used: dict[str, int] = {}
+    slots: list[list[int | None]] = []
     for _, _, _, reps in stages:
-        slow = min((gbps(x.partition, y.partition) for x in reps for y in reps), default=math.inf)
-        dp_g.append([slow] * len(reps))
+        row: list[int | None] = []
+        for r in reps:
+            if r.partition is None:
+                row.append(None)
+                continue
+            row.append(used.get(r.partition, 0))
+            used[r.partition] = used.get(r.partition, 0) + r.tp
+        slots.append(row)
+
+    def node(part: str | None, slot: int | None) -> int | None:
+        return None if part is None or slot is None else slot // site.partition(part).gpus_per_node
+
+    link_ms = []
+    for i in range(len(stages) - 1):
+        cur, nxt = stages[i][3], stages[i + 1][3]
+        worst = 0.0
+        for j, r in enumerate(cur):  # replica j sends to replica j mod d of the next stage
+            k = j % len(nxt)
+            peer = nxt[k]
+            same = (r.partition is not None and r.partition == peer.partition
+                    and node(r.partition, slots[i][j]) == node(peer.partition, slots[i + 1][k]))
+            worst = max(worst, send_ms(lm, job, micro_batch_size=plan.micro_batch_size, tp=r.tp,
+                                       sequence_parallel=False, a=r.partition, b=peer.partition, same_node=same))
+        link_ms.append(worst)
+    groups = []
+    for i, (_, _, _, reps) in enumerate(stages):
+        parts = [r.partition for r in reps]
+        nodes = {(r.partition, node(r.partition, slots[i][j])) for j, r in enumerate(reps)}
+        last = (reps[-1].partition, node(reps[-1].partition, (slots[i][-1] or 0) + reps[-1].tp - 1))
+        one = None not in parts and len(nodes | {last}) == 1
+        streams = min(min(r.tp for r in reps), min(site.partition(p).gpus_per_node for p in parts if p) if any(parts)
+                      else 1)
+        groups.append((parts, one, streams))
+
+    def sync_of(i: int, params: float) -> float:
+        parts, one, streams = groups[i]
+        return dp_sync_ms(lm, job, dp=len(parts), params=params, partitions=parts, one_node=one, streams=streams)
+
+    first, lastp = stages[0][3][0], stages[-1][3][0]
     return _predict_from(site, job, cost_model.predict, cost_model.overhead_bytes,
                          micro_batch_size=plan.micro_batch_size, stages=stages,
-                         dp_per_stage=[len(s.replicas) for s in plan.stages], links_gbps=links, dp_gbps=dp_g,
-                         sequence_parallel=False, options=options or CostOptions())
+                         dp_per_stage=[len(s.replicas) for s in plan.stages], link_ms=link_ms, sync_of=sync_of,
+                         tied_ms=tied_sync_ms(lm, job, first.tp, len(stages), first.partition, lastp.partition),
+                         sequence_parallel=False, options=options or CostOptions(),
+                         memory_scale=memory_scale_of(cost_model))
 
 
 def _known(site: Site, name: str) -> bool:
@@ -701,5 +848,5 @@ def _known(site: Site, name: str) -> bool:
 
 __all__ = ["BlockCost", "Composer", "CostOptions", "GRAD_BYTES_PER_PARAM", "Prediction", "StagePrediction",
            "context_queries", "p2p_bytes", "predict_general", "predict_plan", "required_queries",
-           "stage_layout",
-           "sync_ms_per_param", "tied_embedding_sync_ms", "transfer_ms"]
+           "stage_layout", "stage_links", "send_ms", "dp_sync_ms", "tied_sync_ms", "link_model_for",
+           "memory_scale_of", "sync_ms_per_param", "tied_embedding_sync_ms", "transfer_ms"]

@@ -12,6 +12,7 @@ from memx_hpc.errors import SpecError
 from memx_hpc.model import analytic
 from memx_hpc.model.compose import (Composer, CostOptions, p2p_bytes, predict_general, predict_plan, required_queries,
                                   stage_layout, sync_ms_per_param)
+from memx_hpc.model.links import SITE_LATENCY_US
 from memx_hpc.model.schedule import simulate_1f1b
 from memx_hpc.search.space import PlanSpace, SpaceOptions
 from memx_hpc.spec import (GeneralPlan, GeneralStage, Link, ModelSpec, Partition, Plan, Recompute, Replica, Site,
@@ -97,13 +98,16 @@ def test_hand_computed_plan():
     st1 = analytic.state_bytes(p1, precision="bf16", optimizer="adam", distributed_optimizer=True, dp=2)
     assert s0.state_bytes == st0 and s0.peak_bytes == st0 + 2 * (3e8 + 1e6) + GiB
     assert s1.peak_bytes == st1 + 1e7 + 5e7 + 9e7 + GiB
+    # no measured or imported curves: the site's figures as latency + bytes / bandwidth
+    lat = {k: v * 1e-3 for k, v in SITE_LATENCY_US.items()}
     # p2p: s*b*h*2 bytes over the 10 GB/s link between the partitions
-    c = 512 * 1 * 1024 * 2 / (10 * 1e6)
+    c = lat["cross"] + 512 * 1 * 1024 * 2 / (10 * 1e6)
     assert s0.send_ms == pytest.approx(c)
-    # DP sync: distributed optimizer, (d-1)/d * (4 + 2) bytes per parameter, DP group inside one node
-    assert s0.grad_sync_ms == pytest.approx(p0 * 0.5 * 6 / (300 * 1e6))
-    assert s1.grad_sync_ms == pytest.approx(p1 * 0.5 * 6 / (150 * 1e6))
-    tied = analytic.embedding_params(job.model, 1) * 4 / (10 * 1e6)
+    # DP sync: distributed optimizer, reduce-scatter (4-byte grads) + all-gather (2-byte params), each half
+    # a ring of 2 (d-1) = 2 steps of bytes / d: 2 latencies + (d-1)/d * 6 bytes per parameter, inside one node
+    assert s0.grad_sync_ms == pytest.approx(2 * lat["intra"] + p0 * 0.5 * 6 / (300 * 1e6))
+    assert s1.grad_sync_ms == pytest.approx(2 * lat["intra"] + p1 * 0.5 * 6 / (150 * 1e6))
+    tied = 2 * lat["cross"] + analytic.embedding_params(job.model, 1) * 4 / (10 * 1e6)
     sim = simulate_1f1b([s0.forward_ms, s1.forward_ms], [s0.backward_ms, s1.backward_ms], [c], 2)
     opt0 = analytic.optimizer_step_ms(p0, site.gpu("A100-80"), precision="bf16", optimizer="adam",
                                       distributed_optimizer=True, dp=2)
