@@ -48,7 +48,7 @@ MEMX_PAPER = {"plans": 31_240, "seconds": 26.5}
 
 
 def _site_and_job(gpus: int):
-    from memx_hpc.cli.simulate import scale_site
+    from memx_hpc.planner import scale_site
     from memx_hpc.spec import load_job, load_site
     site = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml")
     if gpus != site.total_gpus:

@@ -6,7 +6,7 @@ for the fitted predictor and the datasheet roofline side by side in one run.
    (``memx_hpc.slurm.dispatch.profile``: submitit job arrays, the profiler on the node),
    into a store in a temporary folder (or ``--store``; what it already holds is reused).
 2. **Fit.** The dual-output XGBoost predictor is fitted on those layer samples, as
-   ``memx-hpc plan`` fits it (``memx_hpc.cli.search.load_cost_model``: the CPU's speed
+   ``memx-hpc plan`` fits it (``memx_hpc.planner.load_cost_model``: the CPU's speed
    figures measured while profiling, ``fit_or_load``), without the calibration: it sees
    no end-to-end run.
 3. **Predict and rank** a small space of plans that fit this 2-core machine (world size
@@ -132,7 +132,7 @@ def mape(pred: list[float], true: list[float]) -> float:
 def profile_and_fit(site: Site, job: TrainJob, store_path: Path, partitions: list[str]):
     """Measure what the store lacks on ``partitions``, then fit (or reuse) the predictor.
     Returns (predictor, description)."""
-    from memx_hpc.cli.search import load_cost_model
+    from memx_hpc.planner import load_cost_model
     from memx_hpc.profile.store import ProfileStore
     from memx_hpc.slurm.dispatch import profile
 

@@ -37,11 +37,12 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import SpecError
     from ..model.api import with_store_figures
     from ..model.predictor import Predictor, cross_validate
+    from ..planner import store_paths
     from ..profile.store import ProfileStore
     from ..spec import load_site
 
     site = load_site(args.site)
-    store_path = Path(args.store) if args.store else site.store
+    store_path = store_paths(site, args.store).store
     if not store_path.is_file():
         raise SpecError("profile store not found; run 'memx-hpc profile' or 'memx-hpc profile import' first",
                         file=str(store_path))
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     kw = {"augment": not args.no_augment}
     cv = None if args.no_cv else cross_validate(samples, gpus, **kw)
     predictor = Predictor(**kw).fit(samples, gpus)
-    out = Path(args.out) if args.out else store_path.with_suffix(".predictor.ubj")
+    out = Path(args.out) if args.out else store_paths(site, store_path).predictor
     predictor.save(out)
     gpu_types = sorted({s.point.gpu_type for s in samples})
     result = {"store": str(store_path), "predictor": str(out), "identity": predictor.identity,

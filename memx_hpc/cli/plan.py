@@ -12,8 +12,10 @@ DESCRIPTION = """\
 The main command, run on a login node:
 
   1. profile the minimal set of points the profile store lacks for the site's GPU
-     types (Slurm job arrays through submitit; skipped, with a note, when no
-     scheduler answers or with --no-profile),
+     types (Slurm job arrays through submitit, or local processes; skipped with
+     --no-profile). When profiling fails or the store is locked, plan exits 2 naming
+     the store, unless --allow-datasheet asks to plan from what the store holds and
+     datasheet figures for the rest (with a note),
   2. fit the dual-output predictor on the store, or reuse the saved one when the
      store did not change (GPU types without samples: datasheet roofline),
   3. search every plan Megatron-LM can run on the site (see 'memx-hpc search'),
@@ -42,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_site(p)
     add_job(p)
     p.add_argument("--no-profile", action="store_true", help="do not profile; search with what the store holds")
+    p.add_argument("--allow-datasheet", action="store_true",
+                   help="when profiling fails or the store is locked, plan from what the store holds and "
+                        "datasheet figures (with a note) instead of exiting 2")
     add_search_options(p)
     g = p.add_argument_group("submitting the best plan")
     g.add_argument("--submit", action="store_true",
@@ -54,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import SpecError, SystemFailure
-    from .search import report, run_search
+    from ..planner import plan, submit_best
+    from .search import report, request_from_args
 
     if args.iters is not None and args.iters < 1:
         raise SpecError("must be >= 1", field="--iters", found=args.iters)
@@ -64,30 +70,13 @@ def run(args: argparse.Namespace) -> int:
         # before the search: no point planning for minutes to find there is nowhere to submit
         if not slurm_available(timeout=5.0):
             raise SystemFailure(f"--submit: Slurm does not answer (sinfo), nothing was submitted. {START_HINT}")
-    outcome = run_search(args, profile_first=True)
+    outcome = plan(request_from_args(args, profile=True))
     if not outcome.rank0:
         return 0
-    if args.submit and outcome.result.top:
+    if args.submit and outcome.search.top:
         outcome.summary["submitted"] = submit_best(outcome, iters=args.iters, workdir=args.chdir)
     report(outcome, args)
     sub = outcome.summary.get("submitted")
     if sub and not args.json:
         print(f"\nsubmitted plan-01 as Slurm job {sub['job_id']}: {sub['script']} (log in {sub['log_dir']})")
     return 0
-
-
-def submit_best(outcome, *, iters: int | None, workdir: str | None) -> dict:
-    """Render the best plan of a search, check it with ``bash -n``, submit it; the job id
-    and where things are. SystemFailure when Slurm refuses or does not answer."""
-    from ..slurm import render as rs
-
-    best = outcome.result.top[0]
-    out_dir = outcome.out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    script = out_dir / "plan-01.sbatch"
-    script.write_text(rs.render(best.plan, outcome.site, outcome.job, iters=iters, log_dir=str(out_dir),
-                                workdir=workdir, job_name=f"memx-{outcome.job.name}"), encoding="utf-8")
-    rs.check_syntax(script)
-    job_id = rs.submit(script)
-    outcome.files.append(str(script))
-    return {"job_id": job_id, "script": str(script), "log_dir": str(out_dir), "plan_rank": best.rank}

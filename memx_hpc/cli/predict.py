@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from .common import add_job, add_json, add_site, emit_json, table
 
@@ -45,13 +44,14 @@ def run(args: argparse.Namespace) -> int:
     from ..planfile import load_plan
     from ..model.compose import CostOptions, predict_general, predict_plan
     from ..spec import GeneralPlan, load_job, load_site
-    from .search import PROVENANCE_WORDS, load_cost_model, provenance_of
+    from ..planner import load_cost_model, provenance_of, store_paths
+    from .search import PROVENANCE_WORDS
 
     site = load_site(args.site)
     job = load_job(args.job)
     plan = load_plan(args.plan)
     notes: list[str] = []
-    store = Path(args.store) if args.store else site.store
+    store = store_paths(site, args.store).store
     model = load_cost_model(site, job, store, analytic=args.analytic, notes=notes)
     opts = CostOptions(overlap_grad_reduce=args.overlap_grad_reduce)
     try:

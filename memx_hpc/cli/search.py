@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from .common import add_job, add_json, add_site, emit_json, table
 
@@ -122,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     return execute(args, profile_first=False)
 
 
-# --------------------------------------------------------------------------- shared machinery
+# --------------------------------------------------------------------------- arguments -> request
 
 
 def space_options(args: argparse.Namespace):
@@ -134,15 +131,21 @@ def space_options(args: argparse.Namespace):
                         selective_with_sdpa=args.selective_with_sdpa)
 
 
-def search_options(args: argparse.Namespace, site=None):
-    """Search options; the site's ``objective:`` weights are the default that --weights overrides."""
+def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=None, job=None):
+    """The :class:`~memx_hpc.planner.PlanRequest` the search options describe; ``site`` and
+    ``job`` replace the files named by --site/--job when given (already loaded)."""
     from ..model.compose import CostOptions
-    from ..search.engine import SearchOptions
-    from ..search.objective import Weights, parse_weights
-    default = Weights(**dict(zip(("time", "memory", "balance"), site.objective_weights))) if site is not None and site.objective_weights else None
-    return SearchOptions(top_k=args.top, weights=parse_weights(args.weights, default=default),
-                         block_size=args.block_size,
-                         use_cache=not args.no_cache, cost=CostOptions(overlap_grad_reduce=args.overlap_grad_reduce))
+    from ..planner import PlanRequest
+
+    no_profile = profile and getattr(args, "no_profile", False)
+    return PlanRequest(site=site if site is not None else args.site, job=job if job is not None else args.job,
+                       store=args.store, weights=args.weights, space=space_options(args),
+                       cost=CostOptions(overlap_grad_reduce=args.overlap_grad_reduce), top_k=args.top,
+                       block_size=args.block_size, profile=profile and not no_profile,
+                       allow_datasheet=getattr(args, "allow_datasheet", False),
+                       out_dir=getattr(args, "out", None), mpi="require" if args.mpi else "auto",
+                       analytic=args.analytic, use_cache=not args.no_cache,
+                       notes=("--no-profile: searched with what the store already holds",) if no_profile else ())
 
 
 PROVENANCE_WORDS = {"measured": "measured by the profiler", "imported": "imported measurements",
@@ -150,213 +153,30 @@ PROVENANCE_WORDS = {"measured": "measured by the profiler", "imported": "importe
                     "datasheet-only": "estimated from datasheet figures only"}
 
 
-def load_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[str], fit: bool = True,
-                    calibrate: bool = True):
-    """The cost model for ``site``: the predictor fitted on the store for GPU types it has
-    samples of (fitted or reloaded: see fit_or_load), the datasheet roofline for the rest;
-    calibrated by the end-to-end runs the store holds for the site (see
-    :mod:`memx_hpc.model.calibrate`) unless ``calibrate`` is False or ``analytic`` is set."""
-    model = _uncalibrated_cost_model(site, job, store_path, analytic=analytic, notes=notes, fit=fit)
-    if analytic or not calibrate or not store_path.is_file():
-        return model
-    return calibrated(model, site, job, store_path, notes)
-
-
-def calibrated(model, site, job, store_path: Path, notes: list[str]):
-    """``model`` wrapped in the calibration from the store's end-to-end runs of ``site``
-    (``model`` itself when there are none); what was used goes into ``notes``."""
-    from ..model.calibrate import CalibratedCostModel
-    from ..profile.store import ProfileStore
-
-    records = ProfileStore(store_path).e2e_records(site=site.name)
-    if not records:
-        return model
-    cm = CalibratedCostModel(model, records, site, job).fit()
-    cal = cm.calibration_
-    if not cal.runs:
-        notes.append(f"end-to-end runs in {store_path} not used for calibration: " + "; ".join(cal.skipped[:3]))
-        return model
-    notes.append(f"calibrated by end-to-end runs (memx-hpc verify): {cal.describe()}"
-                 + (f"; {len(cal.skipped)} run(s) left out" if cal.skipped else "")
-                 + "; its held-out (leave-one-out) error: memx-hpc verify")
-    return cm
-
-
-def base_of(model):
-    """The model under a calibration (the model itself when it is not calibrated)."""
-    from ..model.calibrate import CalibratedCostModel
-    return model.base if isinstance(model, CalibratedCostModel) else model
-
-
-def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[str], fit: bool = True):
-    from ..model.api import AnalyticCostModel
-    from ..model.routed import RoutedCostModel
-    fallback = AnalyticCostModel(site)
-    site_gpus = sorted({p.gpu_type for p in site.partitions})
-    if analytic:
-        notes.append("--analytic: every number is a datasheet roofline estimate")
-        return fallback
-    if not store_path.is_file():
-        notes.append(f"no profile store at {store_path}: every number is estimated from datasheet figures "
-                     f"(run 'memx-hpc plan' or 'memx-hpc profile' to measure)")
-        return fallback
-    from ..model.api import with_store_figures
-    from ..profile.store import ProfileStore
-    store = ProfileStore(store_path)
-    samples = store.samples()
-    # CPU "devices" (measured_at_profile_time): the speeds measured when profiling, as
-    # memx-hpc fit uses them, so both fit the same model from the same figures
-    gpus = with_store_figures(site, store)
-    fallback = AnalyticCostModel(gpus)
-    if not samples:
-        notes.append(f"the profile store {store_path} is empty: estimates from datasheet figures only")
-        return fallback
-    have = set()
-    for s in samples:
-        try:
-            have.add(site.gpu(s.point.gpu_type).name)
-        except Exception:  # a GPU type this site does not know: still training data
-            pass
-    covered = [g for g in site_gpus if site.gpu(g).name in have]
-    missing = [g for g in site_gpus if g not in covered]
-    if not covered:
-        notes.append(f"the profile store has no samples for {', '.join(site_gpus)}: estimates from datasheet "
-                     f"figures only")
-        return fallback
-    if not fit:
-        return fallback
-    try:
-        from ..model.predictor import fit_or_load
-    except ImportError as e:  # xgboost missing from this installation
-        notes.append(f"the predictor cannot be loaded ({e}): estimates from datasheet figures only")
-        return fallback
-    model_path = store_path.with_suffix(".predictor.ubj")
-    import time
-    t0 = time.perf_counter()
-    print(f"predictor: reusing {model_path} or fitting it on {len(samples):,} samples from {store_path} ...",
-          file=sys.stderr, flush=True)
-    predictor = fit_or_load(samples, model_path, gpus)
-    print(f"predictor: ready in {time.perf_counter() - t0:.1f} s (covers {', '.join(covered)})", file=sys.stderr,
-          flush=True)
-    if missing:
-        # The predictor's datasheet booster estimates a GPU type it has no samples of from
-        # that type's figures, which is about half the roofline's error on held-out types
-        # (benchmarks/accuracy.py, new-gpu) -- but only when the store spans several GPU
-        # types to learn that mapping from; with fewer, the plain roofline is safer.
-        layer_types = {s.point.gpu_type for s in samples if s.point.kind == "layer"}
-        if len(layer_types) >= MIN_TYPES_FOR_DATASHEET_TRANSFER:
-            notes.append(f"no samples for {', '.join(missing)} in {store_path}: the predictor estimates those "
-                         f"GPU types from their datasheet figures and the {len(layer_types)} profiled types")
-            return RoutedCostModel({g: predictor for g in site_gpus}, fallback)
-        notes.append(f"no samples for {', '.join(missing)} in {store_path}: those GPU types use the datasheet "
-                     f"roofline (AnalyticCostModel)")
-    return RoutedCostModel({g: predictor for g in covered}, fallback)
-
-
-#: profiled GPU types a store needs before the predictor estimates unprofiled types itself
-MIN_TYPES_FOR_DATASHEET_TRANSFER = 3
-
-
-def provenance_of(cost_model, site) -> dict[str, str]:
-    return {g: cost_model.provenance(g) for g in sorted({p.gpu_type for p in site.partitions})}
-
-
-@dataclass(frozen=True, kw_only=True)
-class SearchRun:
-    """A finished search as the commands use it: what was searched, with which model, the
-    result, and (on rank 0) the files written and the JSON summary. ``rank0`` is False on
-    the other MPI ranks, which have nothing to report."""
-
-    site: Any
-    job: Any
-    cost_model: Any
-    result: Any
-    notes: list[str]
-    provenance: dict[str, str]
-    out_dir: Path
-    files: list[str]
-    summary: dict
-    rank0: bool
-
-
 def execute(args: argparse.Namespace, *, profile_first: bool) -> int:
-    run = run_search(args, profile_first=profile_first)
-    if not run.rank0:
+    from ..planner import plan
+
+    outcome = plan(request_from_args(args, profile=profile_first))
+    if not outcome.rank0:
         return 0
-    report(run, args)
+    report(outcome, args)
     return 0
 
 
-def report(run: SearchRun, args: argparse.Namespace) -> None:
-    """Print the search (table or --json); SpecError when no plan fits."""
+def report(run, args: argparse.Namespace) -> None:
+    """Print a :class:`~memx_hpc.planner.PlanResult` (table or --json); SpecError when no plan fits."""
     from ..errors import SpecError
 
     if args.json:
         emit_json(run.summary)
     else:
-        print_report(run.result, run.site, run.job, run.provenance, run.notes, run.files)
-    if not run.result.top:
+        print_report(run.search, run.site, run.job, run.provenance, run.notes, run.files)
+    if not run.search.top:
         site, job = run.site, run.job
-        raise SpecError(f"none of the {run.result.stats.plans:,} plans fits in memory on {site.name} "
+        raise SpecError(f"none of the {run.search.stats.plans:,} plans fits in memory on {site.name} "
                         f"(capacity minus the {site.memory_safety_margin:.0%} safety margin); allow more "
                         f"recompute, smaller micro-batches, more pipeline stages (--max-stages), or add GPUs",
                         file=job.source_file)
-
-
-def run_search(args: argparse.Namespace, *, profile_first: bool, site=None, job=None) -> SearchRun:
-    """Profile what is missing (``profile_first``), load the cost model, search, and on rank 0
-    write the plan files, pareto.png and summary.json. Prints nothing on stdout."""
-    from ..search.cache import PredictionCache
-    from ..search.engine import launched_under_mpi, mpi_comm, search
-    from ..search.report import ProgressBar, pareto_png, result_to_json, write_plan_files
-    from ..search.space import PlanSpace
-    from ..spec import load_job, load_site
-
-    site = site or load_site(args.site)
-    job = job or load_job(args.job)
-    space_opts = space_options(args)
-    opts = search_options(args, site)  # bad --weights stop here, before any work
-    comm = mpi_comm(required=True) if args.mpi else (mpi_comm() if launched_under_mpi() else None)
-    rank0 = comm is None or comm.Get_rank() == 0
-    notes: list[str] = []
-    store_path = Path(args.store) if args.store else site.store
-    if profile_first:
-        if rank0:
-            profile_missing(site, job, store_path, args, notes)
-        if comm is not None:
-            notes = comm.bcast(notes, root=0)
-    # rank 0 fits (and saves) the predictor; the others then load what it saved
-    if comm is not None and not rank0:
-        comm.barrier()
-    cost_model = load_cost_model(site, job, store_path, analytic=args.analytic, notes=notes)
-    if comm is not None and rank0:
-        comm.barrier()
-    space = PlanSpace(site, job, space_opts)
-    cache = None
-    if not args.no_cache:
-        cache_path = site.cache if (site.cache_path or not args.store) else store_path.with_suffix(".cache.sqlite")
-        cache = PredictionCache(identity=cost_model.identity, path=cache_path)
-    progress = ProgressBar("search", enabled=rank0)
-    result = search(space, cost_model, options=opts, cache=cache, comm=comm, progress=progress)
-    provenance = provenance_of(cost_model, site)
-    out_dir = Path(args.out) if getattr(args, "out", None) else site.resolve(site.work_dir) / f"plan-{job.name}"
-    if not rank0:
-        return SearchRun(site=site, job=job, cost_model=cost_model, result=result, notes=notes,
-                         provenance=provenance, out_dir=out_dir, files=[], summary={}, rank0=False)
-    files: list[str] = []
-    if result.top:
-        files += [str(p) for p in write_plan_files(result, out_dir, site=site, job=job, provenance=provenance)]
-        files.append(str(pareto_png(result, out_dir / "pareto.png",
-                                    title=f"{job.name} on {site.name}: {result.stats.feasible:,} feasible plans")))
-    summary = result_to_json(result, site=site, job=job, provenance=provenance, notes=notes, files=files)
-    if result.top:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        import json
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        files.append(str(out_dir / "summary.json"))
-        summary["files"] = files
-    return SearchRun(site=site, job=job, cost_model=cost_model, result=result, notes=notes, provenance=provenance,
-                     out_dir=out_dir, files=files, summary=summary, rank0=True)
 
 
 def print_report(result, site, job, provenance, notes, files, *, stream=None) -> None:
@@ -396,28 +216,3 @@ def print_report(result, site, job, provenance, notes, files, *, stream=None) ->
               file=out)
     for n in notes:
         print(f"note: {n}", file=out)
-
-
-def profile_missing(site, job, store_path: Path, args, notes: list[str]) -> None:
-    """Measure what the store lacks (the profiler), or say why that was skipped."""
-    from ..errors import SystemFailure
-    if getattr(args, "no_profile", False):
-        notes.append("--no-profile: searched with what the store already holds")
-        return
-    try:
-        from ..profile.store import ProfileStore
-        from ..slurm.dispatch import profile
-    except ImportError as e:  # an installation without the profiler
-        notes.append(f"profiling not available ({e}); searched with what the store holds")
-        return
-    try:
-        report = profile(site, job, ProfileStore(store_path), progress=True)
-    except SystemFailure as e:
-        notes.append(f"profiling skipped: {e}")
-        return
-    if report.failed:
-        notes.append(f"profiling: {report.failed} point(s) failed after retries (see the store's job ledger); "
-                     f"their GPU types lean on the other samples")
-    if report.scheduled:
-        notes.append(f"profiled {report.measured} point(s) ({report.infeasible} out of memory) via "
-                     f"{report.scheduler} in {report.wall_s:.0f} s")

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
-import time
 
 from .common import add_job, add_site, emit_json, table
-from .search import _int_list, add_search_options, load_cost_model, provenance_of, search_options, space_options
+from .search import _int_list, add_search_options, request_from_args
 
 HELP = "search the site scaled up to more GPUs (replicated partitions) and report search time and plans"
 DESCRIPTION = """\
@@ -41,57 +39,19 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-def scale_site(site, gpus: int):
-    """``site`` with every partition's node count multiplied by ``gpus / site.total_gpus``
-    (rounded, at least one node)."""
-    from ..errors import SpecError
-    factor = gpus / site.total_gpus
-    parts = tuple(dataclasses.replace(p, nodes=max(1, round(p.nodes * factor))) for p in site.partitions)
-    scaled = dataclasses.replace(site, partitions=parts, name=f"{site.name}-x{factor:g}")
-    if scaled.total_gpus < 1:  # pragma: no cover - nodes >= 1
-        raise SpecError("scaled site has no GPUs", field="--scale", found=gpus)
-    return scaled
-
-
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ..search.cache import PredictionCache
-    from ..search.engine import launched_under_mpi, mpi_comm, search
-    from ..search.report import ProgressBar, scored_to_dict, stage_summary
     from ..model.schedule import closed_form_ms, simulate_1f1b
-    from ..search.space import PlanSpace
-    from ..spec import load_job, load_site
+    from ..planner import simulate_scales
+    from ..search.report import scored_to_dict, stage_summary
 
-    site = load_site(args.site)
-    job = load_job(args.job)
-    opts = search_options(args, site)
-    sopts = space_options(args)
-    comm = mpi_comm(required=True) if args.mpi else (mpi_comm() if launched_under_mpi() else None)
-    rank0 = comm is None or comm.Get_rank() == 0
-    notes: list[str] = []
-    from pathlib import Path
-    store_path = Path(args.store) if args.store else site.store
-    if comm is not None and not rank0:
-        comm.barrier()
-    model = load_cost_model(site, job, store_path, analytic=args.analytic, notes=notes)
-    if comm is not None and rank0:
-        comm.barrier()
-    scales = args.scale or (site.total_gpus * 2, site.total_gpus * 3)
-    cache = None
-    if not args.no_cache:
-        cache = PredictionCache(identity=model.identity, path=site.cache if not args.store
-                                else store_path.with_suffix(".cache.sqlite"))
+    run_ = simulate_scales(request_from_args(args), args.scale)
+    if not run_.rank0:
+        return 0
+    site, job, opts, notes = run_.site, run_.job, run_.options, run_.notes
     rows, out = [], []
-    for gpus in (site.total_gpus,) + tuple(s for s in scales if s != site.total_gpus):
-        s = site if gpus == site.total_gpus else scale_site(site, gpus)
-        t0 = time.perf_counter()
-        space = PlanSpace(s, job, sopts)
-        res = search(space, model, options=opts, cache=cache, comm=comm,
-                     progress=ProgressBar(f"search {s.total_gpus} GPUs", enabled=rank0))
-        wall = time.perf_counter() - t0
-        if not rank0:
-            continue
+    for s, res, wall in run_.scales:
         entry = {"gpus": s.total_gpus, "partitions": {p.name: p.total_gpus for p in s.partitions},
                  "plans": res.stats.plans, "feasible": res.stats.feasible, "search_s": wall,
                  "plans_per_s": res.stats.plans / wall if wall > 0 else None, "ranks": res.stats.ranks,
@@ -119,11 +79,9 @@ def run(args: argparse.Namespace) -> int:
             rows.append([s.total_gpus, res.stats.plans, 0, f"{wall:.2f}", "-", "-", "-", "-", "-", "-",
                          "no plan fits"])
         out.append(entry)
-    if not rank0:
-        return 0
     if args.json:
         emit_json({"site": site.name, "job": job.name, "weights": opts.weights.label(), "scales": out,
-                   "provenance": provenance_of(model, site), "notes": notes})
+                   "provenance": run_.provenance, "notes": notes})
         return 0
     print(f"{job.name} on {site.name} scaled by replicating partitions; weights {opts.weights.label()}")
     table(rows, ["GPUs", "plans", "feasible", "search s", "plans/s", "peak RSS MiB", "best iter s", "tokens/s",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-from pathlib import Path
 
 from .common import add_json, add_site, emit_json, table
 
@@ -33,9 +32,9 @@ def run(args: argparse.Namespace) -> int:
     from ..spec import load_site
 
     site = load_site(args.site)
-    store_path = Path(args.store) if args.store else site.store
-    # the same rule as plan/search: an explicit --store keeps its cache beside it
-    cache_path = site.cache if (site.cache_path or not args.store) else store_path.with_suffix(".cache.sqlite")
+    from ..planner import store_paths
+    paths = store_paths(site, args.store)  # the same rule as plan/search
+    store_path, cache_path = paths.store, paths.cache
     out: dict = {"site": site.name, "store": str(store_path), "cache": str(cache_path)}
     has_sbatch = shutil.which("sbatch") is not None
     up = slurm_available() if has_sbatch else False
@@ -51,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         out["e2e_runs"] = len(store.e2e_records(site=site.name))
     else:
         out["store_summary"] = []
-    model_file = store_path.with_suffix(".predictor.ubj")
+    model_file = paths.predictor
     out["predictor"] = str(model_file) if model_file.exists() else None
     if args.json:
         emit_json(out)

@@ -69,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     from ..slurm.local_cluster import START_HINT, slurm_available
     from ..spec import load_job, load_site
     from ..train.measure import measure_plan, plan_key
-    from .search import base_of, load_cost_model, run_search
+    from ..planner import base_of, load_cost_model, plan, store_paths
+    from .search import request_from_args
 
     if args.iters < 2:
         raise SpecError("at least 2 iterations (the first is warm-up)", field="--iters", found=args.iters)
@@ -78,13 +79,13 @@ def run(args: argparse.Namespace) -> int:
     entries = _plan_entries(args.plans, args.top) if args.plans else None
     if not slurm_available(timeout=5.0):
         raise SystemFailure(f"Slurm does not answer (sinfo); verify runs real jobs. {START_HINT}")
-    store_path = Path(args.store) if args.store else site.store
+    store_path = store_paths(site, args.store).store
     store = ProfileStore(store_path)
     notes: list[str] = []
     moved = _move_legacy_records(store, notes)
 
     if entries is None:
-        searched = run_search(args, profile_first=False, site=site, job=job)
+        searched = plan(request_from_args(args, site=site, job=job))
         notes += searched.notes
         if not searched.result.top:
             raise SpecError(f"none of the {searched.result.stats.plans:,} plans fits in memory on {site.name}; "

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from memx_hpc.cli.search import MIN_TYPES_FOR_DATASHEET_TRANSFER, load_cost_model
+from memx_hpc.planner import MIN_TYPES_FOR_DATASHEET_TRANSFER, load_cost_model
 from memx_hpc.datapaths import sailor_dir
 from memx_hpc.model.api import AnalyticCostModel
 from memx_hpc.model.predictor import Predictor

@@ -177,14 +177,14 @@ def test_validate_prints_summary(capsys):
 
 
 def test_site_objective_weights_are_the_search_default():
-    import argparse
-    from memx_hpc.cli.search import search_options
+    import dataclasses
+    from memx_hpc.planner import PlanRequest, search_options
     site = site_from_mapping({**BASE_SITE, "objective": {"time": 2, "memory": 0, "balance": 0.25}})
-    args = argparse.Namespace(top=3, weights=None, block_size=1024, no_cache=False, overlap_grad_reduce=False)
-    w = search_options(args, site).weights
+    request = PlanRequest(site=site, job="jobs/tiny-gpt.yaml", top_k=3, block_size=1024)
+    w = search_options(request, site).weights
     assert (w.time, w.memory, w.balance) == (2, 0, 0.25)
-    args.weights = "memory=1"  # --weights replaces the site's weights: the names left out are 0
-    w = search_options(args, site).weights
+    # --weights replaces the site's weights: the names left out are 0
+    w = search_options(dataclasses.replace(request, weights="memory=1"), site).weights
     assert (w.time, w.memory, w.balance) == (0, 1, 0)
 
 

@@ -1,0 +1,484 @@
+"""The planner as a library: a typed :class:`PlanRequest` in, a :class:`PlanResult` out.
+
+:func:`plan` does what ``memx-hpc plan`` and ``memx-hpc search`` do, without printing
+to stdout (progress goes to stderr when ``request.progress``):
+
+1. load the site and the job (when given as file paths);
+2. with ``request.profile``: measure the points the store lacks (the profiler, through
+   the site's scheduler). A failed profiling run or a locked store is a
+   :class:`~memx_hpc.errors.SystemFailure` naming the store, unless
+   ``request.allow_datasheet`` says planning from what the store holds (and datasheet
+   figures for the rest) is wanted; then it is a note;
+3. build the cost model (:func:`load_cost_model`): the predictor fitted on the store for
+   the GPU types it has samples of, the datasheet roofline for the rest, calibrated by the
+   site's end-to-end runs;
+4. search the plan space (serially, or split over the ranks of an MPI communicator);
+5. on rank 0, write one plan JSON per reported plan, ``pareto.png`` and ``summary.json``
+   into ``request.out_dir`` (when ``request.write``).
+
+Example::
+
+    from memx_hpc.planner import PlanRequest, plan
+    result = plan(PlanRequest(site="site_configs/local.yaml", job="jobs/tiny-gpt.yaml", top_k=5))
+    best = result.search.top[0]          # ScoredPlan: .plan, .prediction, .score, .rank
+    result.notes, result.files, result.summary
+
+The CLI subcommands (``plan``, ``search``, ``simulate``, ``verify``, ``predict``) parse
+their arguments into a request, call this module and print.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import SpecError, SystemFailure
+from .model.compose import CostOptions
+from .spec import Site, TrainJob
+
+if TYPE_CHECKING:  # only for annotations: the search is imported where it is used
+    from .search.engine import SearchOptions, SearchResult
+    from .search.objective import Weights
+    from .search.space import SpaceOptions
+
+__all__ = ["MIN_TYPES_FOR_DATASHEET_TRANSFER", "PlanRequest", "PlanResult", "ScaledSearch", "StorePaths", "base_of",
+           "calibrated", "load_cost_model", "plan", "profile_missing", "provenance_of", "scale_site",
+           "search_options", "simulate_scales", "store_paths", "submit_best"]
+
+#: profiled GPU types a store needs before the predictor estimates unprofiled types itself
+MIN_TYPES_FOR_DATASHEET_TRANSFER = 3
+
+
+# --------------------------------------------------------------------------- request and result
+
+
+def _space_options_default():
+    from .search.space import SpaceOptions
+    return SpaceOptions()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest:
+    """What to plan.
+
+    ``site``/``job``: the specs, or paths of their YAML files. ``store``: the profile store
+    (None: the site's). ``weights``: the objective's exponents as ``Weights`` or text
+    (``"time=1,memory=0.5"``; None: the site's ``objective:``, else the default).
+    ``space``/``cost``: the search-space and composition options. ``profile``: measure
+    what the store lacks first; ``scheduler`` overrides the site's (``slurm`` | ``local``);
+    ``allow_datasheet``: a failed or locked profiling run becomes a note instead of an
+    error. ``out_dir``: where files go (None: the site's ``work_dir/plan-<job>``);
+    ``write`` False writes nothing. ``mpi``: ``"auto"`` (use MPI when launched under
+    it), ``"require"`` or ``"off"``; ``comm`` an explicit communicator (wins over
+    ``mpi``). ``analytic``: datasheet roofline only; ``use_cache`` False: no signature
+    cache. ``progress``: progress lines on stderr. ``notes``: notes the result starts with
+    (what the caller chose, in words).
+    """
+
+    site: Site | str | Path
+    job: TrainJob | str | Path
+    store: str | Path | None = None
+    weights: "Weights | str | None" = None
+    space: "SpaceOptions" = field(default_factory=_space_options_default)
+    cost: CostOptions = field(default_factory=CostOptions)
+    top_k: int = 10
+    block_size: int = 65536
+    profile: bool = False
+    scheduler: str | None = None
+    allow_datasheet: bool = False
+    out_dir: str | Path | None = None
+    write: bool = True
+    mpi: str = "auto"
+    comm: Any = None
+    analytic: bool = False
+    use_cache: bool = True
+    progress: bool = True
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.mpi not in ("auto", "require", "off"):
+            raise SpecError("unknown MPI mode", field="mpi", found=self.mpi, allowed="auto, require, off")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
+            raise SpecError("must be a whole number >= 1", field="top", found=self.top_k)
+
+
+@dataclass(kw_only=True)
+class PlanResult:
+    """A finished plan.
+
+    ``search``: the :class:`~memx_hpc.search.engine.SearchResult` (``top``: ranked
+    ``ScoredPlan``s, ``time_top``, ``pareto``, ``weights``, ``stats``). ``provenance``:
+    per GPU type of the site where its numbers come from (measured | imported |
+    augmented | datasheet-only). ``notes``: what the user should know, in words.
+    ``cost_model``: the model the search used. ``files``: paths written (plan files,
+    pareto.png, summary.json; an sbatch script after :func:`submit_best`). ``summary``:
+    the JSON summary (what ``--json`` prints). ``rank0`` is False on the other ranks of
+    an MPI run, which write and report nothing.
+    """
+
+    site: Site
+    job: TrainJob
+    cost_model: Any
+    search: "SearchResult"
+    notes: list[str]
+    provenance: dict[str, str]
+    out_dir: Path
+    files: list[str]
+    summary: dict
+    rank0: bool = True
+
+    @property
+    def result(self) -> "SearchResult":
+        """The search result (the name earlier callers used)."""
+        return self.search
+
+
+# --------------------------------------------------------------------------- paths
+
+
+@dataclass(frozen=True, kw_only=True)
+class StorePaths:
+    """The profile store and the files kept beside it: the signature cache and the saved predictor."""
+
+    store: Path
+    cache: Path
+    predictor: Path
+
+
+def store_paths(site: Site, store: str | Path | None = None) -> StorePaths:
+    """Where a site's store, cache and predictor are. An explicit ``store`` keeps its cache
+    beside it unless the site names a cache file; the predictor always sits beside the store."""
+    path = Path(store) if store else site.store
+    cache = site.cache if (site.cache_path or not store) else path.with_suffix(".cache.sqlite")
+    return StorePaths(store=path, cache=cache, predictor=path.with_suffix(".predictor.ubj"))
+
+
+# --------------------------------------------------------------------------- options
+
+
+def search_options(request: PlanRequest, site: Site) -> "SearchOptions":
+    """Search options; the site's ``objective:`` weights are the default that ``request.weights`` overrides."""
+    from .search.engine import SearchOptions
+    from .search.objective import Weights, parse_weights
+
+    default = (Weights(**dict(zip(("time", "memory", "balance"), site.objective_weights)))
+               if site.objective_weights else None)
+    weights = request.weights if isinstance(request.weights, Weights) else parse_weights(request.weights,
+                                                                                        default=default)
+    return SearchOptions(top_k=request.top_k, weights=weights, block_size=request.block_size,
+                         use_cache=request.use_cache, cost=request.cost)
+
+
+def _mpi(request: PlanRequest):
+    from .search.engine import launched_under_mpi, mpi_comm
+    if request.comm is not None:
+        return request.comm
+    if request.mpi == "require":
+        return mpi_comm(required=True)
+    if request.mpi == "auto" and launched_under_mpi():
+        return mpi_comm()
+    return None
+
+
+# --------------------------------------------------------------------------- cost model
+
+
+def load_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[str], fit: bool = True,
+                    calibrate: bool = True):
+    """The cost model for ``site``: the predictor fitted on the store for GPU types it has
+    samples of (fitted or reloaded: see fit_or_load), the datasheet roofline for the rest;
+    calibrated by the end-to-end runs the store holds for the site (see
+    :mod:`memx_hpc.model.calibrate`) unless ``calibrate`` is False or ``analytic`` is set."""
+    model = _uncalibrated_cost_model(site, job, store_path, analytic=analytic, notes=notes, fit=fit)
+    if analytic or not calibrate or not store_path.is_file():
+        return model
+    return calibrated(model, site, job, store_path, notes)
+
+
+def calibrated(model, site, job, store_path: Path, notes: list[str]):
+    """``model`` wrapped in the calibration from the store's end-to-end runs of ``site``
+    (``model`` itself when there are none); what was used goes into ``notes``."""
+    from .model.calibrate import CalibratedCostModel
+    from .profile.store import ProfileStore
+
+    records = ProfileStore(store_path).e2e_records(site=site.name)
+    if not records:
+        return model
+    cm = CalibratedCostModel(model, records, site, job).fit()
+    cal = cm.calibration_
+    if not cal.runs:
+        notes.append(f"end-to-end runs in {store_path} not used for calibration: " + "; ".join(cal.skipped[:3]))
+        return model
+    notes.append(f"calibrated by end-to-end runs (memx-hpc verify): {cal.describe()}"
+                 + (f"; {len(cal.skipped)} run(s) left out" if cal.skipped else "")
+                 + "; its held-out (leave-one-out) error: memx-hpc verify")
+    return cm
+
+
+def base_of(model):
+    """The model under a calibration (the model itself when it is not calibrated)."""
+    from .model.calibrate import CalibratedCostModel
+    return model.base if isinstance(model, CalibratedCostModel) else model
+
+
+def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[str], fit: bool = True):
+    from .model.api import AnalyticCostModel
+    from .model.routed import RoutedCostModel
+    fallback = AnalyticCostModel(site)
+    site_gpus = sorted({p.gpu_type for p in site.partitions})
+    if analytic:
+        notes.append("--analytic: every number is a datasheet roofline estimate")
+        return fallback
+    if not store_path.is_file():
+        notes.append(f"no profile store at {store_path}: every number is estimated from datasheet figures "
+                     f"(run 'memx-hpc plan' or 'memx-hpc profile' to measure)")
+        return fallback
+    from .model.api import with_store_figures
+    from .profile.store import ProfileStore
+    store = ProfileStore(store_path)
+    samples = store.samples()
+    # CPU "devices" (measured_at_profile_time): the speeds measured when profiling, as
+    # memx-hpc fit uses them, so both fit the same model from the same figures
+    gpus = with_store_figures(site, store)
+    fallback = AnalyticCostModel(gpus)
+    if not samples:
+        notes.append(f"the profile store {store_path} is empty: estimates from datasheet figures only")
+        return fallback
+    have = set()
+    for s in samples:
+        try:
+            have.add(site.gpu(s.point.gpu_type).name)
+        except Exception:  # a GPU type this site does not know: still training data
+            pass
+    covered = [g for g in site_gpus if site.gpu(g).name in have]
+    missing = [g for g in site_gpus if g not in covered]
+    if not covered:
+        notes.append(f"the profile store has no samples for {', '.join(site_gpus)}: estimates from datasheet "
+                     f"figures only")
+        return fallback
+    if not fit:
+        return fallback
+    try:
+        from .model.predictor import fit_or_load
+    except ImportError as e:  # xgboost missing from this installation
+        notes.append(f"the predictor cannot be loaded ({e}): estimates from datasheet figures only")
+        return fallback
+    model_path = store_paths(site, store_path).predictor
+    t0 = time.perf_counter()
+    print(f"predictor: reusing {model_path} or fitting it on {len(samples):,} samples from {store_path} ...",
+          file=sys.stderr, flush=True)
+    predictor = fit_or_load(samples, model_path, gpus)
+    print(f"predictor: ready in {time.perf_counter() - t0:.1f} s (covers {', '.join(covered)})", file=sys.stderr,
+          flush=True)
+    if missing:
+        # The predictor's datasheet booster estimates a GPU type it has no samples of from
+        # that type's figures, which is about half the roofline's error on held-out types
+        # (benchmarks/accuracy.py, new-gpu) -- but only when the store spans several GPU
+        # types to learn that mapping from; with fewer, the plain roofline is safer.
+        layer_types = {s.point.gpu_type for s in samples if s.point.kind == "layer"}
+        if len(layer_types) >= MIN_TYPES_FOR_DATASHEET_TRANSFER:
+            notes.append(f"no samples for {', '.join(missing)} in {store_path}: the predictor estimates those "
+                         f"GPU types from their datasheet figures and the {len(layer_types)} profiled types")
+            return RoutedCostModel({g: predictor for g in site_gpus}, fallback)
+        notes.append(f"no samples for {', '.join(missing)} in {store_path}: those GPU types use the datasheet "
+                     f"roofline (AnalyticCostModel)")
+    return RoutedCostModel({g: predictor for g in covered}, fallback)
+
+
+def provenance_of(cost_model, site) -> dict[str, str]:
+    """Per GPU type of ``site``: where the cost model's numbers for it come from."""
+    return {g: cost_model.provenance(g) for g in sorted({p.gpu_type for p in site.partitions})}
+
+
+# --------------------------------------------------------------------------- profiling
+
+
+_DATASHEET_HINT = ("pass --allow-datasheet to plan from what the store holds and datasheet figures for the rest, "
+                   "or --no-profile to skip profiling")
+
+
+def profile_missing(site: Site, job: TrainJob, store_path: Path, notes: list[str], *,
+                    allow_datasheet: bool = False, scheduler: str | None = None, progress: bool = True) -> None:
+    """Measure what the store lacks (the profiler). When profiling cannot run, fails, or
+    finds the store locked: :class:`SystemFailure` naming the store, unless
+    ``allow_datasheet`` (then a note, and planning goes on with what the store holds)."""
+    def fault(msg: str) -> None:
+        if allow_datasheet:
+            notes.append(f"{msg}; --allow-datasheet: planned with what the store holds and datasheet figures")
+            return
+        raise SystemFailure(f"{msg}; {_DATASHEET_HINT}")
+
+    try:
+        from .profile.store import ProfileStore
+        from .slurm.dispatch import profile
+    except ImportError as e:  # an installation without the profiler
+        return fault(f"profiling for {store_path} is not available in this installation ({e})")
+    try:
+        report = profile(site, job, ProfileStore(store_path), progress=progress, scheduler=scheduler)
+    except SystemFailure as e:
+        return fault(f"profiling into {store_path} did not run: {e}")
+    if report.scheduled:
+        notes.append(f"profiled {report.measured} point(s) ({report.infeasible} out of memory) via "
+                     f"{report.scheduler} in {report.wall_s:.0f} s")
+    if report.failed:
+        fault(f"profiling via {report.scheduler}: {report.failed} point(s) failed after retries (see the job ledger "
+              f"of {store_path}, 'memx-hpc profile ls --store {store_path}')")
+
+
+# --------------------------------------------------------------------------- the planner
+
+
+def _load(request: PlanRequest) -> tuple[Site, TrainJob]:
+    from .spec import load_job, load_site
+    site = request.site if isinstance(request.site, Site) else load_site(request.site)
+    job = request.job if isinstance(request.job, TrainJob) else load_job(request.job)
+    return site, job
+
+
+@dataclass(kw_only=True)
+class _Prepared:
+    site: Site
+    job: TrainJob
+    options: Any
+    comm: Any
+    rank0: bool
+    notes: list[str]
+    cost_model: Any
+    cache: Any
+
+
+def _prepare(request: PlanRequest) -> _Prepared:
+    """Everything before a search: specs, options, MPI, profiling, the cost model, the cache."""
+    from .search.cache import PredictionCache
+
+    site, job = _load(request)
+    opts = search_options(request, site)  # bad weights stop here, before any work
+    comm = _mpi(request)
+    rank0 = comm is None or comm.Get_rank() == 0
+    notes: list[str] = list(request.notes)
+    paths = store_paths(site, request.store)
+    if request.profile:
+        failure = None
+        if rank0:
+            try:
+                profile_missing(site, job, paths.store, notes, allow_datasheet=request.allow_datasheet,
+                                scheduler=request.scheduler, progress=request.progress)
+            except SystemFailure as e:
+                failure = str(e)
+        if comm is not None:
+            notes, failure = comm.bcast((notes, failure), root=0)
+        if failure is not None:  # every rank stops, not only rank 0
+            raise SystemFailure(failure)
+    # rank 0 fits (and saves) the predictor; the others then load what it saved
+    if comm is not None and not rank0:
+        comm.barrier()
+    cost_model = load_cost_model(site, job, paths.store, analytic=request.analytic, notes=notes)
+    if comm is not None and rank0:
+        comm.barrier()
+    cache = PredictionCache(identity=cost_model.identity, path=paths.cache) if request.use_cache else None
+    return _Prepared(site=site, job=job, options=opts, comm=comm, rank0=rank0, notes=notes, cost_model=cost_model,
+                     cache=cache)
+
+
+def plan(request: PlanRequest) -> PlanResult:
+    """Profile what is missing (``request.profile``), load the cost model, search, and on
+    rank 0 write the plan files, pareto.png and summary.json. Prints nothing on stdout."""
+    from .search.engine import search
+    from .search.report import ProgressBar, pareto_png, result_to_json, write_plan_files
+    from .search.space import PlanSpace
+
+    pr = _prepare(request)
+    site, job, notes, cost_model, rank0 = pr.site, pr.job, pr.notes, pr.cost_model, pr.rank0
+    space = PlanSpace(site, job, request.space)
+    progress = ProgressBar("search", enabled=rank0 and request.progress)
+    result = search(space, cost_model, options=pr.options, cache=pr.cache, comm=pr.comm, progress=progress)
+    provenance = provenance_of(cost_model, site)
+    out_dir = Path(request.out_dir) if request.out_dir else site.resolve(site.work_dir) / f"plan-{job.name}"
+    if not rank0:
+        return PlanResult(site=site, job=job, cost_model=cost_model, search=result, notes=notes,
+                          provenance=provenance, out_dir=out_dir, files=[], summary={}, rank0=False)
+    files: list[str] = []
+    if result.top and request.write:
+        files += [str(p) for p in write_plan_files(result, out_dir, site=site, job=job, provenance=provenance)]
+        files.append(str(pareto_png(result, out_dir / "pareto.png",
+                                    title=f"{job.name} on {site.name}: {result.stats.feasible:,} feasible plans")))
+    summary = result_to_json(result, site=site, job=job, provenance=provenance, notes=notes, files=files)
+    if result.top and request.write:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        files.append(str(out_dir / "summary.json"))
+        summary["files"] = files
+    return PlanResult(site=site, job=job, cost_model=cost_model, search=result, notes=notes, provenance=provenance,
+                      out_dir=out_dir, files=files, summary=summary, rank0=True)
+
+
+@dataclass(kw_only=True)
+class ScaledSearch:
+    """:func:`simulate_scales`' answer: per scaled site (the site itself first), the search
+    result and its wall time in seconds; the options, notes and provenance shared by all."""
+
+    site: Site
+    job: TrainJob
+    options: "SearchOptions"
+    notes: list[str]
+    provenance: dict[str, str]
+    scales: list[tuple[Site, "SearchResult", float]]
+    rank0: bool = True
+
+
+def simulate_scales(request: PlanRequest, gpu_counts: tuple[int, ...] | None = None) -> ScaledSearch:
+    """Search the request's site and larger copies of it (:func:`scale_site`; default 2x and
+    3x its GPUs) with one cost model, as the MemX paper does for 40 and 60 GPUs. Writes nothing."""
+    from .search.engine import search
+    from .search.report import ProgressBar
+    from .search.space import PlanSpace
+
+    pr = _prepare(request)
+    site = pr.site
+    scales = gpu_counts or (site.total_gpus * 2, site.total_gpus * 3)
+    out = []
+    for gpus in (site.total_gpus,) + tuple(s for s in scales if s != site.total_gpus):
+        s = site if gpus == site.total_gpus else scale_site(site, gpus)
+        t0 = time.perf_counter()
+        res = search(PlanSpace(s, pr.job, request.space), pr.cost_model, options=pr.options, cache=pr.cache,
+                     comm=pr.comm,
+                     progress=ProgressBar(f"search {s.total_gpus} GPUs", enabled=pr.rank0 and request.progress))
+        out.append((s, res, time.perf_counter() - t0))
+    return ScaledSearch(site=site, job=pr.job, options=pr.options, notes=pr.notes,
+                        provenance=provenance_of(pr.cost_model, site), scales=out, rank0=pr.rank0)
+
+
+# --------------------------------------------------------------------------- after the search
+
+
+def submit_best(outcome: PlanResult, *, iters: int | None, workdir: str | None) -> dict:
+    """Render the best plan of a search, check it with ``bash -n``, submit it; the job id
+    and where things are. SystemFailure when Slurm refuses or does not answer."""
+    from .slurm import render as rs
+
+    best = outcome.search.top[0]
+    out_dir = outcome.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    script = out_dir / "plan-01.sbatch"
+    script.write_text(rs.render(best.plan, outcome.site, outcome.job, iters=iters, log_dir=str(out_dir),
+                                workdir=workdir, job_name=f"memx-{outcome.job.name}"), encoding="utf-8")
+    rs.check_syntax(script)
+    job_id = rs.submit(script)
+    outcome.files.append(str(script))
+    return {"job_id": job_id, "script": str(script), "log_dir": str(out_dir), "plan_rank": best.rank}
+
+
+def scale_site(site: Site, gpus: int) -> Site:
+    """``site`` with every partition's node count multiplied by ``gpus / site.total_gpus``
+    (rounded, at least one node)."""
+    factor = gpus / site.total_gpus
+    parts = tuple(dataclasses.replace(p, nodes=max(1, round(p.nodes * factor))) for p in site.partitions)
+    scaled = dataclasses.replace(site, partitions=parts, name=f"{site.name}-x{factor:g}")
+    if scaled.total_gpus < 1:  # pragma: no cover - nodes >= 1
+        raise SpecError("scaled site has no GPUs", field="--scale", found=gpus)
+    return scaled
