@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
 pytestmark = pytest.mark.mpi
 
@@ -46,11 +44,6 @@ if comm is None or comm.Get_rank() == 0:
 """
 
 
-def _needs_mpiexec():
-    if not MPIEXEC.exists() and shutil.which("mpiexec") is None:
-        pytest.skip("no mpiexec next to the venv's python (pip install mpich)")
-
-
 def _env():
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -59,19 +52,19 @@ def _env():
     return env
 
 
-def _run(n: int | None, *extra: str) -> dict:
+def _run(mpiexec: str | None, n: int, *extra: str) -> dict:
+    """The script serially (``mpiexec`` None) or on ``n`` ranks."""
     cmd = [sys.executable, "-c", SCRIPT, str(ROOT), *extra]
-    if n is not None:
-        cmd = [str(MPIEXEC if MPIEXEC.exists() else shutil.which("mpiexec")), "-n", str(n)] + cmd
+    if mpiexec is not None:
+        cmd = [mpiexec, "-n", str(n)] + cmd
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_two_ranks_give_the_serial_answer(tmp_path):
-    _needs_mpiexec()
-    serial = _run(None)
-    parallel = _run(2, str(tmp_path / "cache.sqlite"))
+def test_two_ranks_give_the_serial_answer(tmp_path, mpiexec):
+    serial = _run(None, 1)
+    parallel = _run(mpiexec, 2, str(tmp_path / "cache.sqlite"))
     assert serial["ranks"] == 1 and parallel["ranks"] == 2
     for key in ("top", "time_top", "recommended_top", "risk_feasible", "pareto", "plans", "feasible"):
         assert parallel[key] == serial[key], key
@@ -79,17 +72,16 @@ def test_two_ranks_give_the_serial_answer(tmp_path):
     assert serial["recommended_top"] and serial["time_top"]
     # the ranks predicted disjoint shares of the misses; the file now holds all of them
     assert parallel["cache"]["predicted"] == parallel["cache"]["unique"] > 0
-    again = _run(2, str(tmp_path / "cache.sqlite"))
+    again = _run(mpiexec, 2, str(tmp_path / "cache.sqlite"))
     assert again["cache"]["predicted"] == 0 and again["cache"]["file_hits"] == again["cache"]["unique"]
     assert again["top"] == serial["top"]
 
 
-def test_cli_search_under_mpiexec(tmp_path):
-    _needs_mpiexec()
+def test_cli_search_under_mpiexec(tmp_path, mpiexec):
     args = ["-m", "memx_hpc", "search", "--site", str(ROOT / "site_configs" / "example-cross-vendor.yaml"),
             "--job", str(ROOT / "jobs" / "llama2-7b.yaml"), "--store", str(tmp_path / "store.h5"),
             "--out", str(tmp_path / "out"), "--max-stages", "2", "--top", "3", "--json"]
-    proc = subprocess.run([str(MPIEXEC if MPIEXEC.exists() else shutil.which("mpiexec")), "-n", "2",
+    proc = subprocess.run([mpiexec, "-n", "2",
                            sys.executable, *args, "--mpi"], capture_output=True, text=True, env=_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     par = json.loads(proc.stdout)
@@ -105,3 +97,18 @@ def test_mpi_flag_without_launcher_is_a_system_error(tmp_path):
             "--job", str(ROOT / "jobs" / "gpt3-2.7b.yaml"), "--store", str(tmp_path / "s.h5"), "--mpi"]
     proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=_env(), timeout=120)
     assert proc.returncode == 2 and "mpiexec" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_plan_under_mpiexec_stops_every_rank_when_profiling_cannot_run(tmp_path, mpiexec):
+    """Rank 0 profiles; when the store is locked every rank exits 2 (none waits for rank 0 forever)."""
+    import socket
+    store = tmp_path / "store.h5"
+    Path(str(store) + ".lock").write_text(f"{os.getpid()}@{socket.gethostname()}\n")  # this live process holds it
+    args = ["-m", "memx_hpc", "plan", "--site", str(ROOT / "site_configs" / "local.yaml"),
+            "--job", str(ROOT / "jobs" / "tiny-gpt.yaml"), "--store", str(store), "--out", str(tmp_path / "out"),
+            "--max-stages", "2", "--mpi"]
+    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, *args], capture_output=True, text=True, env=_env(),
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.count(str(store)) >= 2 and "Traceback" not in proc.stderr  # both ranks said why
+    assert not (tmp_path / "out").exists()

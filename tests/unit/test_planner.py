@@ -1,0 +1,105 @@
+"""The planner as a library (memx_hpc.planner) and the plan command's exit contract on profiling faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from memx_hpc.cli.main import main
+from memx_hpc.errors import SystemFailure
+from memx_hpc.planner import PlanRequest, plan, scale_site, store_paths
+from memx_hpc.search.space import SpaceOptions
+from memx_hpc.spec import load_site
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = str(ROOT / "site_configs" / "local.yaml")
+JOB = str(ROOT / "jobs" / "tiny-gpt.yaml")
+
+
+def _request(tmp_path: Path, **kw) -> PlanRequest:
+    base = dict(site=SITE, job=JOB, store=tmp_path / "store.h5", out_dir=tmp_path / "out", top_k=3,
+                space=SpaceOptions(max_pipeline_stages=2), progress=False)
+    base.update(kw)
+    return PlanRequest(**base)
+
+
+def test_library_plan_matches_the_cli_and_writes_its_files(tmp_path, capsys):
+    result = plan(_request(tmp_path))
+    assert result.rank0 and len(result.search.top) == 3
+    assert [s.rank for s in result.search.top] == [1, 2, 3]
+    # no store: every number is a datasheet estimate, and the notes say so
+    assert set(result.provenance.values()) == {"datasheet-only"}
+    assert any("no profile store" in n for n in result.notes)
+    for name in ("plan-01.json", "plan-03.json", "pareto.png", "summary.json"):
+        assert str(tmp_path / "out" / name) in result.files and (tmp_path / "out" / name).is_file()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["job"] == "tiny-gpt" and set(summary.get("files", [])) <= set(result.files)
+    # the CLI is a thin wrapper: the same request gives the same ranking
+    rc = main(["search", "--site", SITE, "--job", JOB, "--store", str(tmp_path / "store.h5"), "--out",
+               str(tmp_path / "cli"), "--top", "3", "--max-stages", "2", "--json"])
+    assert rc == 0
+    cli = json.loads(capsys.readouterr().out)
+    assert [t["index"] for t in cli["top"]] == [s.index for s in result.search.top]
+
+
+def test_write_false_writes_nothing(tmp_path):
+    result = plan(_request(tmp_path, write=False))
+    assert result.search.top and result.files == [] and not (tmp_path / "out").exists()
+
+
+def test_store_paths_one_rule():
+    site = load_site(SITE)
+    default = store_paths(site)
+    assert default.store == site.store and default.cache == site.cache
+    assert default.predictor == site.store.with_suffix(".predictor.ubj")
+    mine = store_paths(site, "/x/y/s.h5")  # an explicit store keeps its cache and predictor beside it
+    assert mine.store == Path("/x/y/s.h5") and mine.cache == Path("/x/y/s.cache.sqlite")
+    assert mine.predictor == Path("/x/y/s.predictor.ubj")
+
+
+def test_scale_site_keeps_the_gpu_mix():
+    site = load_site(SITE)
+    big = scale_site(site, site.total_gpus * 3)
+    assert big.total_gpus == site.total_gpus * 3
+    assert [p.gpu_type for p in big.partitions] == [p.gpu_type for p in site.partitions]
+
+
+def _lock(store: Path) -> Path:
+    """A writer lock held by a live process (this one), as a concurrent 'memx-hpc profile' leaves it."""
+    lock = Path(str(store) + ".lock")
+    lock.write_text(f"{os.getpid()}@{socket.gethostname()}\n")
+    return lock
+
+
+def test_plan_exits_2_naming_the_store_when_it_is_locked(tmp_path, capsys):
+    store = tmp_path / "store.h5"
+    lock = _lock(store)
+    rc = main(["plan", "--site", SITE, "--job", JOB, "--store", str(store), "--out", str(tmp_path / "out"),
+               "--max-stages", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert str(store) in err and "--allow-datasheet" in err and "Traceback" not in err
+    assert lock.exists() and not (tmp_path / "out").exists()  # nothing planned, the other writer's lock kept
+
+
+def test_plan_library_raises_system_failure_when_profiling_cannot_run(tmp_path):
+    _lock(tmp_path / "store.h5")
+    with pytest.raises(SystemFailure, match="store.h5"):
+        plan(_request(tmp_path, profile=True))
+
+
+@pytest.mark.parametrize("flag, note", [("--allow-datasheet", "--allow-datasheet"),
+                                        ("--no-profile", "--no-profile")])
+def test_plan_with_a_locked_store_goes_on_when_asked(tmp_path, capsys, flag, note):
+    store = tmp_path / "store.h5"
+    _lock(store)
+    rc = main(["plan", "--site", SITE, "--job", JOB, "--store", str(store), "--out", str(tmp_path / "out"),
+               "--max-stages", "2", "--top", "2", flag, "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert any(note in n for n in out["notes"]), out["notes"]
+    assert (tmp_path / "out" / "plan-01.json").is_file()
