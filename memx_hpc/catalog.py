@@ -11,10 +11,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Iterator
 
-import yaml
-
 from .errors import SpecError
-from .spec import GpuType, ModelSpec, _suggest, model_from_mapping
+from .spec import GpuType, ModelSpec, _suggest, check_gpu_names, model_from_mapping, parse_yaml
 
 
 @dataclass(frozen=True)
@@ -49,14 +47,16 @@ class Catalog:
 
 def _read(name: str) -> dict:
     text = resources.files("memx_hpc.data").joinpath(name).read_text(encoding="utf-8")
-    return yaml.safe_load(text)
+    return parse_yaml(text)
 
 
 @functools.lru_cache(maxsize=1)
 def catalog() -> Catalog:
     """The built-in catalog (read once; immutable)."""
     data = _read("gpus.yaml")
-    return Catalog(tuple(GpuType.from_mapping(v, f"gpus.yaml:{k}", name=k) for k, v in data.items()))
+    types = tuple(GpuType.from_mapping(v, f"gpus.yaml:{k}", name=k) for k, v in data.items())
+    check_gpu_names(types, "gpus.yaml")
+    return Catalog(types)
 
 
 @functools.lru_cache(maxsize=1)

@@ -37,6 +37,18 @@ class SpecError(MemxError):
             text += f"; allowed: {self.allowed}"
         return text
 
+    def within(self, path: str) -> "SpecError":
+        """The same error with its field path prefixed by ``path`` (where the spec sits in a document)."""
+        if not path:
+            return self
+        if not self.field:
+            inner = path
+        elif self.field.startswith("["):
+            inner = f"{path}{self.field}"
+        else:
+            inner = f"{path}.{self.field}"
+        return SpecError(self.detail, file=self.file, field=inner, found=self.found, allowed=self.allowed)
+
     def with_file(self, file: str) -> "SpecError":
         if self.file:
             return self

@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 from .errors import SpecError
-from .spec import GeneralPlan, GeneralStage, Plan, Recompute, Replica, Stage, _Reader
+from .spec import GeneralPlan, GeneralStage, Plan, Recompute, Replica, Stage, _Reader, load_json
 
 FORMAT = "memx-plan/1"
 _EXTRA = ("format", "prediction", "job", "site", "rank", "score", "provenance", "note")
@@ -98,13 +98,7 @@ def plan_from_mapping(data: Any) -> Plan | GeneralPlan:
 
 
 def load_plan(path: str | os.PathLike) -> Plan | GeneralPlan:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise SpecError("file not found", file=str(path)) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecError(f"not a readable JSON plan: {e}", file=str(path)) from None
+    data = load_json(path)  # bounded: size, depth, duplicate keys
     try:
         return plan_from_mapping(data)
     except SpecError as e:

@@ -36,7 +36,8 @@ The usual flow, on a login node:
 
 EPILOG = """\
 exit codes: 0 success, 1 bad input (the message names the file and field),
-2 system error (Slurm or MPI unreachable, a job failed).
+2 system error (the message names the path or service: Slurm or MPI unreachable,
+a job failed, a file that cannot be read or written).
 Run 'memx-hpc COMMAND --help' for each command."""
 
 
@@ -73,9 +74,25 @@ def main(argv: list[str] | None = None) -> int:
     except MemxError as e:
         print(f"memx-hpc {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:
+        # Last resort: each layer names its own faults, but a file or folder this command
+        # could not use (unwritable --out, a full disk) still gets one line and exit 2.
+        print(f"memx-hpc {args.command}: error: {_os_error(e)}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"memx-hpc {args.command}: error: out of memory; reduce the search space or the input",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"memx-hpc {args.command}: interrupted; finished work is kept, rerun to continue", file=sys.stderr)
         return 130
+
+
+def _os_error(e: OSError) -> str:
+    """``path: reason`` for an OSError (both paths for a rename)."""
+    reason = e.strerror or str(e) or type(e).__name__
+    paths = [str(p) for p in (e.filename, e.filename2) if p]
+    return f"{' -> '.join(paths)}: {reason}" if paths else f"{reason} ({type(e).__name__})"
 
 
 def entry() -> None:

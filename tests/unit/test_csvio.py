@@ -21,14 +21,15 @@ SHAPE = LayerShape(hidden_size=2560, num_attention_heads=32, num_query_groups=8,
 def tricky() -> list[LayerSample]:
     p = ProfilePoint(gpu_type="A100-80", kind="layer", shape=SHAPE, tp=2, micro_batch_size=4, recompute="selective",
                      precision="bf16", attention="core")
-    q = ProfilePoint(gpu_type="MI250X GCD, \"odd\" name", kind="p2p", shape=SHAPE, group_size=2,
+    q = ProfilePoint(gpu_type="MI250X-GCD", kind="p2p", shape=SHAPE, group_size=2,
                      message_bytes=2**31 + 3, inter_node=True)
     return [
         LayerSample(point=p, forward_ms=0.1 + 0.2, backward_ms=1e-300, update_ms=123456789.123456789,
                     activation_bytes=2**53 + 1, peak_allocated_bytes=7, peak_reserved_bytes=8,
                     device_footprint_bytes=9, origin="imported", source="sailor:profiles/x.json",
                     provenance=json.dumps({"line\nbreak": "a,b", "q": "\"", "u": "é✓"}), weight=0.3),
-        LayerSample(point=q, forward_ms=5e-324, infeasible=True, origin="augmented", weight=1 / 3),
+        LayerSample(point=q, forward_ms=5e-324, infeasible=True, origin="augmented", weight=1 / 3,
+                    source="MI250X GCD, \"odd\" name"),  # GPU names are safe names; free text sits here
     ]
 
 
@@ -41,11 +42,13 @@ def test_round_trip_is_lossless(tmp_path):
     assert tuple(header) == CSV_COLUMNS and "forward_ms" in header and "activation_bytes" in header
 
 
-_finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
+# any value a sample may hold (times and weights are never negative; see LayerSample)
+_ms = st.floats(min_value=0.0, max_value=1e9, allow_nan=False, allow_infinity=False, width=64)
+_weight = st.floats(min_value=0.0, max_value=1e6, allow_nan=False, allow_infinity=False, width=64)
 
 
 @settings(max_examples=40, deadline=None)
-@given(fwd=_finite, bwd=_finite, w=_finite, act=st.integers(0, 2**62), text=st.text(max_size=30))
+@given(fwd=_ms, bwd=_ms, w=_weight, act=st.integers(0, 2**62), text=st.text(max_size=30))
 def test_round_trip_any_values(tmp_path_factory, fwd, bwd, w, act, text):
     d = tmp_path_factory.mktemp("h")
     p = ProfilePoint(gpu_type="V100-32", kind="head", shape=SHAPE, micro_batch_size=3)

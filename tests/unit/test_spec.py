@@ -108,6 +108,14 @@ SITE_CASES = [
     ("gpu_types", {"X1": {"vendor": "acme", "memory_gib": 1, "peak_tflops_bf16": 1, "peak_tflops_fp32": 1,
                           "hbm_gbps": 1, "link_gbps": 1}}, "gpu_types.X1.vendor"),
     ("gpu_types", {"X1": {"vendor": "amd", "memory_gib": 1}}, "gpu_types.X1.peak_tflops_bf16"),
+    ("gpu_types", {"X1": {"vendor": "amd", "memory_gib": 16, "peak_tflops_bf16": 1, "peak_tflops_fp32": 1,
+                          "hbm_gbps": 1, "link_gbps": 1, "aliases": ["A100"]}}, "gpu_types.X1.aliases[0]"),
+    ("gpu_types", {"X1": {"vendor": "amd", "memory_gib": 1e300, "peak_tflops_bf16": 1, "peak_tflops_fp32": 1,
+                          "hbm_gbps": 1, "link_gbps": 1}}, "gpu_types.X1.memory_gib"),
+    ("partitions.0.nodes", 10**50, "partitions[0].nodes"),
+    ("partitions.0.name", "../x", "partitions[0].name"),
+    ("partitions", [{"name": f"p{i}", "gpu_type": "T4", "nodes": 1, "gpus_per_node": 1} for i in range(65)],
+     "partitions"),
 ]
 
 JOB_CASES = [
@@ -127,6 +135,10 @@ JOB_CASES = [
     ("distributed_optimizer", "yes", "distributed_optimizer"),
     ("model", _DELETE, "model"),
     ("globl_batch_size", 3, "did you mean 'global_batch_size'"),
+    ("global_batch_size", 2**64, "global_batch_size"),
+    ("name", "x/../../..", "name"),
+    ("name", "-rf", "name"),
+    ("train_iters", 10**40, "train_iters"),
 ]
 
 
@@ -243,3 +255,18 @@ def test_random_yaml_text_via_cli_exit_0_or_1(tmp_path_factory, text):
     f = tmp_path_factory.mktemp("y") / "site.yaml"
     f.write_text(text)
     assert main(["validate", "--site", str(f)]) in (0, 1)
+
+
+def test_replace_gets_the_same_checks_as_files():
+    """dataclasses.replace() cannot build what a file could not: the spec checks itself."""
+    import dataclasses
+    site = site_from_mapping(BASE_SITE)
+    job = job_from_mapping(BASE_JOB)
+    for obj, kw, field in ((site.gpu("A100-80"), {"memory_gib": 1e-300}, "memory_gib"),
+                           (site.partitions[0], {"gpus_per_node": 0}, "gpus_per_node"),
+                           (site, {"memory_safety_margin": float("nan")}, "memory_safety_margin"),
+                           (job, {"name": "a/b"}, "name"),
+                           (job.model, {"hidden_size": 2**40}, "hidden_size")):
+        with pytest.raises(SpecError) as e:
+            dataclasses.replace(obj, **kw)
+        assert e.value.field == field
