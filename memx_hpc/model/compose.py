@@ -330,6 +330,54 @@ def _limit(site: Site) -> float:
     return 1.0 - site.memory_safety_margin
 
 
+# --------------------------------------------------------------------------- the stage formulas
+#
+# One implementation of each rule of the module docstring, written with operators that
+# work on floats and on numpy arrays alike: the vectorised Composer and the one-plan path
+# (predict_plan, predict_general) both call these.
+
+
+def stage_time_ms(k, nb, t_full, t_base, ff_base, first, last, t_emb, t_head):
+    """(forward, forward+backward) ms per micro-batch of a stage: ``k`` fully recomputed
+    layers, ``nb`` under the base mode (forward fraction ``ff_base``), plus the embedding on
+    the first stage and the output layer and loss on the last."""
+    ff_full, ff_none = forward_fraction("full"), forward_fraction("none")
+    ends = first * t_emb + last * t_head
+    fwd = k * t_full * ff_full + nb * t_base * ff_base + ends * ff_none
+    total = k * t_full + nb * t_base + ends
+    return fwd, total
+
+
+def stage_activation_bytes(k, nb, a_full, a_base, a_none, first, last, a_emb, a_head):
+    """(activation bytes kept per in-flight micro-batch, the transient of a recomputing
+    stage: one layer's full activations rebuilt during its backward)."""
+    act = k * a_full + nb * a_base + first * a_emb + last * a_head
+    transient = np.where(k > 0, a_none - a_full, 0.0)
+    return act, transient
+
+
+def in_flight(pp, stage, num_microbatches):
+    """Micro-batches whose activations a 1F1B stage holds at once (Narayanan et al. 2021, §2.2)."""
+    return np.minimum(pp - stage, num_microbatches)
+
+
+def stage_peak_bytes(state, inflight, act, transient, scale, overhead):
+    """What the device reports: ``a·A + b`` of the allocator peak ``A`` (state + in-flight
+    activations + transient; :mod:`memx_hpc.model.memory`)."""
+    return scale * (state + inflight * act + transient) + overhead
+
+
+def fits(peak, capacity, site: Site):
+    """Whether a peak stays under the capacity less the site's safety margin."""
+    return peak <= capacity * _limit(site)
+
+
+def exposed_sync_ms(sync, backward, options: CostOptions):
+    """The gradient synchronisation the iteration waits for: all of it, or under
+    ``--overlap-grad-reduce`` what the stage's last backward does not hide."""
+    return np.maximum(0.0, sync - backward) if options.overlap_grad_reduce else sync
+
+
 # --------------------------------------------------------------------------- vectorised composition
 
 
@@ -428,7 +476,7 @@ class Composer:
                                                                          distributed_optimizer=job.distributed_optimizer,
                                                                          dp=dp) for x in param_rows[s]]))
                 sk_opt[si, i] = o
-                sk_inflight[si, i] = min(pp - i, m)
+                sk_inflight[si, i] = in_flight(pp, i, m)
                 sk_first[si, i] = first
                 sk_last[si, i] = last
                 if i < pp - 1:
@@ -518,18 +566,15 @@ class Composer:
         a_none = self._ctx_a[ctx, 0]
         emb, head = self._ctx_emb[ctx], self._ctx_head[ctx]
         first, last = g["first"], g["last"]
-        ff = self._ff
-        fwd = (k * t_full * ff[MODE_FULL] + nb * t_base * ff[base]
-               + (first * emb[..., 0] + last * head[..., 0]) * ff[0])
-        total = k * t_full + nb * t_base + first * emb[..., 0] + last * head[..., 0]
+        fwd, total = stage_time_ms(k, nb, t_full, t_base, self._ff[base], first, last, emb[..., 0], head[..., 0])
         bwd = total - fwd
-        act = k * a_full + nb * a_base + first * emb[..., 1] + last * head[..., 1]
-        transient = np.where(k > 0, a_none - a_full, 0.0)
+        act, transient = stage_activation_bytes(k, nb, a_full, a_base, a_none, first, last, emb[..., 1],
+                                                head[..., 1])
         ni = block.layers.astype(np.int64)
         state = self._state[g["state"], ni]
-        peak = self._ctx_scale[ctx] * (state + g["inflight"] * act + transient) + self._ctx_over[ctx]
+        peak = stage_peak_bytes(state, g["inflight"], act, transient, self._ctx_scale[ctx], self._ctx_over[ctx])
         cap = self._ctx_cap[ctx]
-        ok = (peak <= cap * _limit(self.site)) | ~valid
+        ok = fits(peak, cap, self.site) | ~valid
         feasible = ok.all(axis=1)
         util = np.where(valid, peak / cap, 0.0)
         umax = util.max(axis=1)
@@ -538,9 +583,7 @@ class Composer:
         balance = umax * pp / util.sum(axis=1)
         iteration = np.full(B, np.inf)
         if feasible.any():
-            sync = self._sync[g["sync"], ni]
-            if self.options.overlap_grad_reduce:
-                sync = np.maximum(0.0, sync - bwd)
+            sync = exposed_sync_ms(self._sync[g["sync"], ni], bwd, self.options)
             tail = sync + self._opt[g["opt"], ni] + g["tied"]
             m = self._sk_m[sk]
             fidx = np.flatnonzero(feasible)
@@ -625,27 +668,23 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
             te, ae = vals[row["emb"]]
             th, ah = vals[row["head"]]
             nb = n - kk
-            ffb, fff, ffn = forward_fraction(base), forward_fraction("full"), forward_fraction("none")
-            fwd = kk * tf * fff + nb * tb * ffb + (first * te + last * th) * ffn
-            total = kk * tf + nb * tb + first * te + last * th
+            fwd, total = stage_time_ms(kk, nb, tf, tb, forward_fraction(base), first, last, te, th)
             # the stage's share of micro-batches differs from m when its replica count does
             scale = ms[i] / m
             fwd, total = fwd * scale, total * scale
-            act = kk * af + nb * ab + first * ae + last * ah
-            transient = (an - af) if kk > 0 else 0.0
+            act, transient = stage_activation_bytes(kk, nb, af, ab, an, first, last, ae, ah)
+            act, transient = float(act), float(transient)
             params = analytic.stage_params(job.model, n, first=first, last=last, tp=r.tp, pp=p)
             state = analytic.state_bytes(params, precision=job.precision, optimizer=job.optimizer,
                                          distributed_optimizer=job.distributed_optimizer, dp=dp_per_stage[i])
-            inflight = min(p - i, ms[i])
+            inflight = int(in_flight(p, i, ms[i]))
             over = int(overhead_of(r.gpu_type))
             scale = float(memory_scale(r.gpu_type)) if memory_scale else 1.0
-            peak = scale * (state + inflight * act + transient) + over
+            peak = float(stage_peak_bytes(state, inflight, act, transient, scale, over))
             cap = site.gpu(r.gpu_type).memory_bytes
             sync_params = params if r.sync_tp in (None, r.tp) else analytic.stage_params(
                 job.model, n, first=first, last=last, tp=r.sync_tp, pp=p)
-            sync = sync_of(i, float(sync_params))
-            if options.overlap_grad_reduce:
-                sync = max(0.0, sync - (total - fwd))
+            sync = float(exposed_sync_ms(sync_of(i, float(sync_params)), total - fwd, options))
             opt = analytic.optimizer_step_ms(params, site.gpu(r.gpu_type), precision=job.precision,
                                              optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer,
                                              dp=dp_per_stage[i])
@@ -671,7 +710,7 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
         end = fin[i] + d["grad_sync_ms"] + d["optimizer_ms"] + (tied if i in (0, p - 1) else 0.0)
         d["send_ms"] = float(link_ms[i]) if i < p - 1 else 0.0
         d["finish_ms"] = float(end)
-        if d["peak_float"] > d["capacity_bytes"] * limit and feasible:
+        if feasible and not fits(d["peak_float"], d["capacity_bytes"], site):
             feasible = False
             reason = (f"stage {i} ({d['gpu_type']}) needs {d['peak_float'] / 2**30:.2f} GiB, above "
                       f"{limit:.0%} of its {d['capacity_bytes'] / 2**30:.2f} GiB")
