@@ -13,6 +13,8 @@ link is a :class:`CommCurve`, chosen in this order (:class:`LinkModel`):
    a partition, and between every pair of partitions), stored in the profile store;
 2. ``imported``: Sailor's published curves for the GPU type (``intra`` / ``inter``
    node; :func:`import_sailor_network`);
+   Between partitions nothing was published: when both partitions' GPU types have
+   imported inter-node curves, the slower of the two stands for the pair;
 3. ``site-figure``: the site file's bandwidth (``intra_node_gbps``, ``inter_node_gbps``,
    ``links``, ``inter_partition_gbps``) as latency + bytes / bandwidth. The fallback, and
    labelled so in every provenance.
@@ -283,6 +285,13 @@ class LinkModel:
             found = self._index.get((kind, scope, None, gpus, "imported"))
             if found:
                 return found
+            return []
+        # between partitions nothing was published; when both GPU types have imported
+        # inter-node curves, the pair's network is taken to be the slower of the two (a
+        # message crosses both nodes' adapters)
+        both = [self._index.get((kind, "inter", None, (self._gpu(p),), "imported")) for p in parts]
+        if all(both):
+            return min(both, key=lambda cs: min(c.bandwidth_gbps(64 * 2**20) for c in cs))
         return []
 
     def _site_curve(self, scope: str, parts: tuple[str, ...]) -> CommCurve:

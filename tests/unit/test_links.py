@@ -1,0 +1,158 @@
+"""Link curves: Sailor's published formula, physical bounds, and the measured > imported > site order."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from memx_hpc.datapaths import shared_data
+from memx_hpc.errors import SpecError
+from memx_hpc.model.compose import predict_plan
+from memx_hpc.model.links import SITE_LATENCY_US, CommCurve, LinkModel, import_sailor_network, ring_allreduce_ms
+from memx_hpc.spec import ModelSpec, Partition, Plan, Site, Stage, job_for_model
+
+SAILOR = shared_data(required=False)
+
+
+def site2(**kw) -> Site:
+    return Site(name="s", partitions=(Partition(name="g", gpu_type="GH200", nodes=4, gpus_per_node=4,
+                                                inter_node_gbps=25.0),
+                                      Partition(name="a", gpu_type="A100-40", nodes=2, gpus_per_node=4,
+                                                inter_node_gbps=25.0)), **kw)
+
+
+def measured(scope: str, parts: tuple[str, ...], ms_per_mb: float, kind: str = "p2p", group: int = 2) -> CommCurve:
+    sizes = (2**20, 2**24, 2**28)
+    return CommCurve(kind=kind, scope=scope, gpu_types=("GH200",), partitions=parts, provenance="measured",
+                     source="test", form="points", group_size=group, sizes_bytes=sizes,
+                     times_ms=tuple(0.01 + s / 2**20 * ms_per_mb for s in sizes))
+
+
+@pytest.mark.skipif(SAILOR is None or not (SAILOR / "sailor").is_dir(), reason="shared data absent")
+def test_sailor_curves_follow_sailors_formula_inside_the_fitted_range():
+    curves = import_sailor_network(SAILOR / "sailor")
+    raw = json.loads((SAILOR / "sailor" / "network_coeffs_all_homo.json").read_text())
+    coeffs, max_bps = raw["inter"]["GH-96"]["1"]
+    c = next(c for c in curves if c.scope == "inter" and c.gpu_types == ("GH200",) and c.streams == 1)
+    for x in (4e6, 32e6, 64e6):  # below the parabola's vertex and the measured maximum
+        bw = float(np.polyval(coeffs, math.log2(x / 1e6)))
+        assert bw * 1e9 < max_bps
+        assert c.time_ms(x) == pytest.approx((x / 1e9) / bw * 1e3, rel=1e-9)
+    # held physical outside it: never faster per byte than the largest measured bandwidth,
+    # time grows with size, no negative bandwidths at small sizes
+    xs = np.geomspace(1e3, 1e10, 60)
+    ts = np.array([c.time_ms(x) for x in xs])
+    assert np.all(np.diff(ts) > 0) and np.all(ts > 0)
+    assert all(x / (t * 1e-3) <= max_bps * (1 + 1e-9) for x, t in zip(xs, ts))
+    # intra keys count GPUs of the node (pairs = k / 2); inter keys count sending GPUs
+    intra4 = next(c for c in curves if c.scope == "intra" and c.gpu_types == ("GH200",) and "[4]" in c.source)
+    assert intra4.streams == 2
+    assert {c.streams for c in curves if c.scope == "inter" and c.gpu_types == ("RTX-3090",)} == {1, 2, 4, 8}
+
+
+def test_ring_allreduce_from_p2p():
+    assert ring_allreduce_ms(lambda x: x / 1e6, 8e6, 4) == pytest.approx(2 * 3 * 2.0)
+    assert ring_allreduce_ms(lambda x: 1.0, 8e6, 1) == 0.0
+
+
+def test_measured_before_imported_before_site_figure():
+    site = site2()
+    imported = CommCurve(kind="p2p", scope="inter", gpu_types=("GH200",), provenance="imported", source="imp",
+                         form="alpha-beta", gbps=5.0)
+    plain = LinkModel(site)
+    c = plain.p2p(1e8, "g", "g")
+    assert c.provenance == "site-figure" and "inter_node_gbps" in c.source
+    assert c.ms == pytest.approx(SITE_LATENCY_US["inter"] * 1e-3 + 1e8 / 25e6)
+    imp = LinkModel(site, [imported]).p2p(1e8, "g", "g")
+    assert imp.provenance == "imported" and imp.ms == pytest.approx(1e8 / 5e6)
+    both = LinkModel(site, [imported, measured("inter", ("g",), 0.5)]).p2p(2**24, "g", "g")
+    assert both.provenance == "measured" and both.ms == pytest.approx(0.01 + 16 * 0.5)
+    # intra-node and the other partition are untouched by an inter curve of g
+    assert LinkModel(site, [imported]).p2p(1e8, "g", "g", same_node=True).provenance == "site-figure"
+    assert LinkModel(site, [imported]).p2p(1e8, "a", "a").provenance == "site-figure"
+
+
+def test_cross_partition_uses_measured_pair_or_the_slower_imported_curve():
+    site = site2()
+    fast = CommCurve(kind="p2p", scope="inter", gpu_types=("GH200",), provenance="imported", source="fast",
+                     form="alpha-beta", gbps=20.0)
+    slow = CommCurve(kind="p2p", scope="inter", gpu_types=("A100-40",), provenance="imported", source="slow",
+                     form="alpha-beta", gbps=2.0)
+    lm = LinkModel(site, [fast, slow])
+    c = lm.p2p(1e8, "g", "a")
+    assert c.provenance == "imported" and "slow" in c.source
+    pair = measured("cross", ("a", "g"), 1.0)
+    assert LinkModel(site, [fast, slow, pair]).p2p(2**24, "g", "a").provenance == "measured"
+    # only one type imported: the site's link figure (labelled)
+    assert LinkModel(site, [fast]).p2p(1e8, "g", "a").provenance == "site-figure"
+
+
+def test_streams_share_a_curve_measured_with_that_many_senders():
+    site = site2()
+    one = CommCurve(kind="p2p", scope="inter", gpu_types=("GH200",), provenance="imported", source="x1",
+                    form="alpha-beta", gbps=10.0, streams=1)
+    four_shared = CommCurve(kind="p2p", scope="inter", gpu_types=("GH200",), provenance="imported", source="x4",
+                            form="alpha-beta", gbps=10.0, streams=4)  # four senders share one 10 GB/s adapter
+    own = LinkModel(site, [one]).p2p(4e8, "g", "g", streams=4)
+    shared = LinkModel(site, [one, four_shared]).p2p(4e8, "g", "g", streams=4)
+    assert own.ms == pytest.approx(1e8 / 10e6)  # each sender its own path
+    assert shared.ms == pytest.approx(4e8 / 10e6)
+
+
+def test_measured_allreduce_converts_by_bus_bandwidth():
+    site = site2()
+    ar = measured("inter", ("g",), 1.0, kind="allreduce", group=4)
+    lm = LinkModel(site, [ar])
+    t4 = lm.allreduce(2**24, 4, ["g"]).ms
+    t8 = lm.allreduce(2**24, 8, ["g"]).ms
+    assert t4 == pytest.approx(0.01 + 16.0)
+    assert t8 == pytest.approx(t4 * (2 * 7 / 8) / (2 * 3 / 4))
+
+
+def test_points_curve_is_exact_at_its_points_and_monotone():
+    c = CommCurve(kind="p2p", scope="inter", gpu_types=("x",), provenance="measured", source="t", form="points",
+                  sizes_bytes=(1e3, 1e6, 1e8), times_ms=(0.02, 0.1, 8.0))
+    assert [c.time_ms(x) for x in (1e3, 1e6, 1e8)] == pytest.approx([0.02, 0.1, 8.0])
+    xs = np.geomspace(10, 1e10, 50)
+    assert np.all(np.diff([c.time_ms(x) for x in xs]) >= 0)
+    with pytest.raises(SpecError):
+        CommCurve(kind="p2p", scope="inter", gpu_types=("x",), provenance="measured", source="t", form="points",
+                  sizes_bytes=(1e3,), times_ms=(0.02,))
+    with pytest.raises(SpecError):
+        CommCurve(kind="bcast", scope="inter", gpu_types=("x",), provenance="measured", source="t", form="alpha-beta",
+                  gbps=1.0)
+
+
+class FlatModel:
+    """Every layer 10 ms and 1 MB of activations; 1 GiB of runtime overhead."""
+
+    identity = "flat"
+
+    def predict(self, queries):
+        return np.array([[10.0, 1e6] for _ in queries])
+
+    def overhead_bytes(self, gpu_type):
+        return 2**30
+
+    def provenance(self, gpu_type):
+        return "measured"
+
+
+def test_composition_uses_the_links():
+    site = Site(name="s", partitions=(Partition(name="g", gpu_type="GH200", nodes=4, gpus_per_node=4,
+                                                inter_node_gbps=25.0),))
+    model = ModelSpec(name="small", num_layers=8, hidden_size=1024, num_attention_heads=8, num_query_groups=8,
+                      ffn_hidden_size=4096, vocab_size=1000, seq_length=512)
+    job = job_for_model(model, 64, precision="bf16", optimizer="adam", distributed_optimizer=False)
+    plan = Plan(tp=4, dp=2, micro_batch_size=1, global_batch_size=64,
+                stages=(Stage(partition="g", num_layers=4), Stage(partition="g", num_layers=4)))
+    base = predict_plan(plan, site, job, FlatModel())
+    slow = CommCurve(kind="p2p", scope="inter", gpu_types=("GH200",), provenance="imported", source="slow",
+                     form="alpha-beta", gbps=0.1)
+    pred = predict_plan(plan, site, job, FlatModel(), links=LinkModel(site, [slow]))
+    assert pred.stages[0].send_ms > 100 * base.stages[0].send_ms
+    assert pred.stages[0].grad_sync_ms > 100 * base.stages[0].grad_sync_ms
+    assert pred.iteration_ms > base.iteration_ms

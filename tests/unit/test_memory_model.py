@@ -1,0 +1,44 @@
+"""Device memory = a x allocator peak + b: priors, and how the fit shrinks toward them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from memx_hpc.errors import SpecError
+from memx_hpc.model.memory import GiB, PRIORS, DeviceMemoryModel, fit_device_memory, prior_for
+
+
+def test_no_runs_is_the_prior():
+    m = fit_device_memory([], [], prior_for("nvidia"))
+    assert (m.a, m.b_bytes, m.runs) == (PRIORS["nvidia"].a, PRIORS["nvidia"].b_bytes, 0)
+    with pytest.raises(SpecError):
+        prior_for("fpga")
+
+
+def test_many_runs_of_different_sizes_recover_the_line():
+    A = np.linspace(8, 60, 12) * GiB
+    F = 1.2 * A + 3.0 * GiB
+    m = fit_device_memory(A, F, prior_for("nvidia"))
+    assert m.a == pytest.approx(1.2, abs=0.02)
+    assert m.b_bytes / GiB == pytest.approx(3.0, abs=0.3)
+    # the constant-only model fitted on the large plans overshoots the small ones; this does not
+    small = 8 * GiB
+    const = float(np.median(F[-4:] - A[-4:]))
+    assert abs(m.footprint(small) - (1.2 * small + 3 * GiB)) < abs(small + const - (1.2 * small + 3 * GiB))
+
+
+def test_one_run_moves_part_way_from_the_prior():
+    p = prior_for("nvidia")
+    A, F = 20 * GiB, 30 * GiB
+    m = fit_device_memory([A], [F], p)
+    prior_err = F - DeviceMemoryModel.from_prior(p).footprint(A)
+    assert 0 < F - m.footprint(A) < prior_err  # closer than the prior, not all the way
+    many = fit_device_memory([A] * 20, [F] * 20, p)
+    assert abs(F - many.footprint(A)) < abs(F - m.footprint(A))
+
+
+def test_slope_stays_physical():
+    A = np.array([10, 11]) * GiB
+    m = fit_device_memory(A, np.array([5, 60]) * GiB, prior_for("amd"), noise_fraction=0.001)
+    assert 0.9 <= m.a <= 2.0 and m.b_bytes >= 0
