@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
            "these_plans": _mapes(rows),
            "all_runs_leave_one_out": summary_rows,
            "calibration": {"runs": now.runs, "selection": now.selection, "time_factor": dict(now.time_factor),
-                           "overhead_bytes": dict(now.overhead_bytes), "skipped": list(now.skipped),
+                           "overhead_bytes": dict(now.overhead_bytes), "memory_scale": dict(now.memory_scale),
+                           "skipped": list(now.skipped),
                            "describe": now.describe()}}
     if args.json:
         emit_json(out)

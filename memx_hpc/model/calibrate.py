@@ -7,16 +7,17 @@ real processes spends beyond its layers (launch overheads, cache effects, conten
 :class:`CalibratedCostModel` wraps any :class:`~memx_hpc.model.api.CostModel` and corrects
 both per GPU type from the runs measured on the site, leaving the base model untouched.
 
-Memory: the device overhead. For every rank ``k`` of run ``r`` that reported memory,
-the residual ``F_k - A_k`` between its measured footprint (what the device reports:
-``max reserved``; peak RSS on the CPU) and the allocator peak the base model predicts
-for its stage (state + in-flight activations + the recompute transient, i.e. the
-stage's predicted peak without the overhead term; :mod:`memx_hpc.search.cost`). The
-overhead of GPU type ``g`` is the median over runs of the per-run median over its
-ranks: a run disturbed by something else on the node moves a mean, not a median, and a
-run with many ranks does not outvote one with few. It replaces the base model's
-overhead, clamped at 0 (a negative median means the tensors are over-predicted, which
-an overhead cannot fix; leaving the over-prediction errs on the side of fitting).
+Memory: the device-memory model ``F = a_g A + b_g`` (:mod:`memx_hpc.model.memory`). For
+every rank ``k`` of run ``r`` that reported memory, its measured footprint ``F_k`` (what
+the device reports: ``max reserved`` or the driver's figure; peak RSS on the CPU) and the
+allocator peak ``A_k`` the base model predicts for its stage (state + in-flight
+activations + the recompute transient; :mod:`memx_hpc.model.compose`). Each run gives
+one pair per GPU type, the medians over its ranks of that type (a run with many ranks
+does not outvote one with few); ``a_g`` and ``b_g`` are the posterior mean of a linear
+fit through those pairs with the vendor's prior (allocator reserve ~10 %, context and
+communicator buffers), so one run moves them part of the way and runs of different
+sizes separate the slope from the offset. A constant alone, fitted on large plans,
+overshoots small ones by the reserve it attributes to the constant.
 
 Time: one multiplicative factor ``f_g`` per GPU type on the forward+backward time of
 every layer query of that type (transformer layer, embedding, head). A run's predicted
@@ -89,6 +90,8 @@ class Calibration:
     # the schedule) is corrected there too; without it, calibrating one type would make
     # the uncalibrated ones look faster by comparison and the search would move to them.
     default_time_factor: float = 1.0
+    # a of footprint = a x allocator peak + b per GPU type (b is overhead_bytes); see memx_hpc.model.memory
+    memory_scale: Mapping[str, float] = field(default_factory=dict)
 
     def describe(self) -> str:
         if not self.runs:
@@ -97,8 +100,10 @@ class Calibration:
         for g in sorted(self.runs_by_gpu_type):
             f = self.time_factor.get(g, 1.0)
             o = self.overhead_bytes.get(g)
-            parts.append(f"{g}: layer time x{f:.3f}" + (f", device overhead {o / 2**20:,.0f} MiB" if o is not None
-                                                        else "") + f" ({self.runs_by_gpu_type[g]} run(s))")
+            a = self.memory_scale.get(g)
+            mem = (f", device memory {a:.3f} x allocator peak + {o / 2**20:,.0f} MiB" if o is not None and a is not None
+                   else f", device overhead {o / 2**20:,.0f} MiB" if o is not None else "")
+            parts.append(f"{g}: layer time x{f:.3f}" + mem + f" ({self.runs_by_gpu_type[g]} run(s))")
         if abs(self.default_time_factor - 1.0) > 1e-9:
             parts.append(f"other GPU types: layer time x{self.default_time_factor:.3f}")
         return f"{self.selection}; " + "; ".join(parts)
@@ -137,10 +142,14 @@ class _Run:
 class _Memo:
     """The base model with every answer kept: calibration asks for the same layers again and again."""
 
-    def __init__(self, base: Any) -> None:
+    def __init__(self, base: Any, site: Site) -> None:
         self.base = base
+        self.site = site
         self.table: dict[LayerQuery, tuple[float, float]] = {}
         self.overheads: dict[str, int] = {}
+        self.links = getattr(base, "links", None)
+        from .compose import memory_scale_of
+        self.memory_scale = memory_scale_of(base, site)
 
     def predict(self, queries: Sequence[LayerQuery]) -> np.ndarray:
         missing = [q for q in dict.fromkeys(queries) if q not in self.table]
@@ -161,16 +170,23 @@ class _Memo:
 
 
 class _Corrected:
-    """``memo`` with layer times scaled by ``factors`` and overheads replaced by ``overheads``."""
+    """``memo`` with layer times scaled by ``factors``, overheads replaced by ``overheads`` and
+    the device-memory slope by ``scales``."""
 
     def __init__(self, memo: _Memo, factors: Mapping[str, float], overheads: Mapping[str, int],
-                 default_factor: float = 1.0) -> None:
+                 default_factor: float = 1.0, scales: Mapping[str, float] | None = None) -> None:
         self.memo, self.factors, self.overheads = memo, dict(factors), dict(overheads)
         self.default_factor = default_factor
+        self.scales = dict(scales or {})
+        self.links = memo.links
 
     @staticmethod
     def of(memo: _Memo, cal: "Calibration") -> "_Corrected":
-        return _Corrected(memo, cal.time_factor, cal.overhead_bytes, cal.default_time_factor)
+        return _Corrected(memo, cal.time_factor, cal.overhead_bytes, cal.default_time_factor, cal.memory_scale)
+
+    def memory_scale(self, gpu_type: str) -> float:
+        v = self.scales.get(gpu_type)
+        return float(v) if v is not None else float(self.memo.memory_scale(gpu_type))
 
     def predict(self, queries: Sequence[LayerQuery]) -> np.ndarray:
         out = self.memo.predict(queries).copy()
@@ -252,11 +268,16 @@ def _prepare(records: Sequence[E2ERecord], site: Site, job: TrainJob | None, mem
 # --------------------------------------------------------------------------- fitting
 
 
-def _overheads(runs: Sequence[_Run]) -> dict[str, int]:
-    per_type: dict[str, list[float]] = {}
+def _device_memory(runs: Sequence[_Run], memo: _Memo, site: Site,
+                   prior_records: float = PRIOR_RECORDS) -> tuple[dict[str, int], dict[str, float]]:
+    """Per GPU type, ``footprint = a x allocator peak + b`` fitted on the runs
+    (:func:`memx_hpc.model.memory.fit_device_memory`, shrunk toward the vendor's prior):
+    one (allocator peak, footprint) pair per run, the medians over its ranks of that type."""
+    from .memory import fit_device_memory, prior_for
+    pairs: dict[str, list[tuple[float, float]]] = {}
     for run in runs:
         width = run.plan.tp * run.plan.dp
-        resid: dict[str, list[float]] = {}
+        per: dict[str, list[tuple[float, float]]] = {}
         for rank, foot in run.record.peak_footprint_bytes_by_rank.items():
             try:
                 stage = run.record.stage_by_rank.get(str(rank), int(rank) // width)
@@ -265,10 +286,16 @@ def _overheads(runs: Sequence[_Run]) -> dict[str, int]:
             if not 0 <= stage < len(run.base.stages) or foot <= 0:
                 continue
             sp = run.base.stages[stage]
-            resid.setdefault(sp.gpu_type, []).append(float(foot) - (sp.peak_bytes - sp.overhead_bytes))
-        for g, vals in resid.items():
-            per_type.setdefault(g, []).append(statistics.median(vals))
-    return {g: max(0, int(round(statistics.median(v)))) for g, v in per_type.items()}
+            alloc = (sp.peak_bytes - sp.overhead_bytes) / max(float(memo.memory_scale(sp.gpu_type)), 1e-9)
+            per.setdefault(sp.gpu_type, []).append((alloc, float(foot)))
+        for g, vals in per.items():
+            pairs.setdefault(g, []).append((statistics.median(a for a, _ in vals), statistics.median(f for _, f in vals)))
+    overheads, scales = {}, {}
+    for g, ps in pairs.items():
+        m = fit_device_memory([a for a, _ in ps], [f for _, f in ps], prior_for(site.gpu(g).vendor),
+                              prior_weight=prior_records / PRIOR_RECORDS if PRIOR_RECORDS else 1.0)
+        overheads[g], scales[g] = int(round(m.b_bytes)), float(m.a)
+    return overheads, scales
 
 
 def _time_factors(runs: Sequence[_Run], memo: _Memo, site: Site, prior_records: float,
@@ -307,7 +334,9 @@ def _fit(runs: Sequence[_Run], memo: _Memo, site: Site, *, prior_records: float,
         total = sum(weights.values())
         if total:
             default = math.exp(sum(weights[g] * math.log(f) for g, f in factors.items()) / total)
-    return Calibration(time_factor=factors, overhead_bytes=_overheads(runs), runs=len(runs), runs_by_gpu_type=by_type,
+    overheads, scales = _device_memory(runs, memo, site, prior_records)
+    return Calibration(time_factor=factors, overhead_bytes=overheads, memory_scale=scales, runs=len(runs),
+                       runs_by_gpu_type=by_type,
                        selection=selection, skipped=tuple(skipped), default_time_factor=default)
 
 
@@ -338,7 +367,7 @@ class CalibratedCostModel:
         self.identity = hashlib.sha256(json.dumps(
             {"base": base.identity, "e2e": records_hash(self.records), "prior_records": self.prior_records,
              "calibration": CALIBRATION_VERSION}, sort_keys=True).encode()).hexdigest()
-        self._memo = _Memo(base)
+        self._memo = _Memo(base, site)
         self._view: _Corrected | None = None
 
     def fit(self) -> "CalibratedCostModel":
@@ -360,6 +389,14 @@ class CalibratedCostModel:
     def overhead_bytes(self, gpu_type: str) -> int:
         return self._corrected().overhead_bytes(gpu_type)
 
+    def memory_scale(self, gpu_type: str) -> float:
+        """``a`` of ``footprint = a x allocator peak + b`` (:mod:`memx_hpc.model.memory`)."""
+        return self._corrected().memory_scale(gpu_type)
+
+    @property
+    def links(self):
+        return getattr(self.base, "links", None)
+
     def provenance(self, gpu_type: str) -> str:
         # where the layer numbers come from; the calibration is reported beside it
         return self.base.provenance(gpu_type)
@@ -376,7 +413,7 @@ def leave_one_out(base: Any, records: Sequence[E2ERecord], site: Site, job: Trai
     from .compose import predict_plan
 
     selected, selection = select_records(records, site, job)
-    memo = _Memo(base)
+    memo = _Memo(base, site)
     runs, skipped = _prepare(selected, site, job, memo, options)
     out = []
     for i, run in enumerate(runs):

@@ -279,10 +279,18 @@ def link_model_for(site: Site, cost_model=None, links=None):
     return LinkModel(site)
 
 
-def memory_scale_of(cost_model):
-    """``gpu_type -> a`` of the device-memory model (1.0 when the cost model has none)."""
+def memory_scale_of(cost_model, site: Site):
+    """``gpu_type -> a`` of the device-memory model: the cost model's (a calibration fitted
+    it on end-to-end runs), else the prior of the GPU's vendor (:data:`memx_hpc.model.memory.PRIORS`)."""
     f = getattr(cost_model, "memory_scale", None)
-    return f if callable(f) else (lambda gpu_type: 1.0)
+    if callable(f):
+        return f
+    from .memory import prior_for
+
+    def prior(gpu_type: str) -> float:
+        return prior_for(site.gpu(gpu_type).vendor).a
+
+    return prior
 
 
 def send_ms(links, job: TrainJob, *, micro_batch_size: int, tp: int, sequence_parallel: bool, a: str | None,
@@ -406,7 +414,9 @@ class Composer:
         site, job = space.site, space.job
         self.site, self.job = site, job
         self.links = link_model_for(site, None, links)
-        self._memory_scale = dict(memory_scale or {})
+        prior = memory_scale_of(None, site)
+        self._memory_scale = {p.gpu_type: float(prior(p.gpu_type)) for p in space.partitions}
+        self._memory_scale.update(memory_scale or {})
         sp = space.options.sequence_parallel
         L = job.model.num_layers
         levels = space.levels
@@ -705,6 +715,7 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
     fin = pipeline_finish_batch(np.array([fwd_stage]), np.array([bwd_stage]), np.array([link_ms]).reshape(1, -1), m)[0]
     feasible, reason = True, ""
     out = []
+    utils: list[float] = []  # from the unrounded peaks, as the vectorised path computes them
     for d in per:
         i = d["stage"]
         end = fin[i] + d["grad_sync_ms"] + d["optimizer_ms"] + (tied if i in (0, p - 1) else 0.0)
@@ -714,11 +725,10 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
             feasible = False
             reason = (f"stage {i} ({d['gpu_type']}) needs {d['peak_float'] / 2**30:.2f} GiB, above "
                       f"{limit:.0%} of its {d['capacity_bytes'] / 2**30:.2f} GiB")
-        d.pop("peak_float")
+        utils.append(d.pop("peak_float") / d["capacity_bytes"])
         d.pop("total")
         out.append(StagePrediction(**d))
     iteration = max(s.finish_ms for s in out)
-    utils = [s.peak_bytes / s.capacity_bytes for s in out]
     umax = max(utils)
     # balance over all GPUs of the plan: weight each entry by the GPUs it stands for
     # (a Plan's stages all have tp x dp; a general plan's replicas have their own tp)
@@ -781,7 +791,7 @@ def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: 
                          link_ms=link_ms, sync_of=sync_of, tied_ms=tied_sync_ms(lm, job, plan.tp, plan.pp, names[0],
                                                                                 names[-1]),
                          sequence_parallel=plan.sequence_parallel, options=options or CostOptions(),
-                         memory_scale=memory_scale_of(cost_model))
+                         memory_scale=memory_scale_of(cost_model, site))
 
 
 def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
@@ -874,7 +884,7 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
                          dp_per_stage=[len(s.replicas) for s in plan.stages], link_ms=link_ms, sync_of=sync_of,
                          tied_ms=tied_sync_ms(lm, job, first.tp, len(stages), first.partition, lastp.partition),
                          sequence_parallel=False, options=options or CostOptions(),
-                         memory_scale=memory_scale_of(cost_model))
+                         memory_scale=memory_scale_of(cost_model, site))
 
 
 def _known(site: Site, name: str) -> bool:

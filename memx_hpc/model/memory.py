@@ -30,8 +30,9 @@ footprint, the run-to-run spread of measured device peaks): ::
     (a, b) = argmin  sum_r (F_r - a A_r - b)^2 / (s F_r)^2
                      + (a - a0)^2 / ta^2 + (b - b0)^2 / tb^2
 
-With few runs, or runs whose allocator peaks barely differ (``a`` and ``b`` are then not
-separable), the answer stays near the prior; with many runs of different sizes it is the
+weighted by Tukey's biweight so that a run disturbed by something else on the node does
+not move the line. With few runs, or runs whose allocator peaks barely differ (``a`` and
+``b`` are then not separable), the answer stays near the prior; with many runs of different sizes it is the
 data's line. A constant alone (``a = 1``) fitted on large plans overshoots small ones: on
 Sailor's GH200 runs the device reports ~14 % more than the allocator peak plus ~3 GiB.
 """
@@ -64,7 +65,8 @@ class MemoryPrior:
     source: str
 
 
-#: Per vendor (see the module docstring for where each figure comes from).
+#: Per vendor (see the module docstring for where each figure comes from). ``b`` is
+#: :data:`memx_hpc.model.api.DEFAULT_OVERHEAD_GIB`, the overhead uncalibrated models report.
 PRIORS: dict[str, MemoryPrior] = {
     "nvidia": MemoryPrior(a=1.10, b_bytes=1.5 * GiB, sd_a=0.10, sd_b_bytes=1.0 * GiB,
                           source="caching-allocator reserve ~10 %; CUDA context + cuBLAS workspaces + NCCL buffers"),
@@ -110,9 +112,11 @@ A_BOUNDS = (0.9, 2.0)
 
 
 def fit_device_memory(allocator_peaks: Sequence[float], footprints: Sequence[float], prior: MemoryPrior, *,
-                      noise_fraction: float = NOISE_FRACTION) -> DeviceMemoryModel:
+                      noise_fraction: float = NOISE_FRACTION, prior_weight: float = 1.0) -> DeviceMemoryModel:
     """Posterior mean of ``(a, b)`` given measured ``footprints`` at predicted ``allocator_peaks``
-    (one pair per run; the module docstring has the objective). No pairs: the prior."""
+    (one pair per run; the module docstring has the objective). No pairs: the prior.
+    ``prior_weight`` scales the prior's precision (0: least squares alone, with a vanishing
+    prior only to keep one run, or runs of one size, solvable)."""
     A = np.asarray(allocator_peaks, dtype=np.float64)
     F = np.asarray(footprints, dtype=np.float64)
     if A.shape != F.shape:
@@ -123,18 +127,36 @@ def fit_device_memory(allocator_peaks: Sequence[float], footprints: Sequence[flo
         return DeviceMemoryModel.from_prior(prior)
     # work in GiB so the normal equations are well conditioned
     a_, f_ = A / GiB, F / GiB
-    w = 1.0 / (noise_fraction * f_) ** 2
+    sd = noise_fraction * f_
     X = np.stack([a_, np.ones_like(a_)], axis=1)
-    P = np.diag([1.0 / prior.sd_a ** 2, 1.0 / (prior.sd_b_bytes / GiB) ** 2])
+    P = max(float(prior_weight), 1e-9) * np.diag([1.0 / prior.sd_a ** 2, 1.0 / (prior.sd_b_bytes / GiB) ** 2])
     theta0 = np.array([prior.a, prior.b_bytes / GiB])
-    lhs = X.T @ (w[:, None] * X) + P
-    rhs = X.T @ (w * f_) + P @ theta0
-    a, b = np.linalg.solve(lhs, rhs)
-    if not A_BOUNDS[0] <= a <= A_BOUNDS[1]:
-        # refit b with a held at the bound
-        a = float(np.clip(a, *A_BOUNDS))
-        pb = 1.0 / (prior.sd_b_bytes / GiB) ** 2
-        b = (np.sum(w * (f_ - a * a_)) + pb * theta0[1]) / (np.sum(w) + pb)
+
+    def solve(w: np.ndarray) -> tuple[float, float]:
+        lhs = X.T @ (w[:, None] * X) + P
+        rhs = X.T @ (w * f_) + P @ theta0
+        a, b = np.linalg.solve(lhs, rhs)
+        if not A_BOUNDS[0] <= a <= A_BOUNDS[1]:  # refit b with a held at the bound
+            a = float(np.clip(a, *A_BOUNDS))
+            b = (np.sum(w * (f_ - a * a_)) + P[1, 1] * theta0[1]) / (np.sum(w) + P[1, 1])
+        return float(a), float(b)
+
+    # A run disturbed by something else on the node (another process, a leak) must not move
+    # the line: Tukey's biweight (c = 4.685 noise deviations) by iteratively reweighted least
+    # squares, started from the prior's slope and the median offset, which an outlier
+    # cannot move. A run further than ~19 % (c x 4 %) from the line gets no weight.
+    a, b = prior.a, float(np.median(f_ - prior.a * a_))
+    for _ in range(30):
+        r = (f_ - a * a_ - b) / sd
+        u = np.clip(np.abs(r) / 4.685, 0.0, 1.0)
+        w = (1 - u ** 2) ** 2 / sd ** 2
+        if not np.any(w > 0):
+            break
+        a_new, b_new = solve(w)
+        done = abs(a_new - a) < 1e-12 and abs(b_new - b) < 1e-12
+        a, b = a_new, b_new
+        if done:
+            break
     b = max(float(b), 0.0)
     return DeviceMemoryModel(a=float(a), b_bytes=b * GiB, runs=int(A.size),
                              source=f"fitted on {A.size} run(s), prior {prior.a:.2f} x peak + "

@@ -42,3 +42,8 @@ def test_slope_stays_physical():
     A = np.array([10, 11]) * GiB
     m = fit_device_memory(A, np.array([5, 60]) * GiB, prior_for("amd"), noise_fraction=0.001)
     assert 0.9 <= m.a <= 2.0 and m.b_bytes >= 0
+
+
+def test_prior_offsets_are_what_uncalibrated_models_report():
+    from memx_hpc.model.api import DEFAULT_OVERHEAD_GIB
+    assert {v: p.b_bytes / GiB for v, p in PRIORS.items()} == DEFAULT_OVERHEAD_GIB
