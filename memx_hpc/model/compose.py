@@ -15,7 +15,7 @@ bytes kept per in-flight micro-batch):
 * weights, gradients and optimizer states from :mod:`memx_hpc.model.analytic`
   (``stage_params`` -> ``state_bytes``): with the activations, the allocator peak ``A``.
   What the device reports is ``a·A + b`` (:mod:`memx_hpc.model.memory`): the cost
-  model's ``memory_scale`` (``a``, 1 when it has none) and ``overhead_bytes`` (``b``:
+  model's ``memory_scale`` (``a``; the vendor prior's when it has none) and ``overhead_bytes`` (``b``:
   context, communication buffers). A plan is infeasible when any GPU's peak exceeds its
   capacity times ``1 - site.memory_safety_margin``;
 * point-to-point sends between stages: each TP rank sends the ``s·b·h`` activation
