@@ -67,6 +67,7 @@ from memx_hpc.cli.common import table  # noqa: E402
 from memx_hpc.datapaths import SOURCES, shared_data  # noqa: E402
 from memx_hpc.model.api import AnalyticCostModel  # noqa: E402
 from memx_hpc.model.compose import memory_scale_of, predict_general, predict_plan  # noqa: E402
+from memx_hpc.model.metrics import ape  # noqa: E402
 from memx_hpc.spec import (GeneralPlan, GeneralStage, ModelSpec, Partition, Plan, Recompute, Replica,  # noqa: E402
                            Site, Stage, job_for_model)
 
@@ -194,10 +195,10 @@ def sailor_validation(predictor) -> dict[str, dict[str, float]]:
         r["mem_const"] = r["alloc"] + max(0.0, const)
         r["fit"] = fit
         for k in ("pred_ms", "roof_ms", "site_ms"):
-            r[k.replace("_ms", "_ape")] = abs(r[k] - r["real_ms"]) / r["real_ms"] * 100
+            r[k.replace("_ms", "_ape")] = float(ape(r[k], r["real_ms"]))
         for k in ("mem_prior", "mem_loo", "mem_const"):
-            r[k + "_ape"] = abs(r[k] - r["mem"]) / r["mem"] * 100
-        r["roof_mem_ape"] = abs(p0.footprint(r["roof_alloc"]) - r["mem"]) / r["mem"] * 100
+            r[k + "_ape"] = float(ape(r[k], r["mem"]))
+        r["roof_mem_ape"] = float(ape(p0.footprint(r["roof_alloc"]), r["mem"]))
     for r in recs:
         p = r["plan"]
         rows.append([r["name"], r["split"], r["model"], "/".join(str(s.num_layers) for s in p.stages),
@@ -275,21 +276,21 @@ def vtrain_ranking(predictor) -> dict[str, dict[str, float]]:
         gs = [g for key, g in groups.items() if split_of_vtrain(key[2]) == split]
         rule_top1 = sum(int(g[_rule_best([x[2] for x in g])][0] == min(x[0] for x in g)) for g in gs)
         for k in models:
-            rho, top1, regret, ape = [], 0, [], []
+            rho, top1, regret, apes = [], 0, [], []
             for g in gs:
                 meas = np.array([x[0] for x in g])
                 pred = np.array([x[1][k] for x in g])
-                ape += list(np.abs(pred - meas) / meas * 100)
+                apes += list(ape(pred, meas))
                 if len(g) >= 3:
                     rho.append(spearmanr(meas, pred).statistic)
                 best_pred = int(np.argmin(pred))
                 top1 += int(meas[best_pred] == meas.min())
                 regret.append(meas[best_pred] / meas.min() - 1)
-            out_rows.append([split, k, len(ape), f"{np.mean(rho):.3f}", f"{top1}/{len(gs)} ({top1 / len(gs):.0%})",
+            out_rows.append([split, k, len(apes), f"{np.mean(rho):.3f}", f"{top1}/{len(gs)} ({top1 / len(gs):.0%})",
                              f"{rule_top1}/{len(gs)} ({rule_top1 / len(gs):.0%})", f"{np.mean(regret) * 100:.1f}",
-                             f"{np.max(regret) * 100:.1f}", f"{np.mean(ape):.1f}"])
+                             f"{np.max(regret) * 100:.1f}", f"{np.mean(apes):.1f}"])
             if k == "predictor":
-                res[split] = {"mape": float(np.mean(ape)), "top1": top1 / len(gs), "rule": rule_top1 / len(gs)}
+                res[split] = {"mape": float(np.mean(apes)), "top1": top1 / len(gs), "rule": rule_top1 / len(gs)}
     table(out_rows, ["split", "cost model", "runs", "mean Spearman", "predicted best = measured best",
                      "rule's best = measured best", "mean regret %", "max regret %", "time MAPE %"])
     print("Spearman over the groups with >= 3 configurations; regret: measured time of the predicted best "

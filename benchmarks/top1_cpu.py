@@ -120,8 +120,11 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 def mape(pred: list[float], true: list[float]) -> float:
-    pairs = [(p, t) for p, t in zip(pred, true) if t > 0 and math.isfinite(p)]
-    return 100.0 * sum(abs(p - t) / t for p, t in pairs) / len(pairs) if pairs else float("nan")
+    """memx_hpc's MAPE (:func:`memx_hpc.model.metrics.mape`); NaN when nothing can be scored."""
+    from memx_hpc.model.metrics import mape as project_mape
+
+    m = project_mape(pred, true)
+    return float("nan") if m is None else m
 
 
 

@@ -227,10 +227,8 @@ def _row(name, rec, fresh: bool, held) -> dict:
 
 
 def _mape1(rows: list[dict], p: str, m: str) -> float | None:
-    pairs = [(r[p], r[m]) for r in rows if r[p] is not None and r[m]]
-    if not pairs:
-        return None
-    return 100.0 * sum(abs(a - b) / b for a, b in pairs) / len(pairs)
+    from ..model.metrics import mape
+    return mape([r[p] for r in rows], [r[m] for r in rows])
 
 
 def _mapes(rows: list[dict]) -> dict:

@@ -63,6 +63,7 @@ from ..errors import SpecError
 from ..records import E2ERecord, job_from_spec, records_hash
 from ..spec import Plan, Site, TrainJob
 from .api import LayerQuery
+from .metrics import mape
 
 __all__ = ["CalibratedCostModel", "Calibration", "HeldOut", "MAX_FACTOR", "PRIOR_RECORDS", "error_summary",
            "leave_one_out", "select_records"]
@@ -430,18 +431,13 @@ def leave_one_out(base: Any, records: Sequence[E2ERecord], site: Site, job: Trai
     return out
 
 
-def _mape(pairs: Sequence[tuple[float, float]]) -> float | None:
-    pairs = [(p, m) for p, m in pairs if m > 0 and math.isfinite(p)]
-    if not pairs:
-        return None
-    return 100.0 * sum(abs(p - m) / m for p, m in pairs) / len(pairs)
-
-
 def error_summary(held: Sequence[HeldOut]) -> dict[str, float | int | None]:
     """MAPE (%) of iteration time and of device footprint, before calibration and after it
     (leave-one-out), over ``held``."""
+    time = [h.measured_ms for h in held]
+    memory = [h.measured_footprint_bytes for h in held]
     return {"runs": len(held),
-            "mape_time_before_pct": _mape([(h.before_ms, h.measured_ms) for h in held]),
-            "mape_time_after_pct": _mape([(h.after_ms, h.measured_ms) for h in held]),
-            "mape_memory_before_pct": _mape([(h.before_footprint_bytes, h.measured_footprint_bytes) for h in held]),
-            "mape_memory_after_pct": _mape([(h.after_footprint_bytes, h.measured_footprint_bytes) for h in held])}
+            "mape_time_before_pct": mape([h.before_ms for h in held], time),
+            "mape_time_after_pct": mape([h.after_ms for h in held], time),
+            "mape_memory_before_pct": mape([h.before_footprint_bytes for h in held], memory),
+            "mape_memory_after_pct": mape([h.after_footprint_bytes for h in held], memory)}

@@ -52,6 +52,7 @@ from ..spec import LayerSample
 from . import augment as augment_mod
 from . import features
 from .api import PROVENANCES, QUERY_KINDS, LayerQuery, default_overhead_bytes, resolve_gpu
+from .metrics import ape  # noqa: F401 (error_summary below; importers of predictor.ape keep working)
 
 MODEL_FORMAT = "memx-predictor"
 MODEL_FORMAT_VERSION = 1
@@ -423,11 +424,6 @@ def fit_or_load(samples: Sequence[LayerSample], path: str | Path, site: Any, **p
     fresh.fit(samples, site)
     fresh.save(path)
     return fresh
-
-
-def ape(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
-    """Absolute percentage errors, in %."""
-    return np.abs(pred - true) / np.abs(true) * 100.0
 
 
 def error_summary(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
