@@ -16,20 +16,34 @@ per stage a list of data-parallel replicas, each with its own GPU type and TP::
                                                  {"gpu_type": "V100-16", "tp": 4}]}, ...]}
 
 General plans can be predicted but never rendered. Extra top-level keys written by
-``plan`` (``prediction``, ``job``, ``site``, ``rank``) are kept for people and ignored on read.
+``plan`` (``prediction``, ``rank``, ...) are kept for people and ignored on read.
+
+A plan belongs to a job and a site. ``plan`` writes both::
+
+    "job": {"name": "llama2-7b", "fingerprint": "3f0c9a1e22b4", "global_batch_size": 128,
+            "precision": "bf16", "num_layers": 32, "hidden_size": 4096, "seq_length": 4096},
+    "site": "example-cross-vendor"
+
+``fingerprint`` is a hash of the model shape, the global batch and the precision
+(:func:`job_fingerprint`). ``predict`` and ``render`` refuse a plan whose job or site
+differs from the one they are given (:func:`check_belongs`), naming both. Hand-written
+plans and other planners' plans carry neither and are accepted as they are.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from .errors import SpecError
 from .spec import GeneralPlan, GeneralStage, Plan, Recompute, Replica, Stage, _Reader, load_json
 
 FORMAT = "memx-plan/1"
-_EXTRA = ("format", "prediction", "job", "site", "rank", "score", "provenance", "note")
+_EXTRA = ("format", "prediction", "job", "site", "rank", "score", "provenance", "note", "role", "objective", "run",
+          "memory_error", "why")
 
 
 def parse_recompute(text: Any, field: str) -> Recompute:
@@ -98,11 +112,87 @@ def plan_from_mapping(data: Any) -> Plan | GeneralPlan:
 
 
 def load_plan(path: str | os.PathLike) -> Plan | GeneralPlan:
+    return load_plan_with_origin(path)[0]
+
+
+def load_plan_with_origin(path: str | os.PathLike) -> tuple[Plan | GeneralPlan, "PlanOrigin"]:
+    """The plan in ``path`` and the job and site it was made for (empty when not recorded)."""
     data = load_json(path)  # bounded: size, depth, duplicate keys
     try:
-        return plan_from_mapping(data)
+        return plan_from_mapping(data), origin_of(data)
     except SpecError as e:
         raise e.with_file(str(path)) from None
+
+
+# --------------------------------------------------------------------------- plans belong to jobs
+
+
+def job_fingerprint(job: Any) -> str:
+    """12 hex digits of a SHA-256 over what a plan's numbers depend on: the model shape
+    (every field but its name), the global batch and the precision."""
+    shape = {k: v for k, v in asdict(job.model).items() if k != "name"}
+    doc = {"model": shape, "global_batch_size": job.global_batch_size, "precision": job.precision}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def job_record(job: Any) -> dict:
+    """The ``job`` entry of a plan file."""
+    m = job.model
+    return {"name": job.name, "fingerprint": job_fingerprint(job), "global_batch_size": job.global_batch_size,
+            "precision": job.precision, "model": m.name, "num_layers": m.num_layers, "hidden_size": m.hidden_size,
+            "seq_length": m.seq_length}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanOrigin:
+    """The job and site a plan file says it was made for (None: not recorded)."""
+
+    job: str | None = None
+    fingerprint: str | None = None
+    site: str | None = None
+    job_detail: str = ""
+
+
+def origin_of(data: Any) -> PlanOrigin:
+    if not isinstance(data, dict):
+        return PlanOrigin()
+    job, site = data.get("job"), data.get("site")
+    site = site if isinstance(site, str) else None
+    if isinstance(job, dict):
+        detail = ", ".join(f"{k} {job[k]}" for k in ("model", "num_layers", "hidden_size", "seq_length",
+                                                      "global_batch_size", "precision") if k in job)
+        return PlanOrigin(job=str(job.get("name")), fingerprint=str(job.get("fingerprint") or "") or None,
+                          site=site, job_detail=detail)
+    return PlanOrigin(job=job if isinstance(job, str) else None, site=site)
+
+
+def _job_words(job: Any) -> str:
+    m = job.model
+    return (f"model {m.name}, num_layers {m.num_layers}, hidden_size {m.hidden_size}, seq_length {m.seq_length}, "
+            f"global_batch_size {job.global_batch_size}, precision {job.precision}")
+
+
+def check_belongs(origin: PlanOrigin, path: str | os.PathLike, *, site: Any, job: Any) -> None:
+    """SpecError (exit 1) when the plan file was made for another job or site, naming both.
+
+    A job is the same when its fingerprint matches (a renamed job file with the same shape
+    and batch is the same job); files without a fingerprint are compared by name only when
+    they carry one, and plans without any record are accepted."""
+    if origin.site is not None and origin.site != site.name:
+        raise SpecError(f"this plan was made for site '{origin.site}', not '{site.name}' "
+                        f"({site.source_file or '--site'}); plan again for this site, or pass the plan's own site file",
+                        file=str(path), field="site", found=origin.site, allowed=site.name)
+    if origin.fingerprint is not None:
+        if origin.fingerprint != job_fingerprint(job):
+            raise SpecError(f"this plan was made for job '{origin.job}' ({origin.job_detail}; fingerprint "
+                            f"{origin.fingerprint}), not '{job.name}' from {job.source_file or '--job'} "
+                            f"({_job_words(job)}; fingerprint {job_fingerprint(job)}); pass the plan's own job file "
+                            f"or plan again for this job", file=str(path), field="job", found=origin.job,
+                            allowed=job.name)
+    elif origin.job is not None and origin.job != job.name:
+        raise SpecError(f"this plan was made for job '{origin.job}', not '{job.name}' "
+                        f"({job.source_file or '--job'}); pass the plan's own job file or plan again for this job",
+                        file=str(path), field="job", found=origin.job, allowed=job.name)
 
 
 def save_plan(plan: Plan, path: str | os.PathLike, **extra: Any) -> None:

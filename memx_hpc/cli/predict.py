@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..planfile import load_plan
+    from ..planfile import check_belongs, load_plan_with_origin
     from ..model.compose import CostOptions, predict_general, predict_plan
     from ..spec import GeneralPlan, load_job, load_site
     from ..planner import load_cost_model, provenance_of, store_paths
@@ -49,8 +49,15 @@ def run(args: argparse.Namespace) -> int:
 
     site = load_site(args.site)
     job = load_job(args.job)
-    plan = load_plan(args.plan)
+    plan, origin = load_plan_with_origin(args.plan)
+    check_belongs(origin, args.plan, site=site, job=job)
     notes: list[str] = []
+    if plan.global_batch_size != job.global_batch_size:
+        # the plan's own batch: a plan is predicted as it would run
+        import dataclasses
+        notes.append(f"the plan's global batch {plan.global_batch_size} is used, not the job file's "
+                     f"{job.global_batch_size}")
+        job = dataclasses.replace(job, global_batch_size=plan.global_batch_size)
     store = store_paths(site, args.store).store
     model = load_cost_model(site, job, store, analytic=args.analytic, notes=notes)
     opts = CostOptions(overlap_grad_reduce=args.overlap_grad_reduce)

@@ -52,13 +52,14 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import SpecError
-    from ..planfile import load_plan
+    from ..planfile import check_belongs, load_plan_with_origin
     from ..slurm import render as r
     from ..spec import GeneralPlan, load_job, load_site
 
     site = load_site(args.site)
     job = load_job(args.job)
-    plan = load_plan(args.plan)
+    plan, origin = load_plan_with_origin(args.plan)
+    check_belongs(origin, args.plan, site=site, job=job)
     if isinstance(plan, GeneralPlan):
         raise SpecError("a general plan (per-replica GPU types or TP) can be predicted but Megatron-LM cannot "
                         "run it; render needs uniform tp and dp with one partition per stage", file=args.plan)

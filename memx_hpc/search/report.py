@@ -1,16 +1,20 @@
-"""What a search shows people and writes for machines: the top-K table, the Pareto-front
-PNG, one plan JSON per plan, a JSON summary, and a progress bar on stderr."""
+"""What a search shows people and writes for machines: the three picks (recommended,
+fastest, MemX's weighted best) explained, the top-K table, the Pareto-front PNG, one plan
+JSON per plan in a folder of its own per run, a JSON summary, and a progress bar on stderr."""
 
 from __future__ import annotations
 
+import os
+import secrets
 import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..planfile import save_plan
+from ..planfile import job_record, save_plan
 from ..spec import Plan, Site, TrainJob
 from .engine import ScoredPlan, SearchResult
+from .objective import MemoryErrorBand
 
 GiB = 2**30
 
@@ -70,86 +74,303 @@ def gib(nbytes: float) -> str:
     return f"{x:.1f}" if x >= 10 else (f"{x:.2f}" if x >= 1 else f"{x:.3g}")
 
 
+# --------------------------------------------------------------------------- the three picks
+
+#: The plans every report shows and writes, in this order: (role, file name, words).
+ROLES = (("recommended", "recommended.json", "recommended"),
+         ("fastest", "fastest.json", "fastest that fits"),
+         ("weighted", "weighted.json", "MemX weighted best"))
+
+
+def picks(result: SearchResult) -> dict[str, ScoredPlan]:
+    """role -> plan for the roles that have one (none when nothing fits)."""
+    out = {"recommended": result.recommended, "fastest": result.fastest, "weighted": result.weighted_best}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _fullest(s: ScoredPlan) -> tuple[str, float, int, int]:
+    """(GPU type, utilisation, peak bytes, capacity bytes) of the plan's fullest GPU."""
+    st = max(s.prediction.stages, key=lambda x: x.peak_bytes / x.capacity_bytes)
+    return st.gpu_type, st.peak_bytes / st.capacity_bytes, st.peak_bytes, st.capacity_bytes
+
+
+def _band_of(bands: Mapping[str, MemoryErrorBand] | None, result: SearchResult, gpu: str) -> float:
+    if bands and gpu in bands:
+        return bands[gpu].fraction
+    return float(result.memory_error.get(gpu, 0.0))
+
+
+def risk_words(s: ScoredPlan) -> str:
+    """OOM risk of a plan in words, from its widened worst-GPU utilisation."""
+    r = s.risk_utilisation
+    if r != r:  # nan: no band known
+        return "OOM risk unknown (no error band)"
+    if r <= 0.85:
+        return "OOM risk low"
+    if r <= 1.0:
+        return "OOM risk small (the band's edge is near capacity)"
+    return "OOM risk REAL: its peak plus the expected error exceeds the GPU's memory"
+
+
+def explain(result: SearchResult, *, bands: Mapping[str, MemoryErrorBand] | None = None,
+            files: Mapping[str, str] | None = None) -> list[str]:
+    """One line per pick: time against the fastest, memory headroom of the fullest GPU,
+    OOM risk; then one line on why the recommended plan is not the fastest."""
+    p = picks(result)
+    if not p:
+        return []
+    fast = p.get("fastest")
+    t0 = fast.prediction.iteration_ms if fast else None
+    lines = []
+    for role, fname, words in ROLES:
+        s = p.get(role)
+        if s is None:
+            if role == "recommended":
+                lines.append(f"{words:<19} none: every plan that fits has a GPU whose peak is within the expected "
+                             f"error of its capacity")
+            continue
+        g, u, peak, cap = _fullest(s)
+        band = _band_of(bands, result, g)
+        t = s.prediction.iteration_ms
+        cost = ("the fastest" if t0 is None or abs(t - t0) <= 1e-9 * t0
+                else f"{(t / t0 - 1):+.1%} time vs the fastest")
+        where = f" -> {files[role]}" if files and role in files else ""
+        lines.append(f"{words:<19} {t / 1e3:.3f} s/iteration ({cost}); fullest GPU {g} at {u:.0%} "
+                     f"({(cap - peak) / GiB:.1f} GiB free), {u * (1 + band):.0%} with its +{band:.0%} error band: "
+                     f"{risk_words(s)}{where}")
+    rec = p.get("recommended")
+    if rec is not None and fast is not None:
+        if rec.index == fast.index:
+            lines.append("the recommended plan is the fastest plan that fits: its memory is outside the error band")
+        elif not fast.risk_feasible:
+            lines.append(f"the fastest plan's memory sits inside the error band of its GPU's capacity, so the "
+                         f"recommended plan is the fastest one outside it "
+                         f"({rec.prediction.iteration_ms / fast.prediction.iteration_ms - 1:+.1%} time)")
+        else:
+            lines.append(f"the recommended plan is within the time noise ({result.time_noise:.0%}) of the fastest "
+                         f"and keeps its memory lower and better balanced")
+    w = p.get("weighted")
+    if w is not None and rec is not None and w.index != rec.index:
+        extra = w.prediction.iteration_ms / rec.prediction.iteration_ms - 1
+        if extra > result.time_noise and w.risk_utilisation <= 1.0 and rec.risk_utilisation <= 1.0:
+            lines.append(f"MemX's weighted product pays {extra:+.1%} time for headroom the error band does not need "
+                         f"(weights {result.weights.label()}; --objective memx ranks by it)")
+    return lines
+
+
+# --------------------------------------------------------------------------- the table
+
+TABLE_FOOTER = ("GiB: predicted peak per GPU of each type; mem+err: the fullest GPU's peak widened by its type's "
+                "expected error, % of its memory (> 100 %: may run out); balance: fullest / mean GPU memory "
+                "utilisation (1 = even); score: MemX's T^{t} * M^{m} * B^{b} (lower is better); time#: rank by "
+                "time alone")
+
+
 def table_rows(plans: Sequence[ScoredPlan], site: Site) -> tuple[list[str], list[list[Any]]]:
     gpus = gpu_types_of(site)
-    header = ["rank", "time rank", "iter s", "tokens/s"] + [f"peak GiB {g}" for g in gpus] + \
-        ["balance", "score", "tp", "dp", "mbs", "stages"]
+    header = ["rank", "time#", "s/iter"] + [f"GiB {g}" for g in gpus] + \
+        ["mem+err", "balance", "score", "tp", "dp", "mbs", "stages"]
     rows = []
     for s in plans:
         p = s.prediction
         peaks = p.peak_by_gpu_type()
-        rows.append([s.rank, s.time_rank, p.iteration_ms / 1e3, p.tokens_per_s]
+        risk = "-" if s.risk_utilisation != s.risk_utilisation else f"{s.risk_utilisation:.0%}"
+        rows.append([s.rank, s.time_rank, f"{p.iteration_ms / 1e3:.3f}"]
                     + [gib(peaks[g]) if g in peaks else "-" for g in gpus]
-                    + [f"{p.balance:.3f}", f"{s.score:.4g}", s.plan.tp, s.plan.dp, s.plan.micro_batch_size,
+                    + [risk, f"{p.balance:.3f}", f"{s.score:.4g}", s.plan.tp, s.plan.dp, s.plan.micro_batch_size,
                        stage_summary(s.plan)])
     return header, rows
+
+
+def table_footer(result: SearchResult) -> str:
+    w = result.weights
+    return TABLE_FOOTER.format(t=f"{w.time:g}", m=f"{w.memory:g}", b=f"{w.balance:g}")
+
+
+# --------------------------------------------------------------------------- machines
 
 
 def scored_to_dict(s: ScoredPlan) -> dict:
     from ..planfile import plan_to_dict
     return {"rank": s.rank, "time_only_rank": s.time_rank, "index": s.index, "score": s.score,
-            "plan": plan_to_dict(s.plan), "prediction": s.prediction.to_dict()}
+            "risk_utilisation": s.risk_utilisation, "plan": plan_to_dict(s.plan), "prediction": s.prediction.to_dict()}
+
+
+def bands_to_dict(bands: Mapping[str, MemoryErrorBand] | None) -> dict:
+    return {g: {"fraction": b.fraction, "basis": b.basis, "source": b.source} for g, b in (bands or {}).items()}
 
 
 def result_to_json(result: SearchResult, *, site: Site, job: TrainJob, provenance: Mapping[str, str],
-                   notes: Sequence[str] = (), files: Sequence[str] = ()) -> dict:
-    return {"site": site.name, "job": job.name, "weights": result.weights.label(),
+                   notes: Sequence[str] = (), files: Sequence[str] = (), objective: str = "recommended",
+                   bands: Mapping[str, MemoryErrorBand] | None = None, run_id: str | None = None) -> dict:
+    """``top``: the ranking of ``objective``; ``recommended``, ``fastest``, ``weighted``: the
+    three picks; ``weighted_top``/``time_only``: MemX's and the time-only rankings."""
+    p = picks(result)
+    return {"site": site.name, "job": job.name, "job_fingerprint": job_record(job)["fingerprint"],
+            "run_id": run_id, "objective": objective, "weights": result.weights.label(),
+            "time_noise": result.time_noise, "memory_error": bands_to_dict(bands),
             "provenance": dict(provenance), "notes": list(notes), "stats": result.stats.to_dict(),
-            "top": [scored_to_dict(s) for s in result.top],
+            "risk_feasible": result.risk_feasible,
+            **{role: (scored_to_dict(p[role]) if role in p else None) for role, _, _ in ROLES},
+            "explanation": explain(result, bands=bands),
+            "top": [scored_to_dict(s) for s in result.ranking(objective)],
+            "weighted_top": [scored_to_dict(s) for s in result.top],
             "time_only": [scored_to_dict(s) for s in result.time_top],
             "pareto": [{"index": p.index, "iteration_ms": p.iteration_ms, "max_utilisation": p.max_utilisation}
                        for p in result.pareto],
             "files": list(files)}
 
 
+# --------------------------------------------------------------------------- one folder per run
+
+
+def new_run_id() -> str:
+    """``20261130-221530-3fa2``: UTC time of the run and 4 random hex digits (two runs in one second)."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
+
+
+def new_run_dir(base: Path, run_id: str | None = None) -> Path:
+    """``base/<run id>/``, created, with ``base/latest`` pointing at it (replaced atomically:
+    a reader sees the old run or the new one, never a mix)."""
+    run_id = run_id or new_run_id()
+    out = base / run_id
+    out.mkdir(parents=True, exist_ok=False)
+    link = base / "latest"
+    tmp = base / f".latest.{os.getpid()}"
+    try:
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        os.symlink(run_id, tmp)
+        os.replace(tmp, link)
+    except OSError:
+        # a file system without symbolic links: a file naming the run instead
+        (base / "latest.txt").write_text(run_id + "\n", encoding="utf-8")
+    return out
+
+
 def write_plan_files(result: SearchResult, out_dir: Path, *, site: Site, job: TrainJob,
-                     provenance: Mapping[str, str]) -> list[Path]:
-    """``plan-01.json`` ... in ``out_dir``: each plan with its prediction (planfile format)."""
+                     provenance: Mapping[str, str], objective: str = "recommended",
+                     bands: Mapping[str, MemoryErrorBand] | None = None, run_id: str | None = None) -> list[Path]:
+    """``plan-01.json`` ... (the ranking of ``objective``) and ``recommended.json``,
+    ``fastest.json``, ``weighted.json`` (the three picks) in ``out_dir``, planfile format,
+    each with its job (name and fingerprint), site, prediction and why it is there."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for s in result.top:
-        path = out_dir / f"plan-{s.rank:02d}.json"
+    w = result.weights
+    memx = f"T^{w.time:g} M^{w.memory:g} B^{w.balance:g}"
+    common = {"job": job_record(job), "site": site.name, "provenance": dict(provenance), "run": run_id,
+              "memory_error": bands_to_dict(bands)}
+
+    def save(s: ScoredPlan, path: Path, *, rank: int, role: str, why: str) -> Path:
         pred = s.prediction.to_dict()
         pred["time_only_rank"] = s.time_rank
-        pred["weights"] = result.weights.label()
-        save_plan(s.plan, path, prediction=pred, rank=s.rank, score=s.score, job=job.name, site=site.name,
-                  provenance=dict(provenance),
-                  note=f"memx-hpc plan: rank {s.rank} of {result.stats.feasible:,} feasible plans by "
-                       f"T^{result.weights.time:g} M^{result.weights.memory:g} B^{result.weights.balance:g}; "
-                       f"rank {s.time_rank} by iteration time alone")
-        paths.append(path)
+        pred["weights"] = w.label()
+        pred["risk_utilisation"] = s.risk_utilisation
+        save_plan(s.plan, path, prediction=pred, rank=rank, score=s.score, role=role, objective=objective,
+                  note=why, **common)
+        return path
+
+    n = result.stats.feasible
+    paths = []
+    ranking = result.ranking(objective)
+    for s in ranking:
+        why = (f"rank {s.rank} of {result.risk_feasible:,} plans whose peak fits with the expected memory error "
+               f"(recommended ranking); rank {s.time_rank} by iteration time alone" if objective == "recommended"
+               else f"rank {s.rank} of {n:,} feasible plans by {memx}; rank {s.time_rank} by iteration time alone")
+        paths.append(save(s, out_dir / f"plan-{s.rank:02d}.json", rank=s.rank, role=objective, why=why))
+    p = picks(result)
+    whys = {"recommended": "the fastest plan whose peak, widened by the expected memory error, fits; within "
+                           f"{result.time_noise:.0%} of it lower and better-balanced memory wins",
+            "fastest": f"the fastest of the {n:,} plans that fit (site safety margin only, no error band)",
+            "weighted": f"the best of the {n:,} plans that fit by MemX's weighted product {memx}"}
+    for role, fname, _ in ROLES:
+        if role in p:
+            paths.append(save(p[role], out_dir / fname, rank=p[role].rank, role=role, why=whys[role]))
     return paths
 
 
-def pareto_png(result: SearchResult, path: Path, *, title: str) -> Path:
-    """Iteration time against worst-GPU peak memory: the Pareto front, the top-K by score,
-    the fastest plan. matplotlib's Agg backend (no display needed)."""
+# --------------------------------------------------------------------------- the plot
+
+
+def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | None = None,
+               bands: Mapping[str, MemoryErrorBand] | None = None) -> Path:
+    """Iteration time (log axis) against the fullest GPU's peak memory (% of its capacity):
+    the Pareto front, the top-K of the weighted product, and the three picks marked and
+    labelled; the site's memory limit and, dashed, where the expected error would cross
+    it. matplotlib's Agg backend (no display needed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    fig, ax = plt.subplots(figsize=(9, 5.6), dpi=110)
+    limit = 100.0 * (1.0 - site.memory_safety_margin) if site is not None else None
+    pts: list[tuple[float, float]] = []
     if result.pareto:
         xs = [p.iteration_ms / 1e3 for p in result.pareto]
         ys = [p.max_utilisation * 100 for p in result.pareto]
-        ax.step(xs, ys, where="post", color="0.6", lw=1)
-        ax.scatter(xs, ys, s=18, color="0.3", label=f"Pareto front ({len(xs)} plans)", zorder=2)
+        pts += list(zip(xs, ys))
+        ax.step(xs, ys, where="post", color="0.65", lw=1.2, zorder=1)
+        ax.scatter(xs, ys, s=22, color="0.35", label=f"Pareto front: no plan is both faster and leaner "
+                                                     f"({len(xs)} plans)", zorder=2)
     if result.top:
-        ax.scatter([s.prediction.iteration_ms / 1e3 for s in result.top],
-                   [s.prediction.max_utilisation * 100 for s in result.top], s=40, marker="o", facecolors="none",
-                   edgecolors="tab:blue", label=f"top {len(result.top)} by score ({result.weights.label()})", zorder=3)
-        best = result.top[0]
-        ax.annotate("best", (best.prediction.iteration_ms / 1e3, best.prediction.max_utilisation * 100),
-                    textcoords="offset points", xytext=(6, 6), color="tab:blue")
-    if result.time_top:
-        f = result.time_top[0]
-        ax.scatter([f.prediction.iteration_ms / 1e3], [f.prediction.max_utilisation * 100], s=60, marker="x",
-                   color="tab:red", label="fastest (time-only)", zorder=4)
-    ax.set_xlabel("iteration time (s)")
-    ax.set_ylabel("peak memory, worst GPU (% of capacity)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+        xs = [s.prediction.iteration_ms / 1e3 for s in result.top]
+        ys = [s.prediction.max_utilisation * 100 for s in result.top]
+        pts += list(zip(xs, ys))
+        ax.scatter(xs, ys, s=36, marker="o", facecolors="none", edgecolors="tab:purple", lw=1,
+                   label=f"top {len(result.top)} by MemX's weighted product", zorder=3)
+    p = picks(result)
+    style = {"recommended": ("*", 260, "tab:green", "recommended"),
+             "fastest": ("X", 120, "tab:red", "fastest that fits"),
+             "weighted": ("D", 90, "tab:purple", f"weighted best ({result.weights.label()})")}
+    offsets = {"recommended": (14, 16), "fastest": (14, -22), "weighted": (14, 4)}
+    for role in ("weighted", "fastest", "recommended"):
+        s = p.get(role)
+        if s is None:
+            continue
+        x, y = s.prediction.iteration_ms / 1e3, s.prediction.max_utilisation * 100
+        pts.append((x, y))
+        marker, size, color, label = style[role]
+        ax.scatter([x], [y], s=size, marker=marker, color=color, edgecolors="black", linewidths=0.6, zorder=5,
+                   label=f"{label}: {x:.3g} s, {y:.0f} %")
+        same = [r for r in ("recommended", "fastest", "weighted") if r in p and p[r].index == s.index]
+        if same[0] != role:
+            continue  # one label per point: the first role that names it
+        ax.annotate(" = ".join(style[r][3].split(" (")[0] for r in same), (x, y), textcoords="offset points",
+                    xytext=offsets[role], fontsize=10, color=color, fontweight="bold",
+                    arrowprops={"arrowstyle": "-", "color": color, "lw": 0.8})
+    if limit is not None:
+        ax.axhline(limit, color="tab:red", lw=1.2, ls="-", zorder=0)
+        ax.text(0.995, limit, f"memory limit {limit:.0f} % (safety margin {site.memory_safety_margin:.0%})",
+                transform=ax.get_yaxis_transform(), ha="right", va="bottom", fontsize=9, color="tab:red")
+        widest = max((b.fraction for b in (bands or {}).values()), default=0.0)
+        if widest > 0:
+            edge = 100.0 / (1.0 + widest)
+            ax.axhline(edge, color="tab:orange", lw=1.0, ls="--", zorder=0)
+            ax.text(0.995, edge, f"{edge:.0f} %: a +{widest:.0%} memory error reaches capacity",
+                    transform=ax.get_yaxis_transform(), ha="right", va="top", fontsize=9, color="tab:orange")
+    if pts:
+        xs = sorted(x for x, _ in pts)
+        lo = xs[0]
+        # clip outliers: the axis ends at 4x the fastest plan or the slowest plan marked, whichever is less
+        hi = min(xs[-1], lo * 4.0)
+        marked = [p[r].prediction.iteration_ms / 1e3 for r in p]
+        hi = max(hi, max(marked, default=hi))
+        ax.set_xscale("log")
+        ax.set_xlim(lo / 1.06, hi * 1.12)
+        clipped = sum(1 for x in xs if x > hi * 1.12)
+        if clipped:
+            ax.text(0.995, 0.02, f"{clipped} slower plan(s) beyond the axis", transform=ax.transAxes, ha="right",
+                    fontsize=8, color="0.4")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_ylim(0, max(105.0, max(y for _, y in pts) + 5))
+    ax.set_xlabel("predicted iteration time (s, log scale)", fontsize=11)
+    ax.set_ylabel("peak memory of the fullest GPU (% of its capacity)", fontsize=11)
+    ax.set_title(title, fontsize=12)
+    ax.tick_params(labelsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=9, loc="lower left", framealpha=0.9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
