@@ -92,3 +92,53 @@ def _isnum(s: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+class step:
+    """Progress of one step that has no count to show: ``with step("fit: cross-validation"):``
+    prints the label on stderr, then the elapsed time while it runs (every second on a
+    terminal, every 10 s into a log) and how long it took. Steps under 2 s print one line."""
+
+    def __init__(self, label: str, *, stream=None, enabled: bool = True) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def __enter__(self) -> "step":
+        import threading
+        import time
+        self._t0 = time.perf_counter()
+        self._stop = threading.Event()
+        if self.enabled:
+            self._write(f"{self.label} ...", end="" if self.tty else "\n")
+            self._thread = threading.Thread(target=self._tick, daemon=True)
+            self._thread.start()
+        return self
+
+    def _write(self, text: str, *, end: str = "\n") -> None:
+        try:
+            self.stream.write(text + end)
+            self.stream.flush()
+        except (OSError, ValueError):  # a closed stream must not fail the work
+            pass
+
+    def _tick(self) -> None:
+        import time
+        every = 1.0 if self.tty else 10.0
+        while not self._stop.wait(every):
+            el = time.perf_counter() - self._t0
+            if self.tty:
+                self._write(f"\r{self.label} ... {el:.0f} s", end="")
+            else:
+                self._write(f"{self.label}: still running ({el:.0f} s)")
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        import time
+        self._stop.set()
+        if not self.enabled:
+            return
+        self._thread.join()
+        el = time.perf_counter() - self._t0
+        word = "failed" if exc_type is not None else "done"
+        self._write(f"\r{self.label} ... {word} in {el:.1f} s" if self.tty else f"{self.label}: {word} in {el:.1f} s")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_json, add_site, emit_json, table
+from .common import add_json, add_site, emit_json, step, table
 
 HELP = "fit the predictor on the profile store, print its cross-validated error, save it"
 DESCRIPTION = """\
@@ -46,14 +46,19 @@ def run(args: argparse.Namespace) -> int:
     if not store_path.is_file():
         raise SpecError("profile store not found; run 'memx-hpc profile' or 'memx-hpc profile import' first",
                         file=str(store_path))
-    store = ProfileStore(store_path)
-    samples = store.samples()
-    gpus = with_store_figures(site, store)  # CPU "devices": the speeds measured when profiling
+    with step(f"fit: reading {store_path}"):
+        store = ProfileStore(store_path)
+        samples = store.samples()
+        gpus = with_store_figures(site, store)  # CPU "devices": the speeds measured when profiling
     if not samples:
         raise SpecError("the profile store holds no samples", file=str(store_path))
     kw = {"augment": not args.no_augment}
-    cv = None if args.no_cv else cross_validate(samples, gpus, **kw)
-    predictor = Predictor(**kw).fit(samples, gpus)
+    cv = None
+    if not args.no_cv:
+        with step(f"fit: cross-validation on {len(samples):,} samples (one fit per held-out micro-batch size)"):
+            cv = cross_validate(samples, gpus, **kw)
+    with step(f"fit: fitting the predictor on {len(samples):,} samples"):
+        predictor = Predictor(**kw).fit(samples, gpus)
     out = Path(args.out) if args.out else store_paths(site, store_path).predictor
     predictor.save(out)
     gpu_types = sorted({s.point.gpu_type for s in samples})

@@ -124,8 +124,8 @@ def score(iteration_ms, max_utilisation, balance, weights: Weights):
 #      plan is feasible under the site's safety margin as well);
 #   2. the fastest risk-feasible plan sets the time T0;
 #   3. among risk-feasible plans within TIME_NOISE of T0 -- differences the time prediction
-#      cannot tell apart -- the one with the lowest widened worst-GPU utilisation times
-#      imbalance wins (ties: faster, then lower plan index).
+#      cannot tell apart -- the one with the lowest widened worst-GPU utilisation (whole
+#      percent) wins, then the better balanced, then the faster, then the lower plan index.
 
 #: Objectives ``--objective`` accepts: ``recommended`` (the default) and ``memx`` (the weighted product).
 OBJECTIVES = ("recommended", "memx")
@@ -231,5 +231,8 @@ def risk_feasible(prediction, bands) -> bool:
 
 
 def tie_key(risk_util, balance):
-    """Within the time noise: lower widened worst-GPU utilisation times imbalance wins."""
-    return np.asarray(risk_util, dtype=np.float64) * np.asarray(balance, dtype=np.float64)
+    """Within the time noise: the lower widened worst-GPU utilisation wins, counted in whole
+    percent (finer differences are far inside the error band); equal percentages go to the
+    better balance. One number: percent x 1000 + balance (balance < 1000)."""
+    r = np.floor(np.asarray(risk_util, dtype=np.float64) * 100.0 + 1e-9)
+    return r * 1000.0 + np.minimum(np.asarray(balance, dtype=np.float64), 999.0)

@@ -134,6 +134,11 @@ def explain(result: SearchResult, *, bands: Mapping[str, MemoryErrorBand] | None
         t = s.prediction.iteration_ms
         cost = ("the fastest" if t0 is None or abs(t - t0) <= 1e-9 * t0
                 else f"{(t / t0 - 1):+.1%} time vs the fastest")
+        same = [w2 for r2, _, w2 in ROLES if r2 != role and p.get(r2) is not None and p[r2].index == s.index]
+        if same and role != "recommended":
+            where = f" -> {files[role]}" if files and role in files else ""
+            lines.append(f"{words:<19} the same plan as the {same[0]}{where}")
+            continue
         where = f" -> {files[role]}" if files and role in files else ""
         lines.append(f"{words:<19} {t / 1e3:.3f} s/iteration ({cost}); fullest GPU {g} at {u:.0%} "
                      f"({(cap - peak) / GiB:.1f} GiB free), {u * (1 + band):.0%} with its +{band:.0%} error band: "
@@ -141,7 +146,8 @@ def explain(result: SearchResult, *, bands: Mapping[str, MemoryErrorBand] | None
     rec = p.get("recommended")
     if rec is not None and fast is not None:
         if rec.index == fast.index:
-            lines.append("the recommended plan is the fastest plan that fits: its memory is outside the error band")
+            lines.append("the recommended plan is the fastest plan that fits: its peak plus the expected error stays "
+                         "within every GPU's memory")
         elif not fast.risk_feasible:
             lines.append(f"the fastest plan's memory sits inside the error band of its GPU's capacity, so the "
                          f"recommended plan is the fastest one outside it "
@@ -160,16 +166,14 @@ def explain(result: SearchResult, *, bands: Mapping[str, MemoryErrorBand] | None
 
 # --------------------------------------------------------------------------- the table
 
-TABLE_FOOTER = ("GiB: predicted peak per GPU of each type; mem+err: the fullest GPU's peak widened by its type's "
-                "expected error, % of its memory (> 100 %: may run out); balance: fullest / mean GPU memory "
-                "utilisation (1 = even); score: MemX's T^{t} * M^{m} * B^{b} (lower is better); time#: rank by "
-                "time alone")
+TABLE_FOOTER = ("GPU columns: peak GiB; mem+err: fullest GPU + its expected error, % of memory; bal: fullest/mean "
+                "GPU memory; score: T^{t}*M^{m}*B^{b}")
 
 
 def table_rows(plans: Sequence[ScoredPlan], site: Site) -> tuple[list[str], list[list[Any]]]:
+    """Header and rows of the plan table; GPU-type columns hold predicted peak GiB."""
     gpus = gpu_types_of(site)
-    header = ["rank", "time#", "s/iter"] + [f"GiB {g}" for g in gpus] + \
-        ["mem+err", "balance", "score", "tp", "dp", "mbs", "stages"]
+    header = ["rank", "time#", "s/iter"] + gpus + ["mem+err", "bal", "score", "tp.dp.mb", "stages"]
     rows = []
     for s in plans:
         p = s.prediction
@@ -177,12 +181,12 @@ def table_rows(plans: Sequence[ScoredPlan], site: Site) -> tuple[list[str], list
         risk = "-" if s.risk_utilisation != s.risk_utilisation else f"{s.risk_utilisation:.0%}"
         rows.append([s.rank, s.time_rank, f"{p.iteration_ms / 1e3:.3f}"]
                     + [gib(peaks[g]) if g in peaks else "-" for g in gpus]
-                    + [risk, f"{p.balance:.3f}", f"{s.score:.4g}", s.plan.tp, s.plan.dp, s.plan.micro_batch_size,
-                       stage_summary(s.plan)])
+                    + [risk, f"{p.balance:.2f}", f"{s.score:.3g}",
+                       f"{s.plan.tp}.{s.plan.dp}.{s.plan.micro_batch_size}", stage_summary(s.plan).replace(" | ", "|")])
     return header, rows
 
 
-def table_footer(result: SearchResult) -> str:
+def table_footer(result: SearchResult, site: Site) -> str:
     w = result.weights
     return TABLE_FOOTER.format(t=f"{w.time:g}", m=f"{w.memory:g}", b=f"{w.balance:g}")
 
@@ -322,7 +326,7 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
     style = {"recommended": ("*", 260, "tab:green", "recommended"),
              "fastest": ("X", 120, "tab:red", "fastest that fits"),
              "weighted": ("D", 90, "tab:purple", f"weighted best ({result.weights.label()})")}
-    offsets = {"recommended": (14, 16), "fastest": (14, -22), "weighted": (14, 4)}
+    offsets = {"recommended": (16, 18), "fastest": (16, -24), "weighted": (18, 16)}
     for role in ("weighted", "fastest", "recommended"):
         s = p.get(role)
         if s is None:
@@ -351,8 +355,8 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
     if pts:
         xs = sorted(x for x, _ in pts)
         lo = xs[0]
-        # clip outliers: the axis ends at 4x the fastest plan or the slowest plan marked, whichever is less
-        hi = min(xs[-1], lo * 4.0)
+        # clip outliers: the axis ends at 3x the fastest plan (or the slowest plan marked)
+        hi = min(xs[-1], lo * 3.0)
         marked = [p[r].prediction.iteration_ms / 1e3 for r in p]
         hi = max(hi, max(marked, default=hi))
         ax.set_xscale("log")
@@ -370,7 +374,8 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
     ax.set_title(title, fontsize=12)
     ax.tick_params(labelsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=9, loc="lower left", framealpha=0.9)
+    # Pareto fronts fall from the upper left to the lower right: the upper right is free
+    ax.legend(fontsize=9, loc="center right", framealpha=0.92)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

@@ -127,7 +127,7 @@ def brute_recommended(space, model, bands, noise):
         p = predict_plan(plan, space.site, space.job, model)
         r = risk_utilisation(p, bands)
         if p.feasible and r <= 1.0:
-            rows.append((p.iteration_ms, r * p.balance, i))
+            rows.append((p.iteration_ms, (int(r * 100 + 1e-9), p.balance), i))
     t0 = min(t for t, _, _ in rows)
     band = [x for x in rows if x[0] <= t0 * (1 + noise) * (1 + 1e-12)]
     return min(band, key=lambda x: (x[1], x[0], x[2])), rows, t0
