@@ -13,14 +13,22 @@ to stdout (progress goes to stderr when ``request.progress``):
    the GPU types it has samples of, the datasheet roofline for the rest, calibrated by the
    site's end-to-end runs;
 4. search the plan space (serially, or split over the ranks of an MPI communicator);
-5. on rank 0, write one plan JSON per reported plan, ``pareto.png`` and ``summary.json``
-   into ``request.out_dir`` (when ``request.write``).
+5. on rank 0, write one plan JSON per reported plan, the three picks (``recommended.json``,
+   ``fastest.json``, ``weighted.json``), ``pareto.png`` and ``summary.json`` into a folder of
+   its own, ``request.out_dir/<run id>/``, with ``request.out_dir/latest`` pointing at it
+   (when ``request.write``).
+
+The ranking is ``request.objective``'s: ``recommended`` (the default: the fastest plan
+whose peak, widened by the expected memory error of its GPU types, fits; see
+:mod:`memx_hpc.search.objective`) or ``memx`` (the weighted product). The search always
+keeps both, and the fastest plan that fits.
 
 Example::
 
     from memx_hpc.planner import PlanRequest, plan
     result = plan(PlanRequest(site="site_configs/local.yaml", job="jobs/tiny-gpt.yaml", top_k=5))
-    best = result.search.top[0]          # ScoredPlan: .plan, .prediction, .score, .rank
+    best = result.ranked[0]              # ScoredPlan: .plan, .prediction, .score, .rank
+    result.search.fastest, result.search.weighted_best, result.bands
     result.notes, result.files, result.summary
 
 The CLI subcommands (``plan``, ``search``, ``simulate``, ``verify``, ``predict``) parse
@@ -77,7 +85,9 @@ class PlanRequest:
     it), ``"require"`` or ``"off"``; ``comm`` an explicit communicator (wins over
     ``mpi``). ``analytic``: datasheet roofline only; ``use_cache`` False: no signature
     cache. ``progress``: progress lines on stderr. ``notes``: notes the result starts with
-    (what the caller chose, in words).
+    (what the caller chose, in words). ``objective``: ``recommended`` or ``memx`` (which
+    ranking ``PlanResult.ranked`` and plan-NN.json follow). ``run_folder`` False writes
+    into ``out_dir`` itself instead of a new run folder under it.
     """
 
     site: Site | str | Path
@@ -99,8 +109,14 @@ class PlanRequest:
     use_cache: bool = True
     progress: bool = True
     notes: tuple[str, ...] = ()
+    objective: str = "recommended"
+    run_folder: bool = True
 
     def __post_init__(self) -> None:
+        from .search.objective import OBJECTIVES
+        if self.objective not in OBJECTIVES:
+            raise SpecError("unknown objective", field="objective", found=self.objective,
+                            allowed=", ".join(OBJECTIVES))
         if self.mpi not in ("auto", "require", "off"):
             raise SpecError("unknown MPI mode", field="mpi", found=self.mpi, allowed="auto, require, off")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
@@ -131,6 +147,14 @@ class PlanResult:
     files: list[str]
     summary: dict
     rank0: bool = True
+    objective: str = "recommended"
+    bands: dict = field(default_factory=dict)
+    run_id: str | None = None
+
+    @property
+    def ranked(self) -> tuple:
+        """The plans as ``objective`` ranks them (recommended first by default)."""
+        return self.search.ranking(self.objective)
 
     @property
     def result(self) -> "SearchResult":
@@ -161,8 +185,9 @@ def store_paths(site: Site, store: str | Path | None = None) -> StorePaths:
 # --------------------------------------------------------------------------- options
 
 
-def search_options(request: PlanRequest, site: Site) -> "SearchOptions":
-    """Search options; the site's ``objective:`` weights are the default that ``request.weights`` overrides."""
+def search_options(request: PlanRequest, site: Site, bands: dict | None = None) -> "SearchOptions":
+    """Search options; the site's ``objective:`` weights are the default that ``request.weights``
+    overrides; ``bands``: per GPU type the expected memory error the recommended plan widens by."""
     from .search.engine import SearchOptions
     from .search.objective import Weights, parse_weights
 
@@ -171,7 +196,35 @@ def search_options(request: PlanRequest, site: Site) -> "SearchOptions":
     weights = request.weights if isinstance(request.weights, Weights) else parse_weights(request.weights,
                                                                                         default=default)
     return SearchOptions(top_k=request.top_k, weights=weights, block_size=request.block_size,
-                         use_cache=request.use_cache, cost=request.cost)
+                         use_cache=request.use_cache, cost=request.cost,
+                         memory_error={g: b.fraction for g, b in (bands or {}).items()})
+
+
+def error_bands(cost_model, site: Site, job: TrainJob, store_path: Path, notes: list[str] | None = None) -> dict:
+    """Per GPU type of ``site``, the expected error of the predicted peak memory
+    (:func:`memx_hpc.search.objective.memory_error_bands`): the shipped benchmark rows by
+    provenance, or for GPU types the site's end-to-end runs calibrate, those runs'
+    leave-one-out error (each run predicted by a calibration fitted on the others)."""
+    from .model.calibrate import CalibratedCostModel, leave_one_out
+    from .search.objective import MIN_RUNS_FOR_OWN_BAND, memory_error_bands
+
+    provenance = provenance_of(cost_model, site)
+    calibrated_types: list[str] = []
+    held: list = []
+    if isinstance(cost_model, CalibratedCostModel):
+        cal = cost_model.calibration_
+        calibrated_types = [g for g in provenance if site.gpu(g).name in
+                            {site.gpu(x).name for x in cal.overhead_bytes}]
+        if any(n >= MIN_RUNS_FOR_OWN_BAND for n in cal.runs_by_gpu_type.values()):
+            by_key = {r.key: r for r in cost_model.records}
+            try:
+                held = [(h, by_key[h.key]) for h in leave_one_out(cost_model.base, cost_model.records, site, job)
+                        if h.key in by_key]
+            except SpecError as e:  # a run that no longer composes: the table's rows stand
+                if notes is not None:
+                    notes.append(f"memory error band: leave-one-out over the site's runs failed ({e}); "
+                                 f"using the benchmark rows")
+    return memory_error_bands(provenance, calibrated=calibrated_types, held_out=held)
 
 
 def _mpi(request: PlanRequest):
@@ -350,6 +403,7 @@ class _Prepared:
     notes: list[str]
     cost_model: Any
     cache: Any
+    bands: dict = field(default_factory=dict)
 
 
 def _prepare(request: PlanRequest) -> _Prepared:
@@ -357,7 +411,7 @@ def _prepare(request: PlanRequest) -> _Prepared:
     from .search.cache import PredictionCache
 
     site, job = _load(request)
-    opts = search_options(request, site)  # bad weights stop here, before any work
+    search_options(request, site)  # bad weights stop here, before any work
     comm = _mpi(request)
     rank0 = comm is None or comm.Get_rank() == 0
     notes: list[str] = list(request.notes)
@@ -380,16 +434,20 @@ def _prepare(request: PlanRequest) -> _Prepared:
     cost_model = load_cost_model(site, job, paths.store, analytic=request.analytic, notes=notes)
     if comm is not None and rank0:
         comm.barrier()
+    from .catalog import precision_notes
+    notes += precision_notes(site, job)
+    bands = error_bands(cost_model, site, job, paths.store, notes)
+    opts = search_options(request, site, bands)
     cache = PredictionCache(identity=cost_model.identity, path=paths.cache) if request.use_cache else None
     return _Prepared(site=site, job=job, options=opts, comm=comm, rank0=rank0, notes=notes, cost_model=cost_model,
-                     cache=cache)
+                     cache=cache, bands=bands)
 
 
 def plan(request: PlanRequest) -> PlanResult:
     """Profile what is missing (``request.profile``), load the cost model, search, and on
     rank 0 write the plan files, pareto.png and summary.json. Prints nothing on stdout."""
     from .search.engine import search
-    from .search.report import ProgressBar, pareto_png, result_to_json, write_plan_files
+    from .search.report import ProgressBar, new_run_dir, new_run_id, pareto_png, result_to_json, write_plan_files
     from .search.space import PlanSpace
 
     pr = _prepare(request)
@@ -398,23 +456,34 @@ def plan(request: PlanRequest) -> PlanResult:
     progress = ProgressBar("search", enabled=rank0 and request.progress)
     result = search(space, cost_model, options=pr.options, cache=pr.cache, comm=pr.comm, progress=progress)
     provenance = provenance_of(cost_model, site)
-    out_dir = Path(request.out_dir) if request.out_dir else site.resolve(site.work_dir) / f"plan-{job.name}"
+    base = Path(request.out_dir) if request.out_dir else site.resolve(site.work_dir) / f"plan-{job.name}"
+    kw = dict(objective=request.objective, bands=pr.bands)
     if not rank0:
         return PlanResult(site=site, job=job, cost_model=cost_model, search=result, notes=notes,
-                          provenance=provenance, out_dir=out_dir, files=[], summary={}, rank0=False)
+                          provenance=provenance, out_dir=base, files=[], summary={}, rank0=False, **kw)
     files: list[str] = []
+    run_id = new_run_id() if request.run_folder else None
+    out_dir = base
     if result.top and request.write:
-        files += [str(p) for p in write_plan_files(result, out_dir, site=site, job=job, provenance=provenance)]
-        files.append(str(pareto_png(result, out_dir / "pareto.png",
-                                    title=f"{job.name} on {site.name}: {result.stats.feasible:,} feasible plans")))
-    summary = result_to_json(result, site=site, job=job, provenance=provenance, notes=notes, files=files)
+        try:
+            out_dir = new_run_dir(base, run_id) if request.run_folder else base
+            files += [str(p) for p in write_plan_files(result, out_dir, site=site, job=job, provenance=provenance,
+                                                       objective=request.objective, bands=pr.bands, run_id=run_id)]
+            files.append(str(pareto_png(result, out_dir / "pareto.png", site=site, bands=pr.bands,
+                                        title=f"{job.name} on {site.name}: {result.stats.feasible:,} plans fit")))
+        except OSError as e:
+            raise SystemFailure(f"cannot write the plan files into {out_dir}: {e}") from None
+    summary = result_to_json(result, site=site, job=job, provenance=provenance, notes=notes, files=files,
+                             objective=request.objective, bands=pr.bands, run_id=run_id)
     if result.top and request.write:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        try:
+            (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        except OSError as e:
+            raise SystemFailure(f"cannot write {out_dir / 'summary.json'}: {e}") from None
         files.append(str(out_dir / "summary.json"))
         summary["files"] = files
     return PlanResult(site=site, job=job, cost_model=cost_model, search=result, notes=notes, provenance=provenance,
-                      out_dir=out_dir, files=files, summary=summary, rank0=True)
+                      out_dir=out_dir, files=files, summary=summary, rank0=True, run_id=run_id, **kw)
 
 
 @dataclass(kw_only=True)
@@ -461,7 +530,7 @@ def submit_best(outcome: PlanResult, *, iters: int | None, workdir: str | None) 
     and where things are. SystemFailure when Slurm refuses or does not answer."""
     from .slurm import render as rs
 
-    best = outcome.search.top[0]
+    best = outcome.ranked[0]
     out_dir = outcome.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     script = out_dir / "plan-01.sbatch"

@@ -19,10 +19,16 @@ The main command, run on a login node:
   2. fit the dual-output predictor on the store, or reuse the saved one when the
      store did not change (GPU types without samples: datasheet roofline),
   3. search every plan Megatron-LM can run on the site (see 'memx-hpc search'),
-  4. print the top-K plans by T^w_t * M^w_m * B^w_b beside their time-only rank,
-     and write one plan JSON per plan, pareto.png and summary.json to --out,
-  5. with --submit: render the best plan into a heterogeneous sbatch script
-     (plan-01.sbatch in --out; 'bash -n' checked), submit it and print the job id.
+  4. print three plans side by side, each with what it costs in time and buys in
+     memory headroom and out-of-memory risk: the recommended plan (the fastest whose
+     peak, widened by the predictor's measured memory error for each GPU type, fits),
+     the fastest plan that fits, and MemX's weighted-product best (T^w_t * M^w_m *
+     B^w_b); then the top-K of --objective's ranking. Each run writes into its own
+     folder, --out/<run id>/ (--out/latest points at the newest): plan-01.json ...,
+     recommended.json, fastest.json, weighted.json, pareto.png, summary.json,
+  5. with --submit: render plan-01 (the recommended plan unless --objective memx)
+     into a heterogeneous sbatch script (plan-01.sbatch beside it; 'bash -n'
+     checked), submit it and print the job id.
 
 The predictor is calibrated by the end-to-end runs 'memx-hpc verify' stored for the
 site, when there are any (the notes say so).
@@ -31,11 +37,12 @@ Every number says where it came from: measured, imported, augmented, or estimate
 from datasheet figures only. Works without Slurm and without a GPU.
 
 examples:
-  memx-hpc plan --site site_configs/example-cross-vendor.yaml --job jobs/llama2-7b.yaml
+  memx-hpc plan --site site_configs/example-cross-vendor.yaml --job jobs/llama2-7b.yaml --no-profile
   memx-hpc plan --site site_configs/local.yaml --job jobs/tiny-gpt.yaml --top 5
-  memx-hpc plan --site S --job J --weights time=1,memory=1,balance=0 --no-profile --json
+  memx-hpc plan --site S --job J --objective memx --weights time=1,memory=1 --no-profile --json
   memx-hpc plan --site site_configs/local.yaml --job jobs/tiny-gpt.yaml --submit
-  memx-hpc render --site S --plan <out>/plan-01.json
+  memx-hpc render --site site_configs/local.yaml --job jobs/tiny-gpt.yaml \
+      --plan memx-local/runs/plan-tiny-gpt/latest/recommended.json
 """
 
 
@@ -73,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     outcome = plan(request_from_args(args, profile=True))
     if not outcome.rank0:
         return 0
-    if args.submit and outcome.search.top:
+    if args.submit and outcome.ranked:
         outcome.summary["submitted"] = submit_best(outcome, iters=args.iters, workdir=args.chdir)
     report(outcome, args)
     sub = outcome.summary.get("submitted")

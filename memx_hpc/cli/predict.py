@@ -21,7 +21,7 @@ slowest link between its replicas. General plans are predicted, never rendered.
               {"num_layers": 16, "replicas": [{"gpu_type": "A100-40", "tp": 2, "partition": "gpu_a100"}]}]}
 
 examples:
-  memx-hpc predict --site S --job J --plan memx-runs/plan-llama2-7b/plan-01.json
+  memx-hpc predict --site S --job J --plan memx-runs/plan-llama2-7b/latest/recommended.json
   memx-hpc predict --site S --job J --plan sailor-plan.json --json
 """
 

@@ -23,7 +23,7 @@ answers, 'sbatch --test-only' says whether this cluster would accept it.
 
 examples:
   memx-hpc render --site site_configs/local.yaml --job jobs/tiny-gpt.yaml \
-      --plan memx-local/runs/plan-tiny-gpt/plan-01.json --out train.sbatch
+      --plan memx-local/runs/plan-tiny-gpt/latest/recommended.json --out train.sbatch
   memx-hpc render --site mysite.yaml --job job.yaml --plan plan-01.json --iters 50 --submit
 """
 

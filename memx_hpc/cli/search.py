@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_job, add_json, add_site, emit_json, table
+from .common import TABLE_WIDTH, add_job, add_json, add_site, emit_json, table
 
 HELP = "search the plan space with the fitted predictor (no profiling) and report the best plans"
 DESCRIPTION = """\
@@ -17,10 +17,20 @@ Enumerate every plan Megatron-LM can run on the site (TP, DP, micro-batch, pipel
 stages on partitions, layers per stage, recompute per stage), predict each one's
 iteration time and per-GPU peak memory from the predictor fitted on the profile
 store (refitted when the store changed; estimated from datasheet figures for GPU
-types the store has nothing on), drop the plans that do not fit in memory, and rank
-the rest by T^w_t * M^w_m * B^w_b (iteration time, worst-GPU memory utilisation,
-memory imbalance). Prints the top-K table beside the time-only ranking, writes one
-plan JSON per plan, a Pareto-front PNG and summary.json. Use 'memx-hpc plan' to
+types the store has nothing on), drop the plans that do not fit in memory, and
+report three plans side by side:
+
+  recommended  the fastest plan whose peak memory, widened by the predictor's
+               measured error for each GPU type (the "mem+err" column), still fits;
+               within 2 % of its time, lower and better-balanced memory wins
+  fastest      the fastest plan that fits (site safety margin only)
+  weighted     MemX's weighted product T^w_t * M^w_m * B^w_b (iteration time,
+               worst-GPU memory utilisation, memory imbalance; --weights)
+
+with one line each on time, memory headroom and out-of-memory risk, the top-K of
+--objective's ranking, and writes into a new folder per run (--out/<run id>/, with
+--out/latest pointing at it): plan-01.json ... in ranking order, recommended.json,
+fastest.json, weighted.json, pareto.png and summary.json. Use 'memx-hpc plan' to
 profile what is missing first.
 
 Under MPI (mpiexec -n N memx-hpc search ..., or srun --mpi=pmi2) the ranks split
@@ -28,8 +38,8 @@ the space; the answer is the same as with one process.
 
 examples:
   memx-hpc search --site site_configs/example-cross-vendor.yaml --job jobs/gpt3-2.7b.yaml
-  memx-hpc search --site S --job J --weights time=1,memory=0 --top 5 --json
-  mpiexec -n 2 memx-hpc search --site S --job J --mpi
+  memx-hpc search --site S --job J --objective memx --weights time=1,memory=1 --top 5 --json
+  .venv/bin/mpiexec -n 2 .venv/bin/memx-hpc search --site S --job J --mpi
 """
 
 
@@ -69,14 +79,18 @@ def add_search_options(p: argparse.ArgumentParser, *, out: bool = True, top_defa
                        top_help: str = "plans to report") -> None:
     """Options shared by plan, search, simulate and verify."""
     p.add_argument("--store", metavar="PATH", help="profile store (default: the site's store)")
+    p.add_argument("--objective", choices=("recommended", "memx"), default="recommended",
+                   help="which ranking plan-01.json ... follow: 'recommended' (default: fastest plan that fits "
+                        "with the memory error band) or 'memx' (the weighted product); all three picks are "
+                        "always written")
     p.add_argument("--weights", metavar="W", default=None,
-                   help="objective exponents, e.g. time=1,memory=0.5,balance=0.5 (the default); "
-                        "time=1,memory=0,balance=0 is the time-only ranking")
+                   help="MemX's exponents, e.g. time=1,memory=0.5,balance=0.5 (default: the site's objective:, "
+                        "else these); names left out are 0, so time=1 is the time-only ranking")
     p.add_argument("--top", type=_positive, default=top_default, metavar="K",
                    help=f"{top_help} (default {top_default})")
     if out:
-        p.add_argument("--out", metavar="DIR", help="where plan files, pareto.png and summary.json go "
-                                                    "(default: the site's work_dir/plan-<job>)")
+        p.add_argument("--out", metavar="DIR", help="each run writes into DIR/<run id>/, DIR/latest points at the "
+                                                    "newest (default DIR: the site's work_dir/plan-<job>)")
     add_json(p)
     p.add_argument("--mpi", action="store_true",
                    help="require MPI (mpiexec/srun); without it MPI is still used when launched under it")
@@ -145,6 +159,7 @@ def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=N
                        allow_datasheet=getattr(args, "allow_datasheet", False),
                        out_dir=getattr(args, "out", None), mpi="require" if args.mpi else "auto",
                        analytic=args.analytic, use_cache=not args.no_cache,
+                       objective=getattr(args, "objective", "recommended"),
                        notes=("--no-profile: searched with what the store already holds",) if no_profile else ())
 
 
@@ -170,7 +185,8 @@ def report(run, args: argparse.Namespace) -> None:
     if args.json:
         emit_json(run.summary)
     else:
-        print_report(run.search, run.site, run.job, run.provenance, run.notes, run.files)
+        print_report(run.search, run.site, run.job, run.provenance, run.notes, run.files,
+                     objective=run.objective, bands=run.bands, out_dir=run.out_dir if run.files else None)
     if not run.search.top:
         site, job = run.site, run.job
         raise SpecError(f"none of the {run.search.stats.plans:,} plans fits in memory on {site.name} "
@@ -179,8 +195,9 @@ def report(run, args: argparse.Namespace) -> None:
                         file=job.source_file)
 
 
-def print_report(result, site, job, provenance, notes, files, *, stream=None) -> None:
-    from ..search.report import table_rows
+def print_report(result, site, job, provenance, notes, files, *, stream=None, objective: str = "recommended",
+                 bands=None, out_dir=None) -> None:
+    from ..search.report import ROLES, explain, table_footer, table_rows
     out = stream or sys.stdout
     st = result.stats
     parts = ", ".join(f"{p.name} {p.total_gpus}x {p.gpu_type}" for p in site.partitions)
@@ -188,30 +205,44 @@ def print_report(result, site, job, provenance, notes, files, *, stream=None) ->
     print(f"site {site.name}: {site.total_gpus} GPUs ({parts})", file=out)
     print(f"job {job.name}: {m.name}, {m.num_layers} layers, hidden {m.hidden_size}, global batch "
           f"{job.global_batch_size}, seq {m.seq_length}, {job.precision}", file=out)
-    print("numbers from: " + "; ".join(f"{g}: {PROVENANCE_WORDS.get(v, v)}" for g, v in provenance.items()),
-          file=out)
+    print("numbers from (expected peak-memory error):", file=out)
+    for g, v in provenance.items():
+        b = (bands or {}).get(g)
+        print(f"  {g}: {PROVENANCE_WORDS.get(v, v)}" + (f"; +-{b.fraction:.0%} ({b.source})" if b else ""),
+              file=out)
+    if bands:
+        print("  (the recommended plan widens each GPU's predicted peak by its type's error; a plan whose widened "
+              "peak exceeds the memory may run out)", file=out)
     c = st.cache
     sp = st.space
-    print(f"searched {st.plans:,} plans ({st.feasible:,} fit in memory) in {st.seconds:.2f} s "
-          f"({st.plans_per_s:,.0f} plans/s, {st.ranks} rank{'s' if st.ranks > 1 else ''}); space: TP {sp['tp']}, "
-          f"micro-batch {sp['micro_batch_sizes']}, up to {sp['max_pipeline_stages']} stages, layer grid "
-          f"{sp['layer_granularity']}, recompute {', '.join(sp['recompute_levels'])}", file=out)
+    print(f"searched {st.plans:,} plans ({st.feasible:,} fit in memory, {result.risk_feasible:,} also with the "
+          f"error band) in {st.seconds:.2f} s ({st.plans_per_s:,.0f} plans/s, {st.ranks} "
+          f"rank{'s' if st.ranks > 1 else ''}); space: TP {sp['tp']}, micro-batch {sp['micro_batch_sizes']}, up to "
+          f"{sp['max_pipeline_stages']} stages, layer grid {sp['layer_granularity']}, recompute "
+          f"{', '.join(sp['recompute_levels'])}", file=out)
     print(f"signature cache: {c['unique']} signatures ({c['file_hits']} from {c['path'] or 'memory'}, "
           f"{c['predicted']} predicted"
           + (f", {c['invalidated']} stale rows dropped" if c["invalidated"] else "")
           + f"); {c['lookups']:,} stage look-ups, hit rate {c['hit_rate']:.2%}", file=out)
     if result.top:
-        print(f"\ntop {len(result.top)} by T^{result.weights.time:g} * M^{result.weights.memory:g} * "
-              f"B^{result.weights.balance:g} (time rank: the plan's rank by iteration time alone):", file=out)
-        header, rows = table_rows(result.top, site)
-        table(rows, header, file=out)
-        if result.time_top:
-            f = result.time_top[0]
-            print(f"\nfastest plan by time alone: {f.prediction.iteration_ms / 1e3:.3f} s/iteration, peak "
-                  f"{f.prediction.max_utilisation:.0%} of the fullest GPU (balance {f.prediction.balance:.2f})"
-                  + ("; it is also the best by score" if result.top[0].index == f.index else ""), file=out)
+        names = {role: fname for role, fname, _ in ROLES}
+        print("\nthe three picks:", file=out)
+        for line in explain(result, bands=bands, files=names if files else None):
+            print("  " + line, file=out)
+        ranked = result.ranking(objective)
+        what = ("recommended ranking (the plans within the time noise of the fastest safe plan by memory, then "
+                "the other safe plans by time)" if objective == "recommended" else
+                f"MemX's T^{result.weights.time:g} * M^{result.weights.memory:g} * B^{result.weights.balance:g}")
+        if ranked:
+            print(f"\ntop {len(ranked)}, {what}:", file=out)
+            header, rows = table_rows(ranked, site)
+            table(rows, header, file=out, drop_empty=True, max_width=TABLE_WIDTH)
+            print(table_footer(result, site), file=out)
         print(f"Pareto front (time vs peak memory): {len(result.pareto)} plans", file=out)
-    if files:
+    if files and out_dir is not None:
+        print(f"\nwrote {len(files)} files into {out_dir} ({out_dir.parent / 'latest'} points there): "
+              f"plan-01.json ... , recommended.json, fastest.json, weighted.json, pareto.png, summary.json", file=out)
+    elif files:
         print("\nwrote: " + ", ".join(files[:2]) + (f", ... ({len(files)} files)" if len(files) > 2 else ""),
               file=out)
     for n in notes:

@@ -41,7 +41,7 @@ runs only (leave-one-out), so it is an honest error, not a fit to itself.
 examples:
   memx-hpc verify --site site_configs/local.yaml --job jobs/tiny-gpt.yaml --top 2 --iters 3
   memx-hpc verify --site site_configs/local.yaml --job jobs/tiny-gpt.yaml --top 2 \\
-      --plans memx-local/runs/plan-tiny-gpt/plan-*.json
+      --plans memx-local/runs/plan-tiny-gpt/latest/plan-*.json
 """
 
 
@@ -87,11 +87,12 @@ def run(args: argparse.Namespace) -> int:
     if entries is None:
         searched = plan(request_from_args(args, site=site, job=job))
         notes += searched.notes
-        if not searched.result.top:
-            raise SpecError(f"none of the {searched.result.stats.plans:,} plans fits in memory on {site.name}; "
-                            f"nothing to verify", file=job.source_file)
+        if not searched.ranked:
+            raise SpecError(f"none of the {searched.result.stats.plans:,} plans fits in memory on {site.name}"
+                            + (" with the expected memory error (--objective memx ranks without it)"
+                               if searched.result.top else "") + "; nothing to verify", file=job.source_file)
         entries = [(str(searched.out_dir / f"plan-{s.rank:02d}.json"), s.plan, _prediction_dict(s))
-                   for s in searched.result.top[:args.top]]
+                   for s in searched.ranked[:args.top]]
         base = base_of(searched.cost_model)
     else:
         base = base_of(load_cost_model(site, job, store_path, analytic=args.analytic, notes=notes))

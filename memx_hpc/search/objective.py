@@ -166,7 +166,7 @@ def table_band(gpu_type: str, basis: str) -> MemoryErrorBand:
     row = table.get(basis) or table["datasheet-only"]
     return MemoryErrorBand(gpu_type=gpu_type, fraction=float(row["fraction"]),
                            basis=basis if basis in table else "datasheet-only",
-                           source=f"{row['benchmark']} ({row['statistic']})")
+                           source=f"{row['statistic']}: {row['benchmark']}")
 
 
 def memory_error_bands(provenance: Mapping[str, str], *, calibrated: Iterable[str] = (),

@@ -166,8 +166,8 @@ def explain(result: SearchResult, *, bands: Mapping[str, MemoryErrorBand] | None
 
 # --------------------------------------------------------------------------- the table
 
-TABLE_FOOTER = ("GPU columns: peak GiB; mem+err: fullest GPU + its expected error, % of memory; bal: fullest/mean "
-                "GPU memory; score: T^{t}*M^{m}*B^{b}")
+TABLE_FOOTER = ("GPUs: peak GiB; mem+err: fullest GPU + expected error, % of memory; bal: fullest/mean GPU memory; "
+                "score: T^{t}*M^{m}*B^{b}")
 
 
 def table_rows(plans: Sequence[ScoredPlan], site: Site) -> tuple[list[str], list[list[Any]]]:

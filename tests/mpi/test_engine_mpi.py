@@ -89,7 +89,10 @@ def test_cli_search_under_mpiexec(tmp_path, mpiexec):
                                     timeout=300, check=True).stdout)
     assert par["stats"]["ranks"] == 2 and ser["stats"]["ranks"] == 1
     assert [t["index"] for t in par["top"]] == [t["index"] for t in ser["top"]]
-    assert (tmp_path / "out" / "plan-01.json").is_file()
+    assert (tmp_path / "out" / "latest" / "plan-01.json").is_file()
+    # the three picks come out identical for 1 and 2 ranks
+    for role in ("recommended", "fastest", "weighted"):
+        assert par[role]["index"] == ser[role]["index"], role
 
 
 def test_mpi_flag_without_launcher_is_a_system_error(tmp_path):

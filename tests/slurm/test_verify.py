@@ -46,7 +46,7 @@ def test_verify_searches_measures_stores_and_calibrates(tmp_path: Path, capsys: 
     assert row["new"] is True and row["measured_ms"] > 0 and row["measured_peak_mib"] > 0
     assert Path(row["plan"]).name == "plan-01.json" and Path(row["plan"]).is_file()
     # predicted at the time = what the search ranked it with
-    summary = json.loads((tmp_path / "runs" / "plan-tiny-gpt" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "runs" / "plan-tiny-gpt" / "latest" / "summary.json").read_text())
     assert row["predicted_at_the_time_ms"] == pytest.approx(summary["top"][0]["prediction"]["iteration_ms"])
     # one run only: the leave-one-out 'after' has nothing to learn from
     assert row["calibrated_on_runs"] == 0 and row["after_ms"] == pytest.approx(row["before_ms"])
@@ -99,7 +99,8 @@ def test_plan_submit_returns_a_job_slurm_knows(tmp_path: Path, capsys: pytest.Ca
     try:
         assert job_id.isdigit()
         script = Path(sub["script"])
-        assert script == tmp_path / "runs" / "plan-tiny-gpt" / "plan-01.sbatch" and script.is_file()
+        assert script.resolve() == (tmp_path / "runs" / "plan-tiny-gpt" / "latest" / "plan-01.sbatch").resolve()
+        assert script.is_file()
         assert "#SBATCH" in script.read_text() and str(script) in out["files"]
         shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30)
         assert shown.returncode == 0 and f"JobId={job_id}" in shown.stdout

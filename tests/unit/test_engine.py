@@ -237,33 +237,91 @@ def _plan_args(tmp_path, *extra):
 def test_plan_command_writes_plans_png_and_says_where_numbers_come_from(tmp_path, capsys):
     assert main(_plan_args(tmp_path)) == 0
     out = capsys.readouterr().out
-    assert "estimated from datasheet figures only" in out and "time rank" in out and "tokens/s" in out
-    assert "peak GiB A100-80" in out and "note: --no-profile" in out
-    files = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert files == ["pareto.png", "plan-01.json", "plan-02.json", "plan-03.json", "plan-04.json", "summary.json"]
-    assert (tmp_path / "out" / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    from memx_hpc.planfile import load_plan
-    plan = load_plan(tmp_path / "out" / "plan-01.json")
-    doc = json.loads((tmp_path / "out" / "plan-01.json").read_text())
+    assert "estimated from datasheet figures only" in out and "time#" in out and "mem+err" in out
+    assert "A100-80" in out and "note: --no-profile" in out
+    # the three picks, each with one line on time, headroom and OOM risk
+    for words in ("recommended ", "fastest that fits ", "MemX weighted best "):
+        assert words in out
+    assert "OOM risk" in out and "benchmarks/end_to_end.py" in out
+    # every table line fits 120 columns; the footer explains score and balance
+    table_lines = out.split("top 4,")[1].split("Pareto front")[0].splitlines()[1:]
+    assert table_lines and max(len(x) for x in table_lines) <= 120
+    assert "score: T^1*M^0.5*B^0.5" in out and "bal: fullest/mean GPU memory" in out
+    runs = [p for p in (tmp_path / "out").iterdir() if p.name != "latest"]
+    assert len(runs) == 1 and (tmp_path / "out" / "latest").resolve() == runs[0].resolve()
+    run = tmp_path / "out" / "latest"
+    files = sorted(p.name for p in run.iterdir())
+    assert files == ["fastest.json", "pareto.png", "plan-01.json", "plan-02.json", "plan-03.json", "plan-04.json",
+                     "recommended.json", "summary.json", "weighted.json"]
+    assert (run / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from memx_hpc.planfile import job_fingerprint, load_plan
+    from memx_hpc.spec import load_job
+    plan = load_plan(run / "plan-01.json")
+    doc = json.loads((run / "plan-01.json").read_text())
     assert doc["rank"] == 1 and doc["provenance"]["A100-80"] == "datasheet-only"
     assert doc["prediction"]["feasible"] and doc["prediction"]["time_only_rank"] >= 1
+    assert doc["job"]["fingerprint"] == job_fingerprint(load_job(ROOT / "jobs" / "gpt3-2.7b.yaml"))
+    assert doc["site"] == "example-cross-vendor" and doc["role"] == "recommended"
+    assert load_plan(run / "recommended.json") == plan  # plan-01 of the default ranking is the recommended plan
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["recommended"]["index"] == summary["top"][0]["index"]
+    assert summary["fastest"]["index"] == summary["time_only"][0]["index"]
+    assert summary["weighted"]["index"] == summary["weighted_top"][0]["index"]
+    assert summary["recommended"]["risk_utilisation"] <= 1.0
+    assert summary["fastest"]["prediction"]["iteration_ms"] <= summary["recommended"]["prediction"]["iteration_ms"]
     # predict gives the same numbers for the written plan
     assert main(["predict", "--site", EXAMPLE, "--job", str(ROOT / "jobs" / "gpt3-2.7b.yaml"),
-                 "--store", str(tmp_path / "store.h5"), "--plan", str(tmp_path / "out" / "plan-01.json"),
+                 "--store", str(tmp_path / "store.h5"), "--plan", str(run / "plan-01.json"),
                  "--json"]) == 0
     pred = json.loads(capsys.readouterr().out)
     assert pred["iteration_ms"] == pytest.approx(doc["prediction"]["iteration_ms"])
     assert plan.pp == len(pred["stage_ms"])
-    # the second run finds every signature in the cache file next to the store
-    assert main(_plan_args(tmp_path, "--json")) == 0
+    # the second run finds every signature in the cache file next to the store, and writes a new folder:
+    # with --top 2 nothing of the first run's plan-03/04 is beside its plans
+    assert main(_plan_args(tmp_path, "--json", "--top", "2")) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["stats"]["cache"]["predicted"] == 0 and summary["stats"]["cache"]["file_hits"] > 0
     assert (tmp_path / "store.cache.sqlite").is_file()
+    assert len([p for p in (tmp_path / "out").iterdir() if p.name != "latest"]) == 2
+    latest = sorted(p.name for p in (tmp_path / "out" / "latest").iterdir())
+    assert "plan-03.json" not in latest and "plan-02.json" in latest
+    assert (tmp_path / "out" / "latest").resolve().name == summary["run_id"]
+
+
+def test_plans_belong_to_their_job_and_site(tmp_path, capsys):
+    """render/predict refuse a plan made for another job or site, naming both."""
+    assert main(_plan_args(tmp_path, "--top", "1")) == 0
+    capsys.readouterr()
+    plan = tmp_path / "out" / "latest" / "recommended.json"
+    llama = str(ROOT / "jobs" / "llama2-7b.yaml")
+    for cmd in (["predict", "--store", str(tmp_path / "store.h5")], ["render", "--no-test-only",
+                                                                      "--out", str(tmp_path / "x.sbatch")]):
+        assert main([*cmd, "--site", EXAMPLE, "--job", llama, "--plan", str(plan)]) == 1
+        err = capsys.readouterr().err
+        assert "gpt3-2.7b" in err and "llama2-7b" in err and "Traceback" not in err
+        assert not (tmp_path / "x.sbatch").exists()
+    other = tmp_path / "other.yaml"
+    other.write_text(Path(EXAMPLE).read_text().replace("name: example-cross-vendor", "name: elsewhere"))
+    assert main(["predict", "--store", str(tmp_path / "store.h5"), "--site", str(other), "--job",
+                 str(ROOT / "jobs" / "gpt3-2.7b.yaml"), "--plan", str(plan)]) == 1
+    err = capsys.readouterr().err
+    assert "example-cross-vendor" in err and "elsewhere" in err
+    # a plan without a record (hand-written) is predicted with its own global batch
+    doc = json.loads(plan.read_text())
+    bare = {k: doc[k] for k in ("format", "tp", "dp", "micro_batch_size", "stages")}
+    bare["global_batch_size"] = doc["global_batch_size"] * 2
+    (tmp_path / "bare.json").write_text(json.dumps(bare))
+    assert main(["predict", "--store", str(tmp_path / "store.h5"), "--site", EXAMPLE, "--job",
+                 str(ROOT / "jobs" / "gpt3-2.7b.yaml"), "--plan", str(tmp_path / "bare.json"), "--json"]) == 0
+    pred = json.loads(capsys.readouterr().out)
+    assert pred["num_microbatches"] == 2 * doc["prediction"]["num_microbatches"]
+    assert any("global batch" in n for n in pred["notes"])
 
 
 def test_time_only_weights_rank_by_time(tmp_path, capsys):
-    assert main(_plan_args(tmp_path, "--weights", "time=1,memory=0,balance=0", "--json")) == 0
+    assert main(_plan_args(tmp_path, "--objective", "memx", "--weights", "time=1", "--json")) == 0
     s = json.loads(capsys.readouterr().out)
+    assert s["weights"] == "time=1,memory=0,balance=0"  # names left out are 0
     assert [t["index"] for t in s["top"]] == [t["index"] for t in s["time_only"]]
     ranks = [t["time_only_rank"] for t in s["top"]]
     assert ranks[0] == 1 and ranks == sorted(ranks)
