@@ -49,13 +49,14 @@ import numpy as np
 
 from ..errors import SpecError
 from ..spec import LayerSample
+from . import anchors as anchors_mod
 from . import augment as augment_mod
 from . import features
 from .api import PROVENANCES, QUERY_KINDS, LayerQuery, default_overhead_bytes, resolve_gpu
 from .metrics import ape  # noqa: F401 (error_summary below; importers of predictor.ape keep working)
 
 MODEL_FORMAT = "memx-predictor"
-MODEL_FORMAT_VERSION = 1
+MODEL_FORMAT_VERSION = 2  # 2: measured anchors instead of a neighbour booster
 
 #: Hyperparameters, fixed a priori for small tabular data (a few thousand rows, ~35
 #: features): shallow trees, shrinkage and row/column subsampling against memorising.
@@ -63,6 +64,13 @@ MODEL_FORMAT_VERSION = 1
 #: Monotone constraints (ratio rising with peak throughput, falling with FLOPs per GPU)
 #: were tried on six Cephalo types held out and made the unseen-GPU error worse (19.7 %
 #: -> 21.8 %); none are used.
+#: The datasheet booster's memory output is a residual on the analytic (Korthikanti et al.)
+#: bytes, bounded to a factor exp(0.3) = 1.35 either way: the formula stays the anchor.
+MEMORY_RESIDUAL_BOUND = 0.3
+#: Largest log ratio to the roofline the datasheet booster may give (e^4.5 = 90x: below any
+#: layer's measured ratio here) -- and the smallest is 0: never faster than the roofline.
+MAX_LOG_RATIO = 4.5
+
 DEFAULT_PARAMS = {
     "n_estimators": 200,
     "max_depth": 5,
@@ -116,7 +124,7 @@ class Predictor:
     """
 
     def __init__(self, *, augment: bool = True, physics: bool = True, dual_output: bool = True,
-                 neighbours: bool = True, impute: str = "prior",
+                 anchors: bool = True, impute: str = "prior",
                  augment_weight: float = augment_mod.DEFAULT_WEIGHT, seed: int = 0, nthread: int = 1,
                  **xgb_params: Any) -> None:
         unknown = set(xgb_params) - set(DEFAULT_PARAMS)
@@ -125,7 +133,7 @@ class Predictor:
         if impute not in ("model", "prior"):
             raise SpecError("unknown imputation", field="impute", found=impute, allowed="model, prior")
         self.augment = augment
-        self.neighbours = neighbours
+        self.anchors = anchors
         self.impute = impute
         self.physics = physics
         self.dual_output = dual_output
@@ -139,7 +147,7 @@ class Predictor:
 
     def _settings(self) -> dict[str, Any]:
         return {"augment": self.augment, "physics": self.physics, "dual_output": self.dual_output,
-                "neighbours": self.neighbours, "impute": self.impute,
+                "anchors": self.anchors, "impute": self.impute,
                 "augment_weight": self.augment_weight, "seed": self.seed, **self.params}
 
     def _booster_params(self) -> dict[str, Any]:
@@ -211,53 +219,42 @@ class Predictor:
         w = np.array([s.weight for s in train], dtype=np.float64)
         self.has_memory_ = bool((~np.isnan(Y[:, 1])).any())
         self.boosters_: list[Any] = self._fit_boosters(X, Y, w, base, self.feature_names_)
-        self.local_boosters_: list[Any] = []
-        if self.neighbours:
-            keys = self._keys(queries)
-            self.table_ = features.NeighbourTable.build(keys[:len(real)], queries[:len(real)], Y[:len(real)])
-            nb = self.table_.features(keys, queries, exclude_self=[True] * len(real) + [False] * len(derived))
-            has = ~np.isnan(nb).all(axis=1)
-            if has.any():
-                self.local_boosters_ = self._fit_boosters(np.hstack([X, nb])[has], Y[has], w[has], base[has],
-                                                          self._local_names())
+        self.anchors_ = anchors_mod.Anchors.from_samples(real if self.anchors else []).bind(site_or_catalog)
         self.n_samples_ = len(train)
-        self.provenance_ = self._provenance_table(train)
-        self.overhead_ = self._overhead_table(train)
+        self.provenance_ = self._provenance_table(train, site_or_catalog)
+        self.overhead_ = self._overhead_table(train, site_or_catalog)
         self.identity = hashlib.sha256(json.dumps(
             {"format": MODEL_FORMAT, "version": MODEL_FORMAT_VERSION, "schema": features.FEATURE_SCHEMA_VERSION,
-             "features": list(self._local_names()), "data": self.data_hash_, "settings": self._settings()},
+             "features": list(self.feature_names_), "data": self.data_hash_, "settings": self._settings()},
             sort_keys=True).encode()).hexdigest()
         return self
 
-    def _local_names(self) -> tuple[str, ...]:
-        return tuple(self.feature_names_) + features.NEIGHBOUR_FEATURES
-
-    def _keys(self, queries: Sequence[LayerQuery]) -> list[str]:
-        names: dict[str, str] = {}
-        out = []
-        for q in queries:
-            if q.gpu_type not in names:
-                names[q.gpu_type] = resolve_gpu(self.gpus, q.gpu_type).name
-            out.append(features.series_key(q, names[q.gpu_type]))
-        return out
-
     @staticmethod
-    def _provenance_table(train: Sequence[LayerSample]) -> dict[str, str]:
+    def _name(gpus: Any, name: str) -> str:
+        try:
+            return resolve_gpu(gpus, name).name
+        except Exception:  # a GPU type the site does not know: keep its own name
+            return name
+
+    @classmethod
+    def _provenance_table(cls, train: Sequence[LayerSample], gpus: Any) -> dict[str, str]:
         rank = {"measured": 0, "imported": 1, "augmented": 2}
         out: dict[str, str] = {}
         for s in train:
-            cur = out.get(s.point.gpu_type)
+            g = cls._name(gpus, s.point.gpu_type)
+            cur = out.get(g)
             if cur is None or rank[s.origin] < rank[cur]:
-                out[s.point.gpu_type] = s.origin
+                out[g] = s.origin
         return out
 
-    @staticmethod
-    def _overhead_table(train: Sequence[LayerSample]) -> dict[str, int]:
+    @classmethod
+    def _overhead_table(cls, train: Sequence[LayerSample], gpus: Any) -> dict[str, int]:
         """Median of (device footprint - peak allocated) over samples that measured both."""
         per: dict[str, list[int]] = {}
         for s in train:
             if s.device_footprint_bytes > 0 and s.peak_allocated_bytes > 0:
-                per.setdefault(s.point.gpu_type, []).append(s.device_footprint_bytes - s.peak_allocated_bytes)
+                per.setdefault(cls._name(gpus, s.point.gpu_type), []).append(
+                    s.device_footprint_bytes - s.peak_allocated_bytes)
         return {g: int(np.median(v)) for g, v in per.items()}
 
     # ------------------------------------------------------------------ CostModel
@@ -269,24 +266,58 @@ class Predictor:
     def predict(self, queries: Sequence[LayerQuery]) -> np.ndarray:
         """``(n, 2)``: forward+backward ms of one layer per micro-batch, activation bytes kept.
 
-        Queries whose series (GPU type, kind, shape, precision, attention, recompute) was
-        profiled are answered by the model that also sees the neighbouring profiled points;
-        the others (a GPU type or shape never profiled) by the model of datasheet and shape
-        features alone.
+        Time: where the query's GPU chip has measurements, the anchors answer (the
+        measurement itself at a measured point; log-log interpolation between measured
+        points; beyond them the nearest measured efficiency times the roofline ratio of the
+        work: :mod:`memx_hpc.model.anchors`); a chip never measured gets the datasheet
+        booster's efficiency. Never below the roofline. Memory: the measured ratio to the
+        analytic bytes along a measured series, else the analytic prior times the
+        booster's residual bounded to ``exp(+-MEMORY_RESIDUAL_BOUND)``.
+        :meth:`explain` says which answered each query.
         """
+        return self._predict(queries)[0]
+
+    def explain(self, queries: Sequence[LayerQuery]) -> list[str]:
+        """Per query: ``measured`` (a measured point), ``interpolated`` (between measured
+        points of that GPU chip), ``extrapolated`` (beyond them: nearest measured point scaled
+        by the roofline ratio of the work) or ``datasheet-only``."""
+        return self._predict(queries)[1]
+
+    def _predict(self, queries: Sequence[LayerQuery]) -> tuple[np.ndarray, list[str]]:
         self._check_fitted()
         if not len(queries):
-            return np.empty((0, 2), dtype=np.float64)
+            return np.empty((0, 2), dtype=np.float64), []
         X, base = features.build(queries, self.gpus, physics=self.physics)
         raw = self._raw(self.boosters_, X, base, self.feature_names_)
-        if self.neighbours and self.local_boosters_:
-            nb = self.table_.features(self._keys(queries), queries)
-            has = ~np.isnan(nb).all(axis=1)
-            if has.any():
-                raw[has] = self._raw(self.local_boosters_, np.hstack([X, nb])[has], base[has], self._local_names())
+        if not self.physics:
+            raw = raw - np.log(base)  # log ratios to the roofline / analytic bytes, as anchored
         if not self.has_memory_:
-            raw[:, 1] = 0.0 if self.physics else np.log(base[:, 1])
-        return np.exp(raw) * base if self.physics else np.exp(raw)
+            raw[:, 1] = 0.0
+        raw[:, 1] = np.clip(raw[:, 1], -MEMORY_RESIDUAL_BOUND, MEMORY_RESIDUAL_BOUND)
+        raw[:, 0] = np.clip(raw[:, 0], 0.0, MAX_LOG_RATIO)
+        how = ["datasheet-only"] * len(queries)
+        if self.anchors:
+            anchors = self.anchors_.bind(self.gpus)
+            cache: dict[str, Any] = {}
+            for i, q in enumerate(queries):
+                g = cache.get(q.gpu_type)
+                if g is None:
+                    g = cache[q.gpu_type] = resolve_gpu(self.gpus, q.gpu_type)
+                rt, rm, h = anchors.answer(q, g)
+                if h is None:
+                    # a chip never measured: the efficiency of the measured chips at the same
+                    # size of work relative to the GPU (anchors.datasheet); the booster only
+                    # where nothing of this kind and precision class was measured at all
+                    y = anchors.datasheet(q, g)
+                    if not math.isnan(y):
+                        raw[i, 0] = y
+                    continue
+                if not math.isnan(rt):
+                    raw[i, 0] = rt
+                    how[i] = h
+                if not math.isnan(rm):
+                    raw[i, 1] = rm
+        return np.exp(raw) * base, how
 
     def _raw(self, boosters: list[Any], X: np.ndarray, base: np.ndarray, names: Sequence[str]) -> np.ndarray:
         d = _xgb().DMatrix(X, feature_names=list(names), nthread=self.nthread)
@@ -297,20 +328,33 @@ class Predictor:
             raw[:, j] = b.predict(d) if b is not None else (0.0 if self.physics else np.log(base[:, j]))
         return raw
 
+    def _donor(self, g: Any) -> str | None:
+        """The GPU type whose measurements answer for ``g``: itself, else one of its chip."""
+        if g.name in self.provenance_:
+            return g.name
+        self.anchors_.bind(self.gpus)
+        d = self.anchors_.donor(g.name, g.chip_id)
+        return d if d in self.provenance_ else None
+
     def overhead_bytes(self, gpu_type: str) -> int:
         self._check_fitted()
         g = resolve_gpu(self.gpus, gpu_type)
-        for name in (gpu_type, g.name):
+        for name in (gpu_type, g.name, self._donor(g)):
             if name in self.overhead_:
                 return self.overhead_[name]
         return default_overhead_bytes(g)
 
     def provenance(self, gpu_type: str) -> str:
+        """measured | imported | augmented | datasheet-only; a type answered by the measurements
+        of another type of its chip says so: ``imported (same chip as V100-16)``."""
         self._check_fitted()
         g = resolve_gpu(self.gpus, gpu_type)
-        p = self.provenance_.get(g.name, self.provenance_.get(gpu_type, "datasheet-only"))
+        donor = self._donor(g)
+        if donor is None:
+            return "datasheet-only"
+        p = self.provenance_[donor]
         assert p in PROVENANCES
-        return p
+        return p if donor == g.name else f"{p} (same chip as {donor})"
 
     # ------------------------------------------------------------------ persistence
 
@@ -320,8 +364,8 @@ class Predictor:
                 "data_hash": self.data_hash_, "settings": self._settings(), "identity": self.identity,
                 "has_memory": self.has_memory_, "n_samples": self.n_samples_, "provenance": self.provenance_,
                 "overhead": self.overhead_, "global_boosters": len(self.boosters_),
-                "present": [b is not None for b in self.boosters_ + self.local_boosters_],
-                "neighbour_table": self.table_.to_json() if self.neighbours else None}
+                "present": [b is not None for b in self.boosters_],
+                "anchors": self.anchors_.to_json()}
 
     def save(self, path: str | Path) -> Path:
         """Write ``.ubj`` (one file per booster: ``path`` and, for two single-output boosters,
@@ -332,7 +376,7 @@ class Predictor:
             raise SpecError("predictor files are XGBoost UBJSON", field="path", found=str(path), allowed="*.ubj")
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = json.dumps(self._meta(), sort_keys=True)
-        for i, b in enumerate(self.boosters_ + self.local_boosters_):
+        for i, b in enumerate(self.boosters_):
             if b is None:
                 continue
             b.set_attr(memx_meta=meta, memx_part=str(i))
@@ -376,7 +420,8 @@ class Predictor:
                             allowed=expected_data_hash[:12])
         xgb_params = {k: settings[k] for k in DEFAULT_PARAMS}
         self = cls(augment=settings["augment"], physics=settings["physics"], dual_output=settings["dual_output"],
-                   neighbours=settings["neighbours"], impute=settings["impute"], augment_weight=settings["augment_weight"], seed=settings["seed"], **xgb_params)
+                   anchors=settings["anchors"], impute=settings["impute"], augment_weight=settings["augment_weight"],
+                   seed=settings["seed"], **xgb_params)
         boosters: list[Any] = []
         for i, present in enumerate(meta["present"]):
             if not present:
@@ -391,7 +436,6 @@ class Predictor:
                 b.load_model(str(part))
                 boosters.append(b)
         self.boosters_ = boosters[:meta["global_boosters"]]
-        self.local_boosters_ = boosters[meta["global_boosters"]:]
         self.feature_names_ = tuple(meta["feature_names"])
         self.data_hash_ = meta["data_hash"]
         self.has_memory_ = meta["has_memory"]
@@ -399,8 +443,7 @@ class Predictor:
         self.provenance_ = meta["provenance"]
         self.overhead_ = {k: int(v) for k, v in meta["overhead"].items()}
         self.identity = meta["identity"]
-        if self.neighbours:
-            self.table_ = features.NeighbourTable.from_json(meta["neighbour_table"])
+        self.anchors_ = anchors_mod.Anchors.from_json(meta["anchors"])
         if site is None:
             from ..catalog import catalog
             site = catalog()

@@ -140,22 +140,60 @@ def test_baselines(sailor):
     assert np.all(roof[:, 0] < np.array([s.forward_ms + s.backward_ms for s in lay]))  # a roofline is a lower bound
 
 
-def test_profiled_series_use_their_neighbours(sailor):
-    """A held-out micro-batch between two profiled ones is answered from its neighbours; a
-    shape never profiled falls back to the datasheet model (and still gets an answer)."""
+def test_profiled_series_are_answered_from_their_measurements(sailor):
+    """A held-out micro-batch between two profiled ones is interpolated from its series; a
+    shape never profiled on that GPU is scaled from the chip's measured efficiency (and
+    says it extrapolated); a GPU never profiled is estimated from its datasheet."""
     p = Predictor(n_estimators=80).fit([s for s in sailor if s.point.micro_batch_size != 4], CAT)
-    assert p.local_boosters_ and p.boosters_
     held = [s for s in sailor if s.point.micro_batch_size == 4 and s.point.kind == "layer"
             and s.source.endswith("OPT-350/A100-80/profile.json")]
-    pred = p.predict([query_of(s) for s in held])[:, 0]
+    qs = [query_of(s) for s in held]
+    pred = p.predict(qs)[:, 0]
     assert error_summary(pred, np.array([s.forward_ms + s.backward_ms for s in held]))["mape"] < 8
-    q = query_of(held[0])
-    # 2.5x wider, about 6x the FLOPs. (Between profiled widths the datasheet model is not
-    # monotone in work: fitted on Sailor alone it puts a 1536-wide layer below the
-    # 1024-wide one on this GPU.)
-    odd = replace(q, shape=replace(q.shape, hidden_size=2560, num_attention_heads=32, ffn_hidden_size=10240))
-    out = p.predict([odd, q])
+    assert set(p.explain(qs)) == {"interpolated"}
+    q = qs[0]
+    # 2.5x wider, about 6x the FLOPs: the GPT-Neo series of this GPU answers
+    wide = replace(q, shape=replace(q.shape, hidden_size=2560, num_attention_heads=32, ffn_hidden_size=10240))
+    huge = replace(q, shape=replace(q.shape, hidden_size=16384, num_attention_heads=128, ffn_hidden_size=65536), tp=8)
+    out = p.predict([wide, q, huge])
     assert np.isfinite(out).all() and out[0, 0] > 1.5 * out[1, 0]
+    assert p.explain([huge, replace(q, gpu_type="B200")]) == ["extrapolated", "datasheet-only"]
+    roof = AnalyticCostModel(CAT).predict([huge])[0, 0]
+    assert roof <= out[2, 0] < 6 * roof  # the chip's efficiency, not a tree's edge
+
+
+def test_exact_at_profiled_points(sailor, cephalo_small):
+    """Every profiled point comes back as its measurement (median of repeats; a running
+    maximum over the micro-batch where a measurement was faster than a smaller one)."""
+    data = sailor + cephalo_small
+    p = Predictor(n_estimators=40).fit(data, CAT)
+    gh = [s for s in sailor if s.point.gpu_type == "GH200" and s.point.shape.hidden_size == 1024
+          and s.point.tp == 4 and s.point.micro_batch_size == 1]
+    assert {s.point.kind for s in gh} == {"layer", "embedding", "head"}
+    for s in gh:
+        got = p.predict([query_of(s)])[0, 0]
+        assert got == pytest.approx(s.forward_ms + s.backward_ms, rel=0.03), s.point.kind
+    assert set(p.explain([query_of(s) for s in gh])) == {"measured"}
+    t = np.array([s.forward_ms + s.backward_ms for s in data])
+    pred = p.predict([query_of(s) for s in data])[:, 0]
+    assert np.median(np.abs(pred / t - 1)) < 1e-9
+    assert error_summary(pred, t)["mape"] < 3
+
+
+def test_same_chip_variants_share_layer_times(sailor):
+    """V100-32 has no samples; it is the V100-16's chip (gpus.yaml chip:), so it gets the
+    imported V100-16 layer times, and says so. Aliases resolve to the same data."""
+    p = Predictor(n_estimators=40).fit(sailor, CAT)
+    v16 = [query_of(s) for s in sailor if s.point.gpu_type == "V100-16" and s.point.kind == "layer"][:20]
+    v32 = [replace(q, gpu_type="V100-32") for q in v16]
+    np.testing.assert_allclose(p.predict(v32)[:, 0], p.predict(v16)[:, 0], rtol=1e-12)
+    assert set(p.explain(v32)) <= {"measured", "interpolated"}
+    assert p.provenance("V100-32") == "imported (same chip as V100-16)"
+    assert p.provenance("v100x32") == p.provenance("V100-32")
+    gh = [query_of(s) for s in sailor if s.point.gpu_type == "GH200"][:10]
+    np.testing.assert_array_equal(p.predict([replace(q, gpu_type="GH-96") for q in gh]), p.predict(gh))
+    assert p.provenance("GH-96") == "imported"
+    assert p.provenance("V100-PCIE-16") == "datasheet-only"  # another board, another clock: not one chip
 
 
 def test_cli_fit_on_a_store(sailor, tmp_path, capsys):
@@ -170,3 +208,64 @@ def test_cli_fit_on_a_store(sailor, tmp_path, capsys):
     assert Predictor.load(out["predictor"], expected_data_hash=out["data_hash"]).identity == out["identity"]
     assert main(["fit", "--site", site, "--store", str(tmp_path / "none.h5")]) == 1
     assert "profile store not found" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- properties
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_GPUS = ["A100-80", "A100-40", "GH200", "V100-16", "V100-32", "RTX-3090", "H200", "B200", "MI300X", "L4"]
+
+
+@st.composite
+def layer_queries(draw):
+    heads = draw(st.sampled_from([8, 16, 32, 64]))
+    head_dim = draw(st.sampled_from([64, 80, 128]))
+    h = heads * head_dim
+    from memx_hpc.spec import LayerShape
+    shape = LayerShape(hidden_size=h, num_attention_heads=heads, num_query_groups=heads, ffn_hidden_size=4 * h,
+                       seq_length=draw(st.sampled_from([512, 1024, 2048, 4096])),
+                       vocab_size=draw(st.sampled_from([50257, 32000])), activation="gelu")
+    return LayerQuery(gpu_type=draw(st.sampled_from(_GPUS)), shape=shape,
+                      tp=draw(st.sampled_from([t for t in (1, 2, 4, 8) if heads % t == 0])),
+                      micro_batch_size=draw(st.integers(1, 32)),
+                      recompute=draw(st.sampled_from(["none", "selective", "full"])),
+                      precision=draw(st.sampled_from(["fp16", "bf16", "fp32"])),
+                      attention=draw(st.sampled_from(["core", "sdpa"])))
+
+
+@pytest.fixture(scope="module")
+def broad(sailor, cephalo_small):
+    return Predictor(n_estimators=40).fit(sailor + cephalo_small, CAT)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(q=layer_queries(), more=st.integers(1, 16))
+def test_more_tokens_or_wider_layers_never_faster_and_never_below_the_roofline(broad, q, more):
+    bigger_batch = replace(q, micro_batch_size=q.micro_batch_size + more)
+    s = q.shape
+    wider = replace(q, shape=replace(s, num_attention_heads=2 * s.num_attention_heads,
+                                     num_query_groups=2 * s.num_query_groups, hidden_size=2 * s.hidden_size,
+                                     ffn_hidden_size=2 * s.ffn_hidden_size))
+    t = broad.predict([q, bigger_batch, wider])[:, 0]
+    roof = AnalyticCostModel(CAT).predict([q, bigger_batch, wider])[:, 0]
+    assert np.all(t >= roof * (1 - 1e-9)), (t, roof, broad.explain([q, bigger_batch, wider]))
+    assert t[1] >= t[0] * (1 - 1e-9), broad.explain([q, bigger_batch])
+    assert t[2] >= t[0] * (1 - 1e-9), broad.explain([q, wider])
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(q=layer_queries())
+def test_less_tensor_sharding_never_faster_where_nothing_was_measured(broad, q):
+    """Halving TP doubles the work per GPU. Away from measured series (where a measured
+    TP step may be slower through its collectives, as on PCIe cards) that never gets
+    faster -- unless the collectives it saves outweigh the work, which the roofline says."""
+    if q.tp == 1:
+        return
+    q = replace(q, gpu_type="H200")  # never profiled: the datasheet path
+    pair = [q, replace(q, tp=q.tp // 2)]
+    roof = AnalyticCostModel(CAT).predict(pair)[:, 0]
+    t = broad.predict(pair)[:, 0]
+    if roof[1] >= roof[0]:
+        assert t[1] >= t[0] * (1 - 1e-9)

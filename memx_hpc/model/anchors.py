@@ -1,0 +1,400 @@
+"""Measured anchors: exact where a point was measured, physical interpolation between and beyond.
+
+The predictor's time answer for a GPU chip that has measurements is built here, not by
+trees. Every measured point ``p`` is kept as its *log ratio to the roofline* of its own
+GPU type, ``r_p = log(t_p / roofline(p))`` (the inverse of the achieved efficiency), and a
+query ``q`` gets ``t_q = exp(r(q)) * roofline(q)`` with ``r(q)``:
+
+* **exact** — ``q`` is a measured point (same GPU type, kind, shape, precision, attention,
+  recompute, TP and micro-batch): ``r_p`` itself, so the answer is the measurement (the
+  median of repeats);
+* **series** — the shape was measured on this GPU at other (TP, micro-batch): ``r``
+  interpolated linearly in log micro-batch at each measured TP, then linearly in log TP
+  (log-log interpolation of time: the roofline is linear in the micro-batch); beyond the
+  measured range the nearest measured ratio is held, i.e. the nearest point scaled by
+  the roofline ratio of the work (FLOPs, bytes and TP collectives);
+* **work** — the shape was never measured on this chip (or not with this precision or
+  attention kernel): ``r = f(x) + offset[chip]``, a model pooled over every measured chip
+  of ``x``, the log time the work takes at the GPU's datasheet peaks (compute, memory-bound
+  kernels and TP collectives: the roofline) -- the size of the work relative to the GPU. ``f`` is non-increasing (larger work
+  runs at least as efficiently; pool-adjacent-violators) with a slope guard so that more
+  work never takes less time, and flat beyond the largest measured work (the efficiency of
+  the largest measured layer, never a tree's edge); the chip's offset is the median of its
+  own points' residuals. Labelled ``interpolated`` between the chip's own measured work at
+  the query's TP, ``extrapolated`` beyond.
+
+A chip never measured gets ``f(x)`` with the median chip's offset (:meth:`Anchors.datasheet`):
+a faster part runs a layer in less time at peak, so it lands lower on the curve -- a newer
+generation is not assumed to reach the fraction of peak an older one reached on the same
+layer.
+
+Types of one chip (``chip:`` in the GPU catalog: V100-16 and V100-32) share each other's
+points when a type has none of its own; the ratio to each type's own roofline carries the
+difference in memory bandwidth where there is one. Times at one (series, TP) are made
+non-decreasing in the micro-batch (a running maximum: measurement noise never makes more
+tokens faster). An answer for a shape never measured never drops below the roofline
+(``r >= 0``); along a measured series the measured ratio stands even where it is below 1
+(Sailor's embedding and head timings are, where the roofline counts work they skip).
+
+Memory (activation bytes) is anchored the same way on the analytic formula where a series
+measured it (exact, or interpolated along the series); elsewhere the caller keeps the
+analytic prior with a bounded learned residual.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..spec import LayerShape, LayerSample
+from .api import LayerQuery, analytic_activation_bytes, resolve_gpu, roofline_components
+
+#: How an answer was obtained, from most to least direct.
+HOW = ("measured", "interpolated", "extrapolated")
+
+_PRECISION_CLASS = {"fp16": "half", "bf16": "half", "fp32": "fp32"}
+
+
+def _shape_key(s: LayerShape) -> tuple:
+    return tuple(sorted(asdict(s).items()))
+
+
+def _cfg(q: LayerQuery) -> tuple:
+    return (q.precision, q.attention, q.recompute, bool(q.sequence_parallel))
+
+
+@dataclass
+class _Series:
+    gpu: str
+    kind: str
+    cfg: tuple
+    shape: LayerShape
+    # tp -> rows [mbs, r_time, r_mem, log_flops]
+    by_tp: dict[int, list[list[float]]] = field(default_factory=dict)
+
+    def finish(self) -> None:
+        for tp, rows in self.by_tp.items():
+            rows.sort(key=lambda r: r[0])
+
+    def points(self) -> list[tuple[int, list[float]]]:
+        return [(tp, r) for tp, rows in self.by_tp.items() for r in rows]
+
+
+def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> tuple[float, bool]:
+    """Linear interpolation of the finite ``ys`` over sorted ``xs``; flat beyond the ends.
+    Returns ``(y, inside)``; ``(nan, False)`` when no ``y`` is finite."""
+    pts = [(a, b) for a, b in zip(xs, ys) if not math.isnan(b)]
+    if not pts:
+        return math.nan, False
+    if x <= pts[0][0]:
+        return pts[0][1], x == pts[0][0]
+    if x >= pts[-1][0]:
+        return pts[-1][1], x == pts[-1][0]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= x <= x1:
+            if x1 == x0:
+                return y0, True
+            u = (x - x0) / (x1 - x0)
+            return y0 + u * (y1 - y0), True
+    return pts[-1][1], False  # unreachable
+
+
+def efficiency_curve(w: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ratio-to-roofline curve over log work ``w``: non-increasing in ``w`` (larger work
+    runs at least as efficiently; pool-adjacent-violators on the points sorted by ``w``),
+    then each step limited to ``r[i] >= r[i-1] - (w[i] - w[i-1])`` so that the time
+    ``exp(r) * roofline`` (roofline ~ exp(w)) never falls as the work grows."""
+    order = np.argsort(w, kind="stable")
+    w, r = np.asarray(w, float)[order], np.asarray(r, float)[order]
+    # pool adjacent violators for a non-increasing fit
+    blocks: list[list[float]] = []  # [sum, count, w_first, w_last]
+    for wi, ri in zip(w, r):
+        blocks.append([ri, 1.0, wi, wi])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            s, c, _, wl = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+            blocks[-1][3] = wl
+    xs, ys = [], []
+    for s, c, wf, wl in blocks:
+        xs.append(0.5 * (wf + wl))
+        ys.append(s / c)
+    xs_a, ys_a = np.array(xs), np.array(ys)
+    for i in range(1, len(xs_a)):
+        ys_a[i] = max(ys_a[i], ys_a[i - 1] - (xs_a[i] - xs_a[i - 1]))
+    return xs_a, ys_a
+
+
+class Anchors:
+    """The measured points a fitted predictor keeps, answering queries from them.
+
+    Built from samples (medians of repeats per exact point); serialised as plain rows
+    (:meth:`to_json`) and bound to a Site/Catalog (:meth:`bind`) to compute rooflines.
+    """
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+        self._bound: Any = None
+
+    # -------------------------------------------------------------- building
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[LayerSample]) -> "Anchors":
+        groups: dict[str, list[LayerSample]] = defaultdict(list)
+        qs: dict[str, dict[str, Any]] = {}
+        for s in samples:
+            p = s.point
+            if p.kind not in ("layer", "embedding", "head") or s.infeasible or s.origin == "augmented":
+                continue
+            if s.forward_ms + s.backward_ms <= 0 and s.activation_bytes <= 0:
+                continue
+            q = {"gpu_type": p.gpu_type, "kind": p.kind, "shape": asdict(p.shape), "tp": p.tp,
+                 "micro_batch_size": p.micro_batch_size, "recompute": p.recompute, "precision": p.precision,
+                 "attention": p.attention}
+            k = repr(sorted((k, repr(v)) for k, v in q.items()))
+            groups[k].append(s)
+            qs[k] = q
+        rows = []
+        for k, ss in groups.items():
+            t = [s.forward_ms + s.backward_ms for s in ss if s.forward_ms + s.backward_ms > 0]
+            m = [s.activation_bytes for s in ss if s.activation_bytes > 0]
+            rows.append({"q": qs[k], "t": float(np.median(t)) if t else None, "m": float(np.median(m)) if m else None})
+        rows.sort(key=lambda r: repr(sorted(r["q"].items())))
+        return cls(rows)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return self.rows
+
+    @classmethod
+    def from_json(cls, rows: list[dict[str, Any]]) -> "Anchors":
+        return cls(list(rows))
+
+    @staticmethod
+    def _query(d: dict[str, Any]) -> LayerQuery:
+        return LayerQuery(gpu_type=d["gpu_type"], kind=d["kind"], shape=LayerShape(**d["shape"]), tp=int(d["tp"]),
+                          micro_batch_size=int(d["micro_batch_size"]), recompute=d["recompute"],
+                          precision=d["precision"], attention=d["attention"])
+
+    def bind(self, gpus: Any) -> "Anchors":
+        """Resolve GPU names and compute each point's log ratios through ``gpus``."""
+        if self._bound is gpus:
+            return self
+        self.gpus = gpus
+        series: dict[tuple, _Series] = {}
+        self.by_chip: dict[tuple[str, str], list[_Series]] = defaultdict(list)
+        self.gpu_names: set[str] = set()
+        self.chip_of: dict[str, str] = {}
+        for row in self.rows:
+            try:
+                q = self._query(row["q"])
+                g = resolve_gpu(gpus, q.gpu_type)
+            except Exception:  # a GPU name this site/catalog does not know: unusable here
+                continue
+            c = roofline_components(q, g)
+            roof = c["compute_ms"] + c["memory_ms"] + c["comm_ms"]
+            rt = math.log(row["t"] / roof) if row["t"] else math.nan
+            rm = math.log(row["m"] / max(analytic_activation_bytes(q), 1)) if row["m"] else math.nan
+            key = (g.name, q.kind, _cfg(q), _shape_key(q.shape))
+            ser = series.get(key)
+            if ser is None:
+                ser = series[key] = _Series(gpu=g.name, kind=q.kind, cfg=_cfg(q), shape=q.shape)
+                self.by_chip[(g.chip_id, q.kind)].append(ser)
+            ser.by_tp.setdefault(q.tp, []).append([float(q.micro_batch_size), rt, rm, math.log(max(c["flops"], 1.0)),
+                                                   math.log(roof)])
+            self.gpu_names.add(g.name)
+            self.chip_of[g.name] = g.chip_id
+        for ser in series.values():
+            ser.finish()
+            if ser.kind != "layer":
+                continue  # embedding/head timings are small and noisy: kept as measured
+            for rows in ser.by_tp.values():
+                # more tokens never faster: a running maximum of the measured time over the micro-batch
+                best = -math.inf
+                for r in rows:
+                    if math.isnan(r[1]):
+                        continue
+                    lt = r[1] + r[4]
+                    if lt < best:
+                        r[1] = best - r[4]
+                    best = max(best, r[1] + r[4])
+        self._bound = gpus
+        self._curves = {}
+        return self
+
+    def datasheet(self, q: LayerQuery, g: Any) -> float:
+        """Log ratio to the roofline for a chip with no measurement: the achieved efficiency
+        of every measured chip as a function of the size of the work *relative to the
+        GPU* -- its time at datasheet peaks (compute + memory-bound kernels) -- pooled over
+        the measured chips (same kind, precision class, preferably the same attention
+        kernel), non-increasing and slope-guarded as in :func:`efficiency_curve`. A faster
+        part runs a given layer in less time at peak, so it lands lower on the curve: a
+        newer generation is not assumed to reach the fraction of peak an older one did on
+        the same layer. NaN when nothing of this kind was measured."""
+        y = self._pool(q.kind, _PRECISION_CLASS[q.precision], q.attention, self._peak_time(q, g))
+        return math.nan if math.isnan(y) else max(y, 0.0)
+
+    @staticmethod
+    def _peak_time(q: LayerQuery, g: Any) -> float:
+        """Log roofline ms: the work's time at datasheet peaks, TP collectives included --
+        the curve's slope guard then makes the time rise wherever the roofline does."""
+        c = roofline_components(q, g)
+        return math.log(c["compute_ms"] + c["memory_ms"] + c["comm_ms"])
+
+    def _pool_fit(self, kind: str, pc: str, attention: str) -> Any:
+        """The pooled model ``r = f(x) + offset[chip]`` over every measured chip's points of
+        this kind and precision class (the query's attention kernel where any chip ran it):
+        ``x`` the log time of the work at the GPU's datasheet peaks, ``f`` non-increasing
+        and slope-guarded (:func:`efficiency_curve`), one offset per chip (its median
+        residual, centred so that the median chip has 0). Fitted by backfitting, three
+        rounds. None when nothing was measured."""
+        key = (kind, pc, attention)
+        cache = self.__dict__.setdefault("_curves", {})
+        if key in cache:
+            return cache[key]
+        pts = [(r[4], r[1], s.cfg[1], chip) for (chip, k), sers in self.by_chip.items() if k == kind
+               for s in sers if _PRECISION_CLASS[s.cfg[0]] == pc for _, r in s.points() if not math.isnan(r[1])]
+        same = [p for p in pts if p[2] == attention] or pts
+        if not same:
+            cache[key] = None
+            return None
+        x = np.array([p[0] for p in same])
+        r = np.array([p[1] for p in same])
+        chips = np.array([p[3] for p in same])
+        names = sorted(set(chips))
+        off = {c: 0.0 for c in names}
+        for _ in range(3):
+            xs, ys = efficiency_curve(x, r - np.array([off[c] for c in chips]))
+            f = np.interp(x, xs, ys)
+            off = {c: float(np.median((r - f)[chips == c])) for c in names}
+            mid = float(np.median(list(off.values())))
+            off = {c: v - mid for c, v in off.items()}
+        xs, ys = efficiency_curve(x, r - np.array([off[c] for c in chips]))
+        cache[key] = (xs, ys, off)
+        return cache[key]
+
+    def _pool(self, kind: str, pc: str, attention: str, x: float, chip: str | None = None) -> float:
+        """The pooled curve at log peak time ``x``, plus ``chip``'s offset when given and known."""
+        fit = self._pool_fit(kind, pc, attention)
+        if fit is None:
+            return math.nan
+        xs, ys, off = fit
+        return _interp(list(xs), list(ys), x)[0] + (off.get(chip, 0.0) if chip else 0.0)
+
+    def chips(self) -> set[str]:
+        return {c for c, _ in self.by_chip}
+
+    def donor(self, gpu_name: str, chip: str) -> str | None:
+        """The GPU type whose measurements answer for ``gpu_name``: itself when it has any,
+        else a type of the same chip that has (alphabetically first), else None."""
+        if gpu_name in self.gpu_names:
+            return gpu_name
+        same = sorted(n for n in self.gpu_names if self.chip_of.get(n) == chip)
+        return same[0] if same else None
+
+    # -------------------------------------------------------------- answering
+
+    def answer(self, q: LayerQuery, g: Any) -> tuple[float, float, str | None]:
+        """``(r_time, r_mem, how)`` for ``q`` on GPU type ``g`` (resolved): log ratios to the
+        roofline and to the analytic bytes (NaN: no anchor), and ``how`` (one of
+        :data:`HOW`, or None when the chip has no measurement of this kind)."""
+        pool = self.by_chip.get((g.chip_id, q.kind))
+        if not pool:
+            return math.nan, math.nan, None
+        own = [s for s in pool if s.gpu == g.name]
+        pool = own or pool
+        pc = _PRECISION_CLASS[q.precision]
+        cfg = _cfg(q)
+        shape = _shape_key(q.shape)
+        same_shape = [s for s in pool if _shape_key(s.shape) == shape and s.cfg[0] == q.precision
+                      and s.cfg[1] == q.attention]
+        exact_cfg = [s for s in same_shape if s.cfg == cfg]
+        if exact_cfg or same_shape:
+            ser = (exact_cfg or same_shape)[0]
+            rt, rm, inside, exact = self._series(ser, q)
+            if not exact_cfg:
+                # another recompute mode / sequence parallelism of the same shape: its
+                # efficiency, the roofline carries the extra work; the memory is another
+                # formula's, not this series'
+                return rt, math.nan, "extrapolated"
+            return rt, rm, "measured" if exact else ("interpolated" if inside else "extrapolated")
+        return self._work(pool, q, g, pc)
+
+    @staticmethod
+    def _series(ser: _Series, q: LayerQuery) -> tuple[float, float, bool, bool]:
+        b, t = float(q.micro_batch_size), q.tp
+        tps = sorted(ser.by_tp)
+        lb = math.log(b)
+
+        def at(tp: int) -> tuple[float, float, bool, bool]:
+            rows = ser.by_tp[tp]
+            xs = [math.log(r[0]) for r in rows]
+            yt, it = _interp(xs, [r[1] for r in rows], lb)
+            ym, _ = _interp(xs, [r[2] for r in rows], lb)
+            exact = any(r[0] == b for r in rows)
+            return yt, ym, it, exact
+
+        if t in ser.by_tp:
+            yt, ym, inside, exact = at(t)
+            return yt, ym, inside, exact
+        below = [x for x in tps if x < t]
+        above = [x for x in tps if x > t]
+        if below and above:
+            lo, hi = max(below), min(above)
+            a, c = at(lo), at(hi)
+            u = (math.log(t) - math.log(lo)) / (math.log(hi) - math.log(lo))
+
+            def mix(x: float, y: float) -> float:
+                if math.isnan(x):
+                    return y
+                if math.isnan(y):
+                    return x
+                return x + u * (y - x)
+
+            return mix(a[0], c[0]), mix(a[1], c[1]), a[2] and c[2], False
+        near = max(below) if below else min(above)
+        yt, ym, _, _ = at(near)
+        return yt, ym, False, False
+
+    def _work(self, pool: list[_Series], q: LayerQuery, g: Any, pc: str) -> tuple[float, float, str | None]:
+        """A shape this chip never ran: the pooled efficiency curve of all measured chips at
+        the query's size of work relative to the GPU, shifted by how this chip's own
+        measured points sit against that curve (their median offset, one number per chip,
+        kind and precision class -- so the answer stays monotone in the work)."""
+        cand = [s for s in pool if _PRECISION_CLASS[s.cfg[0]] == pc]
+        if not cand:
+            return math.nan, math.nan, None
+        chip = g.chip_id
+        fit = self._pool_fit(q.kind, pc, q.attention)
+        if fit is not None and chip in fit[2]:
+            y = self._pool(q.kind, pc, q.attention, self._peak_time(q, g), chip)
+        else:
+            # the chip ran only another attention kernel: its offset there, on this kernel's curve
+            other = self._pool_fit(q.kind, pc, cand[0].cfg[1])
+            shift = other[2].get(chip, 0.0) if other is not None else 0.0
+            y = self._pool(q.kind, pc, q.attention, self._peak_time(q, g)) + shift
+        if math.isnan(y):
+            return math.nan, math.nan, None
+        # interpolated: between this chip's own measured work at this TP, same attention kernel
+        wq = math.log(max(roofline_components(q, _GPU_FOR_FLOPS)["flops"], 1.0))
+        w = [r[3] for s in cand if s.cfg[1] == q.attention for tp, r in s.points() if tp == q.tp]
+        inside = bool(w) and min(w) <= wq <= max(w)
+        return max(y, 0.0), math.nan, "interpolated" if inside else "extrapolated"
+
+
+class _FlopsOnlyGpu:
+    """Stand-in GPU for counting FLOPs (roofline_components needs figures; FLOPs do not)."""
+    name = "flops"
+    vendor = "nvidia"
+    link_gbps = 1.0
+    hbm_gbps = 1.0
+
+    @staticmethod
+    def peak_tflops(precision: str) -> float:
+        return 1.0
+
+
+_GPU_FOR_FLOPS: Any = _FlopsOnlyGpu()
