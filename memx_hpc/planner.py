@@ -302,14 +302,22 @@ def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, not
     if not samples:
         notes.append(f"the profile store {store_path} is empty: estimates from datasheet figures only")
         return fallback
-    have = set()
+    have, have_chips = set(), {}
     for s in samples:
         try:
-            have.add(site.gpu(s.point.gpu_type).name)
+            g = site.gpu(s.point.gpu_type)
         except Exception:  # a GPU type this site does not know: still training data
-            pass
-    covered = [g for g in site_gpus if site.gpu(g).name in have]
+            continue
+        have.add(g.name)
+        have_chips.setdefault(g.chip_id, g.name)
+    # a type with samples of its own, or of another type of its chip (gpus.yaml chip:
+    # V100-32 answers with V100-16's measured layer times, its own memory)
+    covered = [g for g in site_gpus if site.gpu(g).name in have or site.gpu(g).chip_id in have_chips]
     missing = [g for g in site_gpus if g not in covered]
+    for g in covered:
+        if site.gpu(g).name not in have:
+            notes.append(f"{g}: no samples of its own; layer times from {have_chips[site.gpu(g).chip_id]} "
+                         f"(same chip), memory from its own size")
     if not covered:
         notes.append(f"the profile store has no samples for {', '.join(site_gpus)}: estimates from datasheet "
                      f"figures only")
@@ -325,7 +333,8 @@ def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, not
     t0 = time.perf_counter()
     print(f"predictor: reusing {model_path} or fitting it on {len(samples):,} samples from {store_path} ...",
           file=sys.stderr, flush=True)
-    predictor = fit_or_load(samples, model_path, gpus)
+    predictor = fit_or_load(samples, model_path, gpus,
+                            progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"predictor: ready in {time.perf_counter() - t0:.1f} s (covers {', '.join(covered)})", file=sys.stderr,
           flush=True)
     if missing:
@@ -337,10 +346,21 @@ def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, not
         if len(layer_types) >= MIN_TYPES_FOR_DATASHEET_TRANSFER:
             notes.append(f"no samples for {', '.join(missing)} in {store_path}: the predictor estimates those "
                          f"GPU types from their datasheet figures and the {len(layer_types)} profiled types")
-            return RoutedCostModel({g: predictor for g in site_gpus}, fallback)
+            return RoutedCostModel(_routes(site, site_gpus, predictor), fallback)
         notes.append(f"no samples for {', '.join(missing)} in {store_path}: those GPU types use the datasheet "
                      f"roofline (AnalyticCostModel)")
-    return RoutedCostModel({g: predictor for g in covered}, fallback)
+    return RoutedCostModel(_routes(site, covered, predictor), fallback)
+
+
+def _routes(site, names, model) -> dict:
+    """``model`` for each of ``names`` under every name it goes by (site name, catalog name,
+    aliases: a query may carry any of them, e.g. Sailor's ``GH-96`` for ``GH200``)."""
+    out = {}
+    for g in names:
+        t = site.gpu(g)
+        for n in (g, t.name, *t.aliases):
+            out[n] = model
+    return out
 
 
 def provenance_of(cost_model, site) -> dict[str, str]:

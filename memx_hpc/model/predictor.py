@@ -142,6 +142,8 @@ class Predictor:
         self.nthread = nthread
         self.params = {**DEFAULT_PARAMS, **xgb_params}
         self.gpus: Any = None
+        #: a callable taking one line of progress (e.g. print to stderr) while fitting, or None
+        self.progress: Any = None
 
     # ------------------------------------------------------------------ fitting
 
@@ -160,7 +162,9 @@ class Predictor:
     def _train(self, X: np.ndarray, Y: np.ndarray, w: np.ndarray, names: Sequence[str]):
         xgb = _xgb()
         d = xgb.DMatrix(X, label=Y, weight=w, feature_names=list(names), nthread=self.nthread)
-        return xgb.train(self._booster_params(), d, num_boost_round=int(self.params["n_estimators"]))
+        rounds = int(self.params["n_estimators"])
+        callbacks = [_progress_callback(self.progress, rounds, len(X))] if self.progress is not None else None
+        return xgb.train(self._booster_params(), d, num_boost_round=rounds, callbacks=callbacks)
 
     def _targets(self, samples: Sequence[LayerSample], base: np.ndarray) -> np.ndarray:
         t = np.array([s.forward_ms + s.backward_ms for s in samples], dtype=np.float64)
@@ -451,11 +455,14 @@ class Predictor:
         return self
 
 
-def fit_or_load(samples: Sequence[LayerSample], path: str | Path, site: Any, **predictor_kw: Any) -> Predictor:
+def fit_or_load(samples: Sequence[LayerSample], path: str | Path, site: Any, *, progress: Any = None,
+                **predictor_kw: Any) -> Predictor:
     """Reuse the predictor saved at ``path`` when it was fitted on exactly these samples
-    with these settings; otherwise fit one and save it there."""
+    with these settings; otherwise fit one and save it there. ``progress``: a callable
+    given a line now and then while a fit runs longer than 2 s."""
     path = Path(path)
     fresh = Predictor(**predictor_kw)
+    fresh.progress = progress
     want = samples_hash([s for s in samples if usable(s)])
     if path.is_file():
         try:
@@ -467,6 +474,26 @@ def fit_or_load(samples: Sequence[LayerSample], path: str | Path, site: Any, **p
     fresh.fit(samples, site)
     fresh.save(path)
     return fresh
+
+
+def _progress_callback(say: Any, rounds: int, rows: int, every_s: float = 2.0) -> Any:
+    """An XGBoost callback that gives ``say`` a line every ``every_s`` seconds of boosting
+    (nothing for a short fit)."""
+    import time
+
+    class Progress(_xgb().callback.TrainingCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.t0 = self.last = time.monotonic()
+
+        def after_iteration(self, model: Any, epoch: int, evals_log: Any) -> bool:
+            now = time.monotonic()
+            if now - self.last >= every_s:
+                self.last = now
+                say(f"predictor: fitting {rows:,} rows, tree {epoch + 1}/{rounds} ({now - self.t0:.0f} s)")
+            return False
+
+    return Progress()
 
 
 def error_summary(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:

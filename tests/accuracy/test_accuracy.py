@@ -91,3 +91,27 @@ def test_memory_against_llm_info(sailor, cephalo):
         pred.append(Predictor(n_estimators=TREES).fit(train, CAT).predict([query_of(s0)])[0, 1])
         tr_.append(s0.activation_bytes)
     assert error_summary(np.array(pred), np.array(tr_, dtype=float))["mape"] < 5
+
+
+def test_extrapolation_to_wider_layers_and_a_newer_generation(sailor, cephalo):
+    """Fit on layers of hidden <= 2560 only, score Cephalo's 2-4x wider layers on the same
+    GPU types; fit on pre-Hopper types only, score H100-NVL from its datasheet. Both beat
+    the roofline by a wide margin (benchmarks/accuracy.py prints the real figures)."""
+    data = sailor + cephalo
+    small = [s for s in data if s.point.shape.hidden_size <= 2560]
+    have = {s.point.gpu_type for s in small}
+    wide = [s for s in cephalo if 5120 <= s.point.shape.hidden_size <= 10240 and s.point.gpu_type in have]
+    p = Predictor(n_estimators=TREES).fit(small, CAT)
+    qs = [query_of(s) for s in wide]
+    e = error_summary(p.predict(qs)[:, 0], _t(wide))["mape"]
+    e_roof = error_summary(AnalyticCostModel(CAT).predict(qs)[:, 0], _t(wide))["mape"]
+    assert e < 30 and e < 0.6 * e_roof, (e, e_roof)
+    assert set(p.explain(qs)) <= {"interpolated", "extrapolated", "datasheet-only"}
+    older = [s for s in data if s.point.gpu_type not in ("GH200", "H100-NVL")]
+    nvl = [s for s in cephalo if s.point.gpu_type == "H100-NVL"]
+    qs = [query_of(s) for s in nvl]
+    p = Predictor(n_estimators=TREES).fit(older, CAT)
+    e = error_summary(p.predict(qs)[:, 0], _t(nvl))["mape"]
+    e_roof = error_summary(AnalyticCostModel(CAT).predict(qs)[:, 0], _t(nvl))["mape"]
+    assert set(p.explain(qs)) == {"datasheet-only"}
+    assert e < 30 and e < 0.6 * e_roof, (e, e_roof)

@@ -49,3 +49,26 @@ def test_a_store_of_one_gpu_type_leaves_the_others_to_the_roofline(tmp_path, sai
     assert isinstance(model.model_for("A100-80"), Predictor)
     assert isinstance(model.model_for("MI250X-GCD"), AnalyticCostModel)
     assert any("datasheet roofline" in n for n in notes)
+
+
+def test_same_chip_and_alias_names_use_the_imported_layer_times(tmp_path, sailor_store):
+    """V100-32 (no samples) takes V100-16's imported layer times (one chip in gpus.yaml);
+    a partition that names Sailor's ``GH-96`` gets the GH200 samples, not the datasheet."""
+    import dataclasses
+    only = [s for s in ProfileStore(sailor_store).samples() if s.point.gpu_type in ("V100-16", "GH200")]
+    path = tmp_path / "two.h5"
+    ProfileStore(path).append(only)
+    site = load_site(ROOT / "site_configs/example-cross-vendor.yaml")
+    parts = tuple(dataclasses.replace(p, gpu_type="GH-96") if p.gpu_type == "A100-80" else p
+                  for p in site.partitions)
+    site = dataclasses.replace(site, partitions=parts)
+    job = load_job(ROOT / "jobs/gpt3-2.7b.yaml")
+    notes: list[str] = []
+    model = load_cost_model(site, job, path, analytic=False, notes=notes)
+    assert isinstance(model.model_for("V100-32"), Predictor)
+    assert model.provenance("V100-32") == "imported (same chip as V100-16)"
+    for name in ("GH-96", "GH200"):
+        assert isinstance(model.model_for(name), Predictor)
+        assert model.provenance(name) == "imported"
+    assert isinstance(model.model_for("MI250X-GCD"), AnalyticCostModel)  # two types: too few to transfer
+    assert any("V100-32: no samples of its own; layer times from V100-16" in n for n in notes)
