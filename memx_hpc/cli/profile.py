@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import SpecError
-from .common import add_json, emit_json, table
+from .common import TABLE_WIDTH, add_json, emit_json, table
 
 HELP = "profile the minimal set of points on the site's partitions; ls/import/export the profile store"
 DESCRIPTION = """\
@@ -122,8 +122,14 @@ def _ls(store, args: argparse.Namespace) -> int:
     if not store.exists():
         raise SpecError("profile store does not exist (yet)", file=str(store.path))
     rows = store.summary()
+    site = _load_site(args)
+    cover = None
+    if site is not None:
+        from ..search.report import coverage
+        cover = coverage(site, rows, store.e2e_records(site=site.name))
     if args.json:
-        emit_json({"store": str(store.path), "content_hash": store.content_hash(), "gpu_types": rows})
+        emit_json({"store": str(store.path), "content_hash": store.content_hash(), "gpu_types": rows,
+                   **({"site_gpu_types": cover} if cover is not None else {})})
         return 0
     kinds = ("layer", "embedding", "head", "optimizer", "allreduce", "p2p")
     print(f"store: {store.path}")
@@ -131,7 +137,12 @@ def _ls(store, args: argparse.Namespace) -> int:
             r["by_origin"].get("measured", 0), r["by_origin"].get("imported", 0),
             r["by_origin"].get("augmented", 0), r["infeasible"],
             "yes" if r["device_figures"] else "-"] for r in rows],
-          ["gpu type", "samples", *kinds, "measured", "imported", "augmented", "infeasible", "figures"])
+          ["gpu type", "samples", *kinds, "measured", "imported", "augmented", "infeasible", "figures"],
+          drop_empty=True, max_width=TABLE_WIDTH)
+    if cover is not None:
+        from ..search.report import coverage_table
+        print(f"\nthe GPU types of site {site.name}:")
+        coverage_table(cover)
     return 0
 
 

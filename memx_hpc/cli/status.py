@@ -43,13 +43,17 @@ def run(args: argparse.Namespace) -> int:
         found = partitions()
         out["slurm"]["partitions"] = {p.name: (p.name in found) for p in site.partitions}
     out["e2e_runs"] = 0
+    records = []
     if store_path.exists():
         from ..profile.store import ProfileStore
         store = ProfileStore(store_path)
         out["store_summary"] = store.summary()
-        out["e2e_runs"] = len(store.e2e_records(site=site.name))
+        records = store.e2e_records(site=site.name)
+        out["e2e_runs"] = len(records)
     else:
         out["store_summary"] = []
+    from ..search.report import coverage, coverage_table
+    out["site_gpu_types"] = coverage(site, out["store_summary"], records)
     model_file = paths.predictor
     out["predictor"] = str(model_file) if model_file.exists() else None
     if args.json:
@@ -65,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
         print("slurm: answers" + (f"; partitions missing from sinfo: {', '.join(missing)}" if missing else
                                   "; every site partition is there"))
     print(f"store: {store_path}" + ("" if store_path.exists() else " (empty: nothing profiled or imported yet)"))
+    print("the site's GPU types:")
+    coverage_table(out["site_gpu_types"])
     if out["store_summary"]:
+        print("the store (every GPU type it holds):")
         rows = []
         for r in out["store_summary"]:
             rows.append((r.get("gpu_type"), r.get("samples", r.get("total", "")),

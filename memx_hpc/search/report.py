@@ -381,3 +381,75 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+# --------------------------------------------------------------------------- what the store covers
+
+
+def coverage(site: Site, summary: Sequence[Mapping[str, Any]], e2e_records: Sequence[Any] = ()) -> list[dict]:
+    """Per GPU type of ``site``: where its numbers would come from and the expected error
+    of its predicted peak memory (``status`` and ``profile ls``), from the store's
+    summary without fitting anything.
+
+    ``data``: ``calibrated`` (end-to-end runs of the site), ``measured`` (profiled here),
+    ``imported``, ``augmented``, or ``datasheet-only``; ``via``: for a type without samples
+    of its own, a variant of the same chip (the catalog's ``chip``) that has some."""
+    from .objective import table_band
+
+    def resolve(name: str):
+        try:
+            return site.gpu(name)
+        except Exception:  # a GPU type this site does not know
+            return None
+
+    own: dict[str, dict[str, int]] = {}
+    for r in summary:
+        g = resolve(str(r["gpu_type"]))
+        if g is None:
+            continue
+        acc = own.setdefault(g.name, {})
+        for origin, n in dict(r.get("by_origin", {})).items():
+            acc[origin] = acc.get(origin, 0) + int(n)
+    chips: dict[str, list[str]] = {}
+    for name in own:
+        g = resolve(name)
+        chips.setdefault(getattr(g, "chip_id", name) if g is not None else name, []).append(name)
+    runs: dict[str, int] = {}
+    for rec in e2e_records:
+        for t in set(getattr(rec, "gpu_type_by_rank", {}).values()):
+            g = resolve(t)
+            if g is not None:
+                runs[g.name] = runs.get(g.name, 0) + 1
+    out = []
+    for name in dict.fromkeys(p.gpu_type for p in site.partitions):
+        g = site.gpu(name)
+        counts = own.get(g.name, {})
+        via = ""
+        if runs.get(g.name):
+            data = "calibrated"
+        elif counts.get("measured"):
+            data = "measured"
+        elif counts.get("imported"):
+            data = "imported"
+        elif counts.get("augmented"):
+            data = "augmented"
+        else:
+            others = [o for o in chips.get(getattr(g, "chip_id", g.name), []) if o != g.name]
+            data, via = "datasheet-only", (others[0] if others else "")
+        band = table_band(name, data)
+        out.append({"gpu_type": name, "partitions": [p.name for p in site.partitions if p.gpu_type == name],
+                    "samples": sum(counts.values()), "by_origin": counts, "e2e_runs": runs.get(g.name, 0),
+                    "data": data, "via": via, "memory_error": band.fraction, "memory_error_source": band.source})
+    return out
+
+
+def coverage_table(rows: Sequence[Mapping[str, Any]], *, file=None) -> None:
+    """The coverage rows as a table that fits 120 columns, with a one-line footer."""
+    from ..cli.common import TABLE_WIDTH, table
+    table([[r["gpu_type"], ",".join(r["partitions"]), r["samples"], r["e2e_runs"],
+            r["data"] + (f" (same chip as {r['via']})" if r["via"] else ""), f"+-{r['memory_error']:.0%}"]
+           for r in rows],
+          ["site gpu type", "partitions", "samples", "e2e runs", "numbers from", "mem err"], file=file,
+          max_width=TABLE_WIDTH)
+    print("mem err: expected error of the predicted peak memory, which the recommended plan allows for "
+          "(data/memory_error.yaml)", file=file or sys.stdout)
