@@ -162,6 +162,7 @@ class SearchResult:
     weights: Weights
     stats: SearchStats
     recommended_top: tuple[ScoredPlan, ...] = ()
+    fastest_safe: ScoredPlan | None = None
     risk_feasible: int = 0
     memory_error: Mapping[str, float] = field(default_factory=dict)
     time_noise: float = TIME_NOISE
@@ -426,6 +427,7 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
     top = _scored(space, cost_model, options, keeper.score[1], keeper.score[0], time_rank)
     time_top = _scored(space, cost_model, options, keeper.time[1], None, time_rank)
     recommended_top = _scored(space, cost_model, options, keeper.recommended, None, time_rank)
+    safe = _scored(space, cost_model, options, keeper.safe[1][:1], None, time_rank)
     ft, fu, fi = keeper.front
     pareto = tuple(ParetoPoint(index=int(i), iteration_ms=float(t), max_utilisation=float(u))
                    for t, u, i in zip(ft, fu, fi))
@@ -436,6 +438,7 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
                      ranks=size, peak_rss_bytes=int(rss), cache=stats.to_dict(), space=space.describe())
     return SearchResult(top=top, time_top=time_top, pareto=pareto, weights=options.weights, stats=st,
                         recommended_top=recommended_top, risk_feasible=keeper.risk_feasible,
+                        fastest_safe=safe[0] if safe else None,
                         memory_error=dict(options.memory_error), time_noise=options.time_noise)
 
 
@@ -487,7 +490,7 @@ def _recommended_order(space: PlanSpace, k: _Keeper, top_k: int) -> None:
 
 
 def _report_indices(k: _Keeper) -> np.ndarray:
-    return np.unique(np.r_[k.score[1], k.time[1], k.recommended]
+    return np.unique(np.r_[k.score[1], k.time[1], k.recommended, k.safe[1][:1]]
                      ).astype(np.int64)
 
 

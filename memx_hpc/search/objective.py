@@ -163,9 +163,11 @@ def table_band(gpu_type: str, basis: str) -> MemoryErrorBand:
     """The shipped expected error (data/memory_error.yaml) for a GPU type whose numbers come
     from ``basis``; an unknown basis gets the widest (datasheet-only) row."""
     table = _error_table()
-    row = table.get(basis) or table["datasheet-only"]
+    # "imported (same chip as V100-16)": the class is the first word
+    key = basis if basis in table else basis.split(" ")[0]
+    row = table.get(key) or table["datasheet-only"]
     return MemoryErrorBand(gpu_type=gpu_type, fraction=float(row["fraction"]),
-                           basis=basis if basis in table else "datasheet-only",
+                           basis=basis if key in table else "datasheet-only",
                            source=f"{row['statistic']}: {row['benchmark']}")
 
 

@@ -149,9 +149,15 @@ def explain(result: SearchResult, *, bands: Mapping[str, MemoryErrorBand] | None
             lines.append("the recommended plan is the fastest plan that fits: its peak plus the expected error stays "
                          "within every GPU's memory")
         elif not fast.risk_feasible:
-            lines.append(f"the fastest plan's memory sits inside the error band of its GPU's capacity, so the "
-                         f"recommended plan is the fastest one outside it "
-                         f"({rec.prediction.iteration_ms / fast.prediction.iteration_ms - 1:+.1%} time)")
+            safe = result.fastest_safe
+            tail = ""
+            if safe is not None and safe.index != rec.index:
+                tail = (f"; the fastest of those ({safe.prediction.iteration_ms / fast.prediction.iteration_ms - 1:+.1%}"
+                        f") is within the time noise ({result.time_noise:.0%}) of the recommended, which keeps its "
+                        f"memory lower")
+            lines.append(f"the fastest plan's memory sits inside the error band of its GPU's capacity: the "
+                         f"recommended plan ({rec.prediction.iteration_ms / fast.prediction.iteration_ms - 1:+.1%} "
+                         f"time) is chosen among the plans whose peak plus the error fits{tail}")
         else:
             lines.append(f"the recommended plan is within the time noise ({result.time_noise:.0%}) of the fastest "
                          f"and keeps its memory lower and better balanced")
@@ -393,7 +399,8 @@ def coverage(site: Site, summary: Sequence[Mapping[str, Any]], e2e_records: Sequ
 
     ``data``: ``calibrated`` (end-to-end runs of the site), ``measured`` (profiled here),
     ``imported``, ``augmented``, or ``datasheet-only``; ``via``: for a type without samples
-    of its own, a variant of the same chip (the catalog's ``chip``) that has some."""
+    of its own, the variant of the same chip (the catalog's ``chip``) whose layer times
+    the predictor uses, and ``data`` is that variant's."""
     from .objective import table_band
 
     def resolve(name: str):
@@ -425,17 +432,18 @@ def coverage(site: Site, summary: Sequence[Mapping[str, Any]], e2e_records: Sequ
         g = site.gpu(name)
         counts = own.get(g.name, {})
         via = ""
+        def kind(c: Mapping[str, int]) -> str:
+            return next((k for k in ("measured", "imported", "augmented") if c.get(k)), "datasheet-only")
+
         if runs.get(g.name):
             data = "calibrated"
-        elif counts.get("measured"):
-            data = "measured"
-        elif counts.get("imported"):
-            data = "imported"
-        elif counts.get("augmented"):
-            data = "augmented"
+        elif counts:
+            data = kind(counts)
         else:
+            # no samples of its own: the predictor uses a same-chip variant's layer times
             others = [o for o in chips.get(getattr(g, "chip_id", g.name), []) if o != g.name]
-            data, via = "datasheet-only", (others[0] if others else "")
+            via = others[0] if others else ""
+            data = kind(own[via]) if via else "datasheet-only"
         band = table_band(name, data)
         out.append({"gpu_type": name, "partitions": [p.name for p in site.partitions if p.gpu_type == name],
                     "samples": sum(counts.values()), "by_origin": counts, "e2e_runs": runs.get(g.name, 0),

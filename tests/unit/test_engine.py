@@ -148,6 +148,7 @@ def test_recommended_plan_equals_its_definition(bands):
     # every plan of the recommended ranking is risk-feasible; the fastest feasible plan may not be
     assert all(s.risk_feasible for s in r.recommended_top)
     assert r.fastest.prediction.iteration_ms <= rec.prediction.iteration_ms
+    assert r.fastest_safe.risk_feasible and r.fastest_safe.prediction.iteration_ms == pytest.approx(t0)
     assert r.ranking("memx") == r.top and r.ranking("recommended") == r.recommended_top
 
 

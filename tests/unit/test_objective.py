@@ -80,6 +80,8 @@ def test_shipped_error_table_names_its_benchmark_rows_and_is_wider_without_data(
         assert 0 < band.fraction < 1 and "benchmarks/" in band.source and band.basis == b
     assert rows["calibrated"].fraction < rows["imported"].fraction < rows["datasheet-only"].fraction
     assert table_band("X", "something new").basis == "datasheet-only"
+    same_chip = table_band("V100-32", "imported (same chip as V100-16)")
+    assert same_chip.fraction == rows["imported"].fraction and "same chip" in same_chip.basis
 
 
 class _Stage:

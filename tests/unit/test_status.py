@@ -52,7 +52,7 @@ def test_status_and_profile_ls_say_which_of_the_sites_gpu_types_have_data(tmp_pa
     assert list(rows) == ["A100-80", "MI250X-GCD", "V100-32"]
     assert rows["A100-80"]["data"] == "imported" and rows["A100-80"]["samples"] == 2
     assert rows["MI250X-GCD"]["data"] == "datasheet-only" and rows["MI250X-GCD"]["samples"] == 0
-    assert rows["V100-32"]["via"] == "V100-16"
+    assert rows["V100-32"]["via"] == "V100-16" and rows["V100-32"]["data"] == "imported"
     assert rows["MI250X-GCD"]["memory_error"] == table_band("x", "datasheet-only").fraction
     assert rows["MI250X-GCD"]["memory_error"] > rows["A100-80"]["memory_error"]
     assert main(["status", "--site", site, "--store", str(store)]) == 0
