@@ -332,7 +332,9 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
     style = {"recommended": ("*", 260, "tab:green", "recommended"),
              "fastest": ("X", 120, "tab:red", "fastest that fits"),
              "weighted": ("D", 90, "tab:purple", f"weighted best ({result.weights.label()})")}
-    offsets = {"recommended": (16, 18), "fastest": (16, -24), "weighted": (18, 16)}
+    # labels on rows of their own (axes fraction), above their points' x: clustered
+    # points do not stack their labels on each other
+    rows = {"fastest": 0.70, "recommended": 0.62, "weighted": 0.54}
     for role in ("weighted", "fastest", "recommended"):
         s = p.get(role)
         if s is None:
@@ -345,9 +347,10 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
         same = [r for r in ("recommended", "fastest", "weighted") if r in p and p[r].index == s.index]
         if same[0] != role:
             continue  # one label per point: the first role that names it
-        ax.annotate(" = ".join(style[r][3].split(" (")[0] for r in same), (x, y), textcoords="offset points",
-                    xytext=offsets[role], fontsize=10, color=color, fontweight="bold",
-                    arrowprops={"arrowstyle": "-", "color": color, "lw": 0.8})
+        ax.annotate(" = ".join(style[r][3].split(" (")[0] for r in same), (x, y), xycoords="data",
+                    textcoords=("data", "axes fraction"), xytext=(x, rows[role]), fontsize=10, color=color,
+                    fontweight="bold", ha="left", va="center",
+                    arrowprops={"arrowstyle": "-", "color": color, "lw": 0.8, "shrinkB": 6})
     if limit is not None:
         ax.axhline(limit, color="tab:red", lw=1.2, ls="-", zorder=0)
         ax.text(0.995, limit, f"memory limit {limit:.0f} % (safety margin {site.memory_safety_margin:.0%})",
@@ -371,7 +374,7 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
         if clipped:
             ax.text(0.995, 0.02, f"{clipped} slower plan(s) beyond the axis", transform=ax.transAxes, ha="right",
                     fontsize=8, color="0.4")
-        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 3, 4, 5, 6, 7, 8, 9), numticks=30))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_ylim(0, max(105.0, max(y for _, y in pts) + 5))
