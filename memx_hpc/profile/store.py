@@ -26,13 +26,22 @@ Every row keeps its ``origin`` (measured | imported | augmented), ``source`` and
 Writing. Only one process writes (the login-node process that gathers results):
 a lock file ``<store>.lock`` holds ``PID@host`` of the writer. A second writer
 gets :class:`StoreLocked` ("store locked by PID ..."); a lock left by a process
-that no longer runs on this host is broken with a warning. Every write builds a
-complete new file next to the store, flushes it to disk and moves it over the old
-one with ``os.replace`` (atomic on POSIX): a kill at any moment leaves either the
-old file or the new one, never a torn one. Rewriting the file costs O(rows) per
-append; profiling produces thousands of rows, not millions, so simplicity wins.
+that no longer runs on this host is broken with a warning.
 
-Reading takes no lock: a reader holds either the old or the new inode.
+Appending (schema 3). Every table is a set of resizable, chunked 1-D datasets
+(:data:`CHUNK_ROWS` rows a chunk) plus a ``committed_rows`` attribute on its group. An
+append writes the new rows past the committed count, flushes, and only then raises
+``committed_rows`` and flushes again; readers read the first ``committed_rows`` rows
+and nothing else. So an append costs the same at the 10,000th sample as at the first
+(``benchmarks/store_append.py``), and a writer killed at any moment loses at most the
+rows it was appending: rows past the committed count are overwritten by the next
+append. Each sample table also keeps ``row_sha256`` (the digest of each row, the one
+:meth:`ProfileStore.content_hash` is built from), so duplicate checks need not decode rows.
+Version 1 and 2 files (whole datasets, rewritten per append) are read as they are and
+turned into version 3 by their first write, which builds the new file next to the old
+one and moves it over it with ``os.replace``.
+
+Reading takes no lock: a reader sees the committed rows of the moment it opens the file.
 """
 
 from __future__ import annotations
@@ -56,9 +65,14 @@ from ..spec import SAMPLE_KINDS, SAMPLE_ORIGINS, LayerSample, LayerShape, Profil
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "COLUMNS", "E2E_COLUMNS", "E2ERecord", "ProfileStore",
            "StoreLocked", "sample_to_row", "row_to_sample", "record_to_row", "row_to_record", "records_hash"]
 
-SCHEMA_VERSION = 2
-#: Versions this code reads: 1 (layer samples only) and 2 (adds ``/e2e``).
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+#: Versions this code reads: 1 (layer samples only), 2 (adds ``/e2e``), 3 (appendable tables).
+READABLE_VERSIONS = (1, 2, 3)
+#: Rows per HDF5 chunk of an appendable table (schema 3).
+CHUNK_ROWS = 1024
+_COMMITTED = "committed_rows"
+_DIGESTS = "row_sha256"
+_WRITING = "append_in_progress"
 FORMAT_NAME = "memx-profile-store"
 #: Prefix of :meth:`ProfileStore.content_hash`. It names the sample table's layout, not the
 #: file's schema version, so that adding the e2e table (version 2) left the hash of the
@@ -301,6 +315,101 @@ def _check_gpu_name(name: str) -> None:
                         found=name)
 
 
+# --------------------------------------------------------------------------- appendable tables
+
+
+def _text_attr(g: Any, name: str, default: str) -> str:
+    v = g.attrs.get(name, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _check_format(f: Any, path: Path) -> int:
+    fmt = f.attrs.get("format")
+    fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+    if fmt != FORMAT_NAME:
+        raise SpecError("not a memx profile store", file=str(path), field="format", found=fmt, allowed=FORMAT_NAME)
+    version = int(f.attrs.get("schema_version", -1))
+    if version not in READABLE_VERSIONS:
+        raise SpecError("unsupported store schema version", file=str(path), field="schema_version",
+                        found=version, allowed=", ".join(map(str, READABLE_VERSIONS)))
+    return version
+
+
+def _read_columns(g: Any, columns: tuple[Column, ...], version: int, where: str) -> dict[str, Any]:
+    """The committed rows of a table, column by column (schema 3: ``committed_rows``; older: all)."""
+    n = int(g.attrs[_COMMITTED]) if version >= 3 else None
+    cols = {}
+    for c in columns:
+        if c.name not in g:
+            raise SystemFailure(f"{where} lacks column {c.name!r}")
+        ds = g[c.name]
+        if n is not None and ds.shape[0] < n:
+            raise SystemFailure(f"{where}: column {c.name!r} holds {ds.shape[0]} rows, {n} were committed")
+        sel = slice(0, n) if n is not None else slice(None)
+        cols[c.name] = ds.asstr()[sel] if c.kind == "str" else ds[sel]
+    return cols
+
+
+def _h5_dtype(c: Column) -> Any:
+    import h5py
+    import numpy as np
+
+    return {"str": h5py.string_dtype("utf-8"), "int": np.int64, "bool": np.bool_}.get(c.kind, np.float64)
+
+
+def _new_table(g: Any, columns: tuple[Column, ...], *, digests: bool = False) -> Any:
+    """Empty resizable chunked datasets for ``columns`` in group ``g`` (not yet committed)."""
+    for c in columns:
+        g.create_dataset(c.name, shape=(0,), maxshape=(None,), chunks=(CHUNK_ROWS,), dtype=_h5_dtype(c))
+    if digests:
+        g.create_dataset(_DIGESTS, shape=(0,), maxshape=(None,), chunks=(CHUNK_ROWS,), dtype="S32")
+    return g
+
+
+def _sample_group(top: Any, gpu: str) -> Any:
+    """The committed (possibly empty) table of ``gpu``; a group whose creation was cut short is rebuilt."""
+    g = top.get(gpu)
+    if g is not None and _COMMITTED in g.attrs:
+        return g
+    if g is not None:
+        del top[gpu]
+    g = _new_table(top.create_group(gpu), COLUMNS[1:], digests=True)
+    g.attrs["gpu_type"] = gpu
+    g.attrs["device_figures"] = ""
+    g.attrs[_COMMITTED] = 0
+    return g
+
+
+def _append_rows(g: Any, columns: tuple[Column, ...], rows: list[dict[str, Any]],
+                 digests: list[bytes] | None = None) -> int:
+    """Write ``rows`` past the committed rows of table ``g`` (overwriting what a killed writer
+    left there) and return the new row count; the caller commits it with :func:`_commit`."""
+    import numpy as np
+
+    n = int(g.attrs.get(_COMMITTED, 0))
+    k = len(rows)
+    if not k:
+        return n
+    for c in columns:
+        ds = g[c.name]
+        ds.resize((n + k,))
+        vals = [r[c.name] for r in rows]
+        ds[n:n + k] = np.array(vals, dtype=object) if c.kind == "str" else np.array(vals, dtype=_h5_dtype(c))
+    if digests is not None:
+        ds = g[_DIGESTS]
+        ds.resize((n + k,))
+        ds[n:n + k] = np.array(digests, dtype="S32")
+    return n + k
+
+
+def _commit(f: Any, tables: list[tuple[Any, int]]) -> None:
+    """Make appended rows visible: data first (flush), then the committed counts (flush)."""
+    f.flush()
+    for g, n in tables:
+        g.attrs[_COMMITTED] = n
+    f.flush()
+
+
 # --------------------------------------------------------------------------- the store
 
 
@@ -327,6 +436,8 @@ class ProfileStore:
         self._lock_depth = 0
         self._cache_key: tuple | None = None
         self._cache: _Snapshot | None = None
+        self._digest_key: tuple | None = None
+        self._digest_cache: dict[str, set[bytes]] = {}
 
     def __repr__(self) -> str:
         return f"ProfileStore({str(self.path)!r})"
@@ -353,55 +464,45 @@ class ProfileStore:
 
         try:
             f = h5py.File(self.path, "r", locking=False)
+        except IsADirectoryError:
+            raise SystemFailure(f"{self.path}: the profile store path is a folder, not a file") from None
         except OSError as e:
             raise SystemFailure(f"{self.path}: cannot open the profile store as HDF5: {e}") from None
-        with f:
-            fmt = f.attrs.get("format")
-            fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
-            if fmt != FORMAT_NAME:
-                raise SpecError("not a memx profile store", file=str(self.path), field="format", found=fmt,
-                                allowed=FORMAT_NAME)
-            version = int(f.attrs.get("schema_version", -1))
-            if version not in READABLE_VERSIONS:
-                raise SpecError("unsupported store schema version", file=str(self.path), field="schema_version",
-                                found=version, allowed=", ".join(map(str, READABLE_VERSIONS)))
-            rows: dict[str, list[dict[str, Any]]] = {}
-            figures: dict[str, dict] = {}
-            for gname, g in f.get("gpu", {}).items():
-                gpu = g.attrs.get("gpu_type", gname)
-                gpu = gpu.decode() if isinstance(gpu, bytes) else str(gpu)
-                fig = g.attrs.get("device_figures", "")
-                fig = fig.decode() if isinstance(fig, bytes) else str(fig)
-                if fig:
-                    figures[gpu] = json.loads(fig)
-                cols = {}
-                for c in COLUMNS:
-                    if c.name == "gpu_type":
-                        continue
-                    if c.name not in g:
-                        raise SystemFailure(f"{self.path}: table gpu/{gname} lacks column {c.name!r}")
-                    ds = g[c.name]
-                    cols[c.name] = ds.asstr()[()] if c.kind == "str" else ds[()]
-                n = len(cols["kind"])
-                table = []
-                for i in range(n):
-                    row: dict[str, Any] = {"gpu_type": gpu}
-                    for c in COLUMNS[1:]:
-                        row[c.name] = _coerce(c, cols[c.name][i])
-                    table.append(row)
-                rows[gpu] = table
-            e2e = self._read_e2e(f["e2e"]) if version >= 2 and "e2e" in f else ()
+        try:
+            with f:
+                version = _check_format(f, self.path)
+                rows: dict[str, list[dict[str, Any]]] = {}
+                figures: dict[str, dict] = {}
+                for gname, g in f.get("gpu", {}).items():
+                    if version >= 3 and _COMMITTED not in g.attrs:
+                        continue  # a table whose creation was cut short: nothing in it was committed
+                    gpu = _text_attr(g, "gpu_type", gname)
+                    fig = _text_attr(g, "device_figures", "")
+                    if fig:
+                        try:
+                            figures[gpu] = json.loads(fig)
+                        except ValueError:
+                            raise SpecError("not valid JSON", file=str(self.path),
+                                            field=f"gpu/{gname}.device_figures", found=fig[:80]) from None
+                    cols = _read_columns(g, COLUMNS[1:], version, f"{self.path}: table gpu/{gname}")
+                    n = len(cols["kind"])
+                    table = []
+                    for i in range(n):
+                        row: dict[str, Any] = {"gpu_type": gpu}
+                        for c in COLUMNS[1:]:
+                            row[c.name] = _coerce(c, cols[c.name][i])
+                        table.append(row)
+                    rows[gpu] = table
+                e2e: tuple[dict[str, Any], ...] = ()
+                if version >= 2 and "e2e" in f and (version < 3 or _COMMITTED in f["e2e"].attrs):
+                    cols = _read_columns(f["e2e"], E2E_COLUMNS, version, f"{self.path}: table e2e")
+                    n = len(cols["key"])
+                    e2e = tuple({c.name: _coerce(c, cols[c.name][i]) for c in E2E_COLUMNS} for i in range(n))
+        except SpecError as e:
+            raise e.with_file(str(self.path)) from None
+        except (OSError, KeyError, ValueError, TypeError) as e:  # a damaged file: h5py's own errors
+            raise SystemFailure(f"{self.path}: the profile store cannot be read ({type(e).__name__}: {e})") from None
         return _Snapshot(rows=rows, figures=figures, e2e=e2e)
-
-    def _read_e2e(self, g: Any) -> tuple[dict[str, Any], ...]:
-        cols = {}
-        for c in E2E_COLUMNS:
-            if c.name not in g:
-                raise SystemFailure(f"{self.path}: table e2e lacks column {c.name!r}")
-            ds = g[c.name]
-            cols[c.name] = ds.asstr()[()] if c.kind == "str" else ds[()]
-        n = len(cols["key"])
-        return tuple({c.name: _coerce(c, cols[c.name][i]) for c in E2E_COLUMNS} for i in range(n))
 
     def samples(self, *, gpu_type: str | None = None, kind: str | None = None,
                 origins: Iterable[str] | None = None) -> list[LayerSample]:
@@ -512,21 +613,27 @@ class ProfileStore:
         with self.writer():
             snap = self._read()
             seen = {_e2e_digest(r) for r in snap.e2e}
-            rows = list(snap.e2e)
+            rows = []
             for row in new_rows:
                 d = _e2e_digest(row)
-                if d in seen:
-                    continue
-                seen.add(d)
-                rows.append(row)
-            added = len(rows) - len(snap.e2e)
-            if added:
-                self._write(_Snapshot(rows=snap.rows, figures=snap.figures, e2e=tuple(rows)))
-            return added
+                if d not in seen:
+                    seen.add(d)
+                    rows.append(row)
+            if rows:
+                with self._open_for_append() as f:
+                    g = f["e2e"]
+                    n = _append_rows(g, E2E_COLUMNS, rows)
+                    _commit(f, [(g, n)])
+                self._written()
+            return len(rows)
 
     def append(self, samples: Iterable[LayerSample]) -> int:
         """Add samples atomically; exact duplicates (every column equal, of a stored
-        sample or earlier in ``samples``) are skipped. Returns the number added."""
+        sample or earlier in ``samples``) are skipped. Returns the number added.
+
+        The cost does not grow with the store: new rows go past each table's committed
+        rows, and duplicates are found by the stored row digests (kept in memory between
+        appends of this object while no one else writes)."""
         new_rows = []
         for s in samples:
             if not isinstance(s, LayerSample):
@@ -538,21 +645,27 @@ class ProfileStore:
         if not new_rows:
             return 0
         with self.writer():
-            snap = self._read()
-            rows = {g: list(t) for g, t in snap.rows.items()}
-            seen = {g: {_row_key(r) for r in t} for g, t in rows.items()}
-            added = 0
-            for row in new_rows:
-                key = _row_key(row)
-                gset = seen.setdefault(row["gpu_type"], set())
-                if key in gset:
-                    continue
-                gset.add(key)
-                rows.setdefault(row["gpu_type"], []).append(row)
-                added += 1
-            if added:
-                self._write(_Snapshot(rows=rows, figures=snap.figures, e2e=snap.e2e))
-            return added
+            with self._open_for_append() as f:
+                top = f["gpu"]
+                by_gpu: dict[str, list[tuple[dict[str, Any], bytes]]] = {}
+                for row in new_rows:
+                    gpu = row["gpu_type"]
+                    seen = self._digests_of(top, gpu)
+                    d = bytes.fromhex(_row_digest(row))
+                    if d in seen:
+                        continue
+                    seen.add(d)
+                    by_gpu.setdefault(gpu, []).append((row, d))
+                if not by_gpu:
+                    return 0
+                commits = []
+                for gpu, items in by_gpu.items():
+                    g = _sample_group(top, gpu)
+                    n = _append_rows(g, COLUMNS[1:], [r for r, _ in items], digests=[d for _, d in items])
+                    commits.append((g, n))
+                _commit(f, commits)
+            self._written()
+            return sum(len(v) for v in by_gpu.values())
 
     def set_device_figures(self, gpu_type: str, figures: dict) -> None:
         """Record the figures measured for a ``measured_at_profile_time`` device type."""
@@ -567,10 +680,12 @@ class ProfileStore:
             raise SpecError("device figures are incomplete", field="device_figures", found=sorted(clean),
                             allowed=", ".join(FIGURE_KEYS))
         with self.writer():
-            snap = self._read()
-            figs = dict(snap.figures)
-            figs[gpu_type] = clean
-            self._write(_Snapshot(rows=snap.rows, figures=figs, e2e=snap.e2e))
+            with self._open_for_append() as f:
+                g = _sample_group(f["gpu"], gpu_type)
+                f.flush()
+                g.attrs["device_figures"] = json.dumps(clean, sort_keys=True)  # one small in-place write
+                f.flush()
+            self._written()
 
     @contextlib.contextmanager
     def writer(self) -> Iterator["ProfileStore"]:
@@ -585,11 +700,87 @@ class ProfileStore:
             if self._lock_depth == 0:
                 self._release()
 
-    def _write(self, snap: _Snapshot) -> None:
-        import h5py
-        import numpy as np
+    # ------------------------------------------------------------------ writing: in place
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    @contextlib.contextmanager
+    def _open_for_append(self) -> Iterator[Any]:
+        """The store opened for in-place appends (held under the writer lock): created, or
+        turned into the current schema by one whole rewrite, first when needed."""
+        import h5py
+
+        version, dirty = None, False
+        if self.path.exists():
+            try:
+                with h5py.File(self.path, "r", locking=False) as f:
+                    version = _check_format(f, self.path)
+                    dirty = bool(f.attrs.get(_WRITING, 0))
+            except IsADirectoryError:
+                raise SystemFailure(f"{self.path}: the profile store path is a folder, not a file") from None
+            except OSError as e:
+                raise SystemFailure(f"{self.path}: cannot open the profile store as HDF5: {e}") from None
+        if version is None:
+            self._write(_Snapshot(rows={}, figures={}, e2e=()))
+        elif version != SCHEMA_VERSION or dirty:
+            if dirty:
+                # The last writer died inside an append: HDF5's own metadata past the
+                # committed rows may be half written. Rebuild the file from what was committed.
+                warnings.warn(f"{self.path}: the last write was cut short; rebuilding the store from its "
+                              "committed rows", stacklevel=4)
+            self._write(self._read())
+        try:
+            f = h5py.File(self.path, "r+", locking=False)
+        except OSError as e:
+            raise SystemFailure(f"{self.path}: cannot open the profile store for writing: {e}") from None
+        try:
+            f.attrs[_WRITING] = 1  # cleared below; found set, the next writer rebuilds the file
+            f.flush()
+            yield f
+            f.flush()
+            f.attrs[_WRITING] = 0
+        finally:
+            f.close()
+        with open(self.path, "rb") as fh:
+            os.fsync(fh.fileno())
+
+    def _digests_of(self, top: Any, gpu: str) -> set[bytes]:
+        """The row digests of ``gpu``'s committed rows; from memory when this object wrote last."""
+        key = self._stat_key()
+        if self._digest_key != key:
+            self._digest_cache, self._digest_key = {}, key
+        seen = self._digest_cache.get(gpu)
+        if seen is None:
+            g = top.get(gpu)
+            if g is None or _COMMITTED not in g.attrs:
+                seen = set()
+            else:
+                n = int(g.attrs[_COMMITTED])
+                seen = set(g[_DIGESTS][:n].tolist())
+            self._digest_cache[gpu] = seen
+        return seen
+
+    def _stat_key(self) -> tuple | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _written(self) -> None:
+        """After a write of ours: the snapshot is stale; the digest sets (updated in place) are current."""
+        self._cache_key, self._cache = None, None
+        self._digest_key = self._stat_key()
+
+    # ------------------------------------------------------------------ writing: whole file
+
+    def _write(self, snap: _Snapshot) -> None:
+        """Write a whole new file in the current schema next to the store and move it over it."""
+        import h5py
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SystemFailure(f"{self.path.parent}: cannot create the profile store's folder: "
+                                f"{e.strerror or e}") from None
         self._clean_temps()
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         try:
@@ -598,40 +789,27 @@ class ProfileStore:
                 f.attrs["schema_version"] = SCHEMA_VERSION
                 top = f.create_group("gpu")
                 for gpu in sorted(set(snap.rows) | set(snap.figures)):
-                    g = top.create_group(gpu)
-                    g.attrs["gpu_type"] = gpu
+                    g = _sample_group(top, gpu)
                     fig = snap.figures.get(gpu)
                     g.attrs["device_figures"] = json.dumps(fig, sort_keys=True) if fig else ""
                     table = snap.rows.get(gpu, [])
-                    for c in COLUMNS[1:]:
-                        vals = [r[c.name] for r in table]
-                        if c.kind == "str":
-                            g.create_dataset(c.name, data=np.array(vals, dtype=object),
-                                             dtype=h5py.string_dtype("utf-8"))
-                        elif c.kind == "int":
-                            g.create_dataset(c.name, data=np.array(vals, dtype=np.int64))
-                        elif c.kind == "bool":
-                            g.create_dataset(c.name, data=np.array(vals, dtype=np.bool_))
-                        else:
-                            g.create_dataset(c.name, data=np.array(vals, dtype=np.float64))
-                e2e = f.create_group("e2e")
-                for c in E2E_COLUMNS:
-                    vals = [r[c.name] for r in snap.e2e]
-                    if c.kind == "str":
-                        e2e.create_dataset(c.name, data=np.array(vals, dtype=object), dtype=h5py.string_dtype("utf-8"))
-                    elif c.kind == "int":
-                        e2e.create_dataset(c.name, data=np.array(vals, dtype=np.int64))
-                    else:
-                        e2e.create_dataset(c.name, data=np.array(vals, dtype=np.float64))
+                    n = _append_rows(g, COLUMNS[1:], table,
+                                     digests=[bytes.fromhex(_row_digest(r)) for r in table])
+                    g.attrs[_COMMITTED] = n
+                e2e = _new_table(f.create_group("e2e"), E2E_COLUMNS)
+                e2e.attrs[_COMMITTED] = _append_rows(e2e, E2E_COLUMNS, list(snap.e2e))
                 f.flush()
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())
             os.replace(tmp, self.path)
             _fsync_dir(self.path.parent)
+        except OSError as e:
+            raise SystemFailure(f"{self.path}: cannot write the profile store: {e.strerror or e}") from None
         finally:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 tmp.unlink()
         self._cache_key, self._cache = None, None
+        self._digest_key, self._digest_cache = None, {}
 
     def _clean_temps(self) -> None:
         """Remove temporary files left by writers that were killed mid-write."""

@@ -226,7 +226,7 @@ def test_e2e_records_round_trip_filter_and_dedupe(tmp_path):
     from memx_hpc.profile.store import records_hash
     assert records_hash(recs) == b.e2e_hash()
     with h5py.File(tmp_path / "s.h5", "r") as f:
-        assert int(f.attrs["schema_version"]) == SCHEMA_VERSION == 2
+        assert int(f.attrs["schema_version"]) == SCHEMA_VERSION == 3
         assert f["e2e/iteration_ms"].shape == (3,)
         assert json.loads(f["e2e/plan_json"].asstr()[0])["micro_batch_size"] == 2
 
@@ -249,7 +249,8 @@ def test_e2e_bad_records_are_refused_by_field(tmp_path):
 
 def test_version_1_files_still_open_and_upgrade_on_write(tmp_path):
     """A version-1 store (what this code wrote before e2e records: /gpu only) reads as a
-    store without e2e records; its samples and their hash are unchanged; the next write is version 2."""
+    store without e2e records; its samples and their hash are unchanged; the next write makes it
+    the current version (appendable tables)."""
     path = tmp_path / "v1.h5"
     st = ProfileStore(path)
     batch = [sample(mbs=m) for m in (1, 2)] + [sample(gpu="A100-80", origin="imported")]
@@ -263,14 +264,15 @@ def test_version_1_files_still_open_and_upgrade_on_write(tmp_path):
     assert v1.e2e_records() == [] and v1.content_hash() == h
     assert v1.append_e2e([e2e()]) == 1
     with h5py.File(path, "r") as f:
-        assert int(f.attrs["schema_version"]) == 2
+        assert int(f.attrs["schema_version"]) == SCHEMA_VERSION == 3
+        assert f["gpu/A100-80/forward_ms"].maxshape == (None,)  # resizable: later appends go in place
     v2 = ProfileStore(path)
     assert len(v2.samples()) == 3 and len(v2.e2e_records()) == 1 and v2.content_hash() == h
     with h5py.File(path, "r+") as f:
-        f.attrs["schema_version"] = 3
+        f.attrs["schema_version"] = 4
     with pytest.raises(SpecError) as e:
         ProfileStore(path).samples()
-    assert e.value.field == "schema_version" and "1, 2" in str(e.value)
+    assert e.value.field == "schema_version" and "1, 2, 3" in str(e.value)
 
 
 def test_e2e_writer_lock_is_the_store_lock(tmp_path):
@@ -289,3 +291,78 @@ def test_e2e_writer_lock_is_the_store_lock(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def _write_version_2(path: Path, samples: list[LayerSample]) -> None:
+    """The layout of schema 2 as written before tables became appendable: one whole
+    (fixed-size) dataset per column, no committed count, no row digests."""
+    import numpy as np
+
+    from memx_hpc.profile.store import COLUMNS, E2E_COLUMNS, sample_to_row
+
+    rows = [sample_to_row(s) for s in samples]
+    with h5py.File(path, "w") as f:
+        f.attrs["format"] = "memx-profile-store"
+        f.attrs["schema_version"] = 2
+        top = f.create_group("gpu")
+        for gpu in sorted({r["gpu_type"] for r in rows}):
+            g = top.create_group(gpu)
+            g.attrs["gpu_type"] = gpu
+            g.attrs["device_figures"] = ""
+            table = [r for r in rows if r["gpu_type"] == gpu]
+            for c in COLUMNS[1:]:
+                vals = [r[c.name] for r in table]
+                if c.kind == "str":
+                    g.create_dataset(c.name, data=np.array(vals, dtype=object), dtype=h5py.string_dtype("utf-8"))
+                else:
+                    g.create_dataset(c.name, data=np.array(vals, dtype={"int": np.int64, "bool": np.bool_,
+                                                                        "float": np.float64}[c.kind]))
+        e = f.create_group("e2e")
+        for c in E2E_COLUMNS:
+            e.create_dataset(c.name, shape=(0,), dtype=h5py.string_dtype("utf-8") if c.kind == "str"
+                             else (np.int64 if c.kind == "int" else np.float64))
+
+
+def test_version_2_files_read_and_become_appendable(tmp_path):
+    batch = [sample(mbs=m) for m in (1, 2)] + [sample(gpu="A100-80", origin="imported")]
+    ref = ProfileStore(tmp_path / "ref.h5")
+    ref.append(batch)
+    old = tmp_path / "v2.h5"
+    _write_version_2(old, batch)
+    st = ProfileStore(old)
+    assert sorted(st.samples(), key=repr) == sorted(batch, key=repr)
+    assert st.content_hash() == ref.content_hash()  # the hash is of the samples, not the layout
+    assert st.append(batch[:1]) == 0  # a duplicate of a stored row, found in the old layout too
+    assert st.append([sample(mbs=3)]) == 1 and ref.append([sample(mbs=3)]) == 1
+    with h5py.File(old, "r") as f:
+        assert int(f.attrs["schema_version"]) == SCHEMA_VERSION
+        assert f["gpu/cpu-4g/forward_ms"].maxshape == (None,) and int(f["gpu/cpu-4g"].attrs["committed_rows"]) == 3
+    assert ProfileStore(old).content_hash() == ref.content_hash()
+
+
+def test_rows_past_the_committed_count_are_invisible_and_overwritten(tmp_path):
+    """What a writer killed between writing rows and committing them leaves behind."""
+    path = tmp_path / "s.h5"
+    st = ProfileStore(path)
+    st.append([sample(mbs=1)])
+    with h5py.File(path, "r+") as f:  # rows written, count not raised: a torn append
+        g = f["gpu/cpu-4g"]
+        for name in g:
+            g[name].resize((2,))
+        g["forward_ms"][1] = 99.0
+    assert [s.point.micro_batch_size for s in ProfileStore(path).samples()] == [1]
+    assert ProfileStore(path).append([sample(mbs=2)]) == 1
+    got = ProfileStore(path).samples()
+    assert [s.point.micro_batch_size for s in got] == [1, 2] and got[1].forward_ms == 1.25
+
+
+def test_an_append_left_in_progress_is_rebuilt_from_committed_rows(tmp_path):
+    path = tmp_path / "s.h5"
+    ProfileStore(path).append([sample(mbs=1)])
+    with h5py.File(path, "r+") as f:
+        f.attrs["append_in_progress"] = 1  # the flag a killed writer leaves set
+    with pytest.warns(UserWarning, match="cut short"):
+        assert ProfileStore(path).append([sample(mbs=2)]) == 1
+    assert len(ProfileStore(path).samples()) == 2
+    with h5py.File(path, "r") as f:
+        assert int(f.attrs["append_in_progress"]) == 0

@@ -1,0 +1,81 @@
+"""Store append cost: does one append cost the same at the 10,000th sample as at the first?
+
+Appends N samples (default 10,000) one call each to a fresh HDF5 profile store, the way a
+profiling campaign adds one finished task at a time, under the writer lock every time,
+and prints the time of the first and the last 1,000 appends and their ratio. A store
+that rewrote the whole file per append (schema 2) grew quadratically: the ratio was
+the number of thousands appended. The samples are synthetic (one layer shape, distinct
+micro-batch sizes), since only their count matters here; each append is checked for
+being new (the duplicate check reads row digests, not rows).
+
+Appends go through one ``ProfileStore`` object (a long-running profiler: duplicate
+digests stay in memory); ``--fresh`` adds a run with a new object per append (a new
+process per task: the digests of that GPU type are read from the file each time).
+Most of an append is HDF5 call overhead per column and two fsyncs (lock file, store).
+
+Run from the repository root:  .venv/bin/python benchmarks/store_append.py [--samples N] [--window K] [--fresh]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from memx_hpc.cli.common import table  # noqa: E402
+from memx_hpc.profile.store import ProfileStore  # noqa: E402
+from memx_hpc.spec import LayerSample, LayerShape, ProfilePoint  # noqa: E402
+
+SHAPE = LayerShape(hidden_size=1024, num_attention_heads=16, num_query_groups=16, ffn_hidden_size=4096,
+                   seq_length=1024, vocab_size=50304)
+
+
+def sample(i: int) -> LayerSample:
+    point = ProfilePoint(gpu_type="A100-80", kind="layer", shape=SHAPE, micro_batch_size=i + 1)
+    return LayerSample(point=point, forward_ms=1.0 + i * 1e-3, backward_ms=2.0 + i * 1e-3, activation_bytes=1000 + i,
+                       peak_allocated_bytes=2**30 + i, origin="measured", source=f"bench:{i}",
+                       provenance=json.dumps({"host": "bench", "task": i}))
+
+
+def run(n: int, window: int, *, fresh: bool) -> list[float]:
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "store.h5"
+        st = ProfileStore(path)
+        times = []
+        for i in range(n):
+            s = sample(i)
+            t0 = time.perf_counter()
+            added = (ProfileStore(path) if fresh else st).append([s])
+            times.append(time.perf_counter() - t0)
+            if added != 1:
+                raise SystemExit(f"append {i} added {added} samples, expected 1")
+        if len(ProfileStore(path).samples()) != n:
+            raise SystemExit("the store does not hold every sample")
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=10_000)
+    ap.add_argument("--window", type=int, default=1_000)
+    ap.add_argument("--fresh", action="store_true", help="also time a new ProfileStore object per append")
+    args = ap.parse_args()
+    n, k = args.samples, min(args.window, args.samples)
+    rows = []
+    for fresh in (False, True) if args.fresh else (False,):
+        t = run(n, k, fresh=fresh)
+        first, last = sum(t[:k]), sum(t[-k:])
+        rows.append(["new object per append" if fresh else "one store object", n, f"{first:.2f}", f"{last:.2f}",
+                     f"{1e3 * first / k:.2f}", f"{1e3 * last / k:.2f}", f"{last / first:.2f}x"])
+    table(rows, ["mode", "samples", f"first {k} s", f"last {k} s", "ms/append first", "ms/append last",
+                 "last/first"])
+    print("\none append() call per sample under the writer lock; flat cost means last/first near 1")
+
+
+if __name__ == "__main__":
+    main()
