@@ -80,9 +80,13 @@ class SpaceOptions:
     split_within_groups: bool = False
     sequence_parallel: bool = False
     max_partitions: int | None = None
+    #: Refuse a space of more plans, or of more skeletons (the part held in memory), than
+    #: this instead of exhausting time or memory (see :func:`space_size`).
+    max_plans: int = 200_000_000
+    max_skeletons: int = 1_000_000
 
     def __post_init__(self) -> None:
-        for name in ("layer_granularity", "max_pipeline_stages", "max_partitions"):
+        for name in ("layer_granularity", "max_pipeline_stages", "max_partitions", "max_plans", "max_skeletons"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise SpecError(f"{name} must be a whole number >= 1", field=name, found=v)
@@ -248,6 +252,8 @@ class PlanSpace:
         self.levels = recompute_levels(job, options.full_recompute_steps,
                                        selective_with_sdpa=options.selective_with_sdpa)
         self.partitions = site.partitions
+        self.size = space_size(self)
+        self.size.check(self)
         self._split_tables: dict[tuple[int, ...], np.ndarray] = {}
         self._gmax_tables: dict[tuple[int, ...], np.ndarray] = {}
         self._level_tables: dict[tuple[int, ...], np.ndarray] = {}
@@ -274,6 +280,10 @@ class PlanSpace:
             b for b in _powers_of_two(16) if gbs % b == 0)
         return sorted(b for b in set(mbs) if gbs % b == 0)
 
+    def _dp_candidates(self, mbs: int) -> list[int]:
+        n = self.job.global_batch_size // mbs
+        return [d for d in range(1, n + 1) if n % d == 0]
+
     def _partition_sequences(self, tp: int) -> list[tuple[int, ...]]:
         usable = [i for i, p in enumerate(self.partitions) if p.gpus_per_node % tp == 0]
         most = min(len(usable), self.options.max_partitions or len(usable), self.max_stages)
@@ -283,15 +293,12 @@ class PlanSpace:
         return out
 
     def _enumerate_skeletons(self) -> list[Skeleton]:
-        gbs = self.job.global_batch_size
         out: list[Skeleton] = []
         for tp in self.tp_candidates():
             seqs = self._partition_sequences(tp)
             groups_cap = {i: p.nodes * (p.gpus_per_node // tp) for i, p in enumerate(self.partitions)}
             for mbs in self.micro_batch_candidates():
-                for dp in range(1, gbs // mbs + 1):
-                    if (gbs // mbs) % dp:
-                        continue
+                for dp in self._dp_candidates(mbs):
                     for seq in seqs:
                         ranges = [range(1, min(groups_cap[i] // dp, self.max_stages) + 1) for i in seq]
                         if any(len(r) == 0 for r in ranges):
@@ -311,20 +318,17 @@ class PlanSpace:
         t = self._split_tables.get(structure)
         if t is not None:
             return t
-        L, g = self.job.model.num_layers, self.granularity
-        u, r = divmod(L, g)
+        g = self.granularity
+        u, r, lows = self._split_lows(structure)
         pp = sum(structure)
         rows: list[list[int]] = []
         if self.options.split_within_groups:
-            # every stage on the grid; the last stage also takes the remainder
-            lows = [1] * (pp - 1) + [max(1, math.ceil((1 - r) / g))]
             for comp in _compositions(u, lows):
                 row = [c * g for c in comp]
                 row[-1] += r
                 if row[-1] >= 1:
                     rows.append(row)
         else:
-            lows = [math.ceil(s / g) for s in structure[:-1]] + [max(0, math.ceil((structure[-1] - r) / g))]
             for comp in _compositions(u, lows):
                 totals = [c * g for c in comp]
                 totals[-1] += r
@@ -337,6 +341,18 @@ class PlanSpace:
         t = np.array(rows, dtype=np.int32).reshape(len(rows), pp)
         self._split_tables[structure] = t
         return t
+
+    def _split_lows(self, structure: tuple[int, ...]) -> tuple[int, int, list[int]]:
+        """``(units, remainder, lowest units per part)`` of a layer split: ``units`` grid steps of
+        ``granularity`` layers go to the parts (groups, or stages with ``split_within_groups``),
+        each at least its low, and the last part also takes the ``remainder`` layers."""
+        L, g = self.job.model.num_layers, self.granularity
+        u, r = divmod(L, g)
+        if self.options.split_within_groups:
+            # every stage on the grid; the last stage also takes the remainder
+            pp = sum(structure)
+            return u, r, [1] * (pp - 1) + [max(1, math.ceil((1 - r) / g))]
+        return u, r, [math.ceil(s / g) for s in structure[:-1]] + [max(0, math.ceil((structure[-1] - r) / g))]
 
     def _group_max_table(self, structure: tuple[int, ...]) -> np.ndarray:
         """(n_splits, pp): per stage, the largest stage of its partition group."""
@@ -360,13 +376,18 @@ class PlanSpace:
         per_group = []
         for s in structure:
             # combinations_with_replacement gives non-decreasing tuples; reversed -> non-increasing
-            seqs = [tuple(reversed(c)) for c in itertools.combinations_with_replacement(range(R), s)]
-            spread = self.options.recompute_spread
-            per_group.append([c for c in seqs if spread is None or c[0] - c[-1] <= spread])
+            per_group.append(self._group_levels(s))
         rows = [sum(parts, ()) for parts in itertools.product(*per_group)]
         t = np.array(rows, dtype=np.int8).reshape(len(rows), sum(structure))
         self._level_tables[structure] = t
         return t
+
+    def _group_levels(self, stages: int) -> list[tuple[int, ...]]:
+        """The recompute levels of one partition group of ``stages`` stages, non-increasing."""
+        # combinations_with_replacement gives non-decreasing tuples; reversed -> non-increasing
+        seqs = [tuple(reversed(c)) for c in itertools.combinations_with_replacement(range(len(self.levels)), stages)]
+        spread = self.options.recompute_spread
+        return [c for c in seqs if spread is None or c[0] - c[-1] <= spread]
 
     def _count(self, sk: Skeleton) -> int:
         return len(self._split_table(sk.structure)) * len(self._level_table(sk.structure))
@@ -446,3 +467,97 @@ class PlanSpace:
         return {"plans": len(self), "skeletons": len(self.skeletons), "layer_granularity": self.granularity,
                 "max_pipeline_stages": self.max_stages, "recompute_levels": [lv.label() for lv in self.levels],
                 "tp": self.tp_candidates(), "micro_batch_sizes": self.micro_batch_candidates()}
+
+
+# --------------------------------------------------------------------------- the size before the search
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpaceSize:
+    """How many plans and skeletons a space holds, counted without building either."""
+
+    plans: int
+    skeletons: int
+    exceeded: bool = False  # counting stopped past the limits: the true size is larger
+
+    def check(self, space: "PlanSpace") -> None:
+        """Refuse a space beyond its limits with the options that shrink it."""
+        o = space.options
+        if self.plans <= o.max_plans and self.skeletons <= o.max_skeletons:
+            return
+        what = (f"more than {o.max_plans:,} plans" if self.plans > o.max_plans
+                else f"more than {o.max_skeletons:,} parallel layouts (TP x DP x micro-batch x partition order)")
+        tps = ",".join(map(str, space.tp_candidates()))
+        mbs = ",".join(map(str, space.micro_batch_candidates()))
+        raise SpecError(
+            f"holds {what}; shrink it with --layer-granularity (now {space.granularity}; "
+            f"larger: fewer layer splits), --max-stages (now {space.max_stages}), --tp (now {tps}), "
+            f"--micro-batch-sizes (now {mbs}), or fewer partitions in the site file (now "
+            f"{len(space.partitions)}); or search a part of the site at a time", field="search space",
+            found=f"at least {self.plans:,} plans" if self.exceeded else f"{self.plans:,} plans")
+
+
+def space_size(space: "PlanSpace") -> SpaceSize:
+    """Count the plans of ``space`` in closed form, stopping once a limit is passed.
+
+    Per (TP, micro-batch, DP) and ordered group structure ``(s_1..s_G)``: layer splits are
+    compositions with lower bounds (stars and bars: ``C(u - sum(lows) + k - 1, k - 1)``),
+    recompute assignments multiply per group, and the ordered choices of distinct
+    partitions with room for ``s_j`` stages each are ``prod_k (N(s_(k)) - k)`` over the sizes
+    sorted largest first, ``N(s)`` the partitions with room for ``s``. Work: the number of
+    structures (at most ``2^max_stages``), not the number of plans.
+    """
+    o = space.options
+    level_counts: dict[int, int] = {}
+    plans = skeletons = 0
+
+    def levels_of(s: int) -> int:
+        if s not in level_counts:
+            level_counts[s] = len(space._group_levels(s))
+        return level_counts[s]
+
+    def n_splits(structure: tuple[int, ...]) -> int:
+        u, _, lows = space._split_lows(structure)
+        free = u - sum(lows)
+        return math.comb(free + len(lows) - 1, len(lows) - 1) if free >= 0 else 0
+
+    for tp in space.tp_candidates():
+        usable = [p for p in space.partitions if p.gpus_per_node % tp == 0]
+        most_groups = min(len(usable), o.max_partitions or len(usable), space.max_stages)
+        for mbs in space.micro_batch_candidates():
+            for dp in space._dp_candidates(mbs):
+                room = sorted((min(p.nodes * (p.gpus_per_node // tp) // dp, space.max_stages) for p in usable),
+                              reverse=True)
+                room = [x for x in room if x >= 1]
+                if not room:
+                    continue
+
+                def fits(sizes: list[int]) -> int:
+                    ways = 1
+                    for k, s in enumerate(sorted(sizes, reverse=True)):
+                        n = sum(1 for x in room if x >= s) - k
+                        if n <= 0:
+                            return 0
+                        ways *= n
+                    return ways
+
+                stack: list[tuple[int, ...]] = [(s,) for s in range(1, room[0] + 1)]
+                while stack:
+                    structure = stack.pop()
+                    ways = fits(list(structure))
+                    if not ways:
+                        continue  # adding groups never makes room
+                    splits = n_splits(structure)
+                    if not splits:
+                        continue  # nor for any longer structure: the lowest split only grows
+                    per = splits
+                    for s in structure:
+                        per *= levels_of(s)
+                    plans += per * ways
+                    skeletons += ways
+                    if plans > o.max_plans or skeletons > o.max_skeletons:
+                        return SpaceSize(plans=plans, skeletons=skeletons, exceeded=True)
+                    if len(structure) < most_groups:
+                        left = space.max_stages - sum(structure)
+                        stack.extend(structure + (s,) for s in range(1, min(left, room[0]) + 1))
+    return SpaceSize(plans=plans, skeletons=skeletons)

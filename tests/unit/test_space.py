@@ -222,3 +222,28 @@ def test_example_site_space_sizes():
         default = PlanSpace(site, job)
         assert 10_000 <= len(coarse) < 100_000
         assert 100_000 <= len(default) < 1_000_000
+
+
+@pytest.mark.parametrize("opts", [SpaceOptions(), SpaceOptions(layer_granularity=2, max_pipeline_stages=6),
+                                  SpaceOptions(split_within_groups=True), SpaceOptions(max_partitions=1),
+                                  SpaceOptions(recompute_spread=None, full_recompute_steps=3)])
+def test_size_is_counted_exactly_before_the_space_is_built(opts):
+    from memx_hpc.search.space import space_size
+    site, job = load_site(ROOT / "site_configs/example-cross-vendor.yaml"), load_job(ROOT / "jobs/gpt3-2.7b.yaml")
+    space = PlanSpace(site, job, opts)
+    size = space_size(space)
+    assert (size.plans, size.skeletons, size.exceeded) == (len(space), len(space.skeletons), False)
+
+
+def test_a_space_beyond_the_limit_is_refused_with_the_options_that_shrink_it():
+    from memx_hpc.spec import site_from_mapping
+    site = site_from_mapping({"name": "wide", "partitions": [
+        {"name": f"p{i}", "gpu_type": "A100-80", "nodes": 2, "gpus_per_node": 4} for i in range(30)]})
+    job = load_job(ROOT / "jobs/gpt3-2.7b.yaml")
+    with pytest.raises(SpecError) as e:
+        PlanSpace(site, job)  # 30 partitions: billions of plans; refused in milliseconds
+    for option in ("--layer-granularity", "--max-stages", "--tp", "--micro-batch-sizes", "fewer partitions"):
+        assert option in str(e.value)
+    assert e.value.field == "search space"
+    small = PlanSpace(site, job, SpaceOptions(max_partitions=1, max_pipeline_stages=2, tp_degrees=(4,)))
+    assert 0 < len(small) <= SpaceOptions().max_plans
