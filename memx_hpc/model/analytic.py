@@ -76,13 +76,16 @@ def _norm_params(model: ModelSpec) -> int:
 
 
 def padded_vocab_size(vocab_size: int, tp: int = 1, divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
-    """The vocabulary Megatron-LM allocates: padded to a multiple of ``divisible_by * tp``.
-
-    Source: ``_vocab_size_with_padding`` in megatron/training/tokenizer (Megatron-LM);
-    Sailor's ``llm_info.json`` counts OPT-350's embedding with the same padding (50272 -> 50304).
+    """The embedding rows Megatron-LM allocates for a job of vocabulary ``vocab_size`` as
+    memx-hpc launches it: the scripts pass ``--tokenizer-type NullTokenizer --vocab-size V``,
+    whose tokenizer adds one end-of-document token (``_NullTokenizer.vocab_size`` is V + 1),
+    and ``_vocab_size_with_padding`` rounds that up to a multiple of
+    ``make_vocab_size_divisible_by * tp`` (megatron/training/tokenizer/tokenizer.py). For
+    tiny-gpt (V = 1,024) that is 1,152 rows, not 1,024; for GPT-2's 50,257 it is 50,304 as
+    with the real tokenizer. The one rule for the cost model, the profiler and the trainer.
     """
     multiple = divisible_by * tp
-    return int(math.ceil(vocab_size / multiple) * multiple)
+    return int(math.ceil((vocab_size + 1) / multiple) * multiple)
 
 
 # --------------------------------------------------------------------------- parameters

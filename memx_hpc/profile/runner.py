@@ -67,9 +67,6 @@ __all__ = ["RunSettings", "ProfileTask", "PointFailure", "TaskResult", "run_task
 
 ENV_FAIL = "MEMX_PROFILE_FAIL"
 ENV_FAIL_STATE = "MEMX_PROFILE_FAIL_STATE"
-#: Megatron-LM's ``--make-vocab-size-divisible-by`` default: the vocabulary is padded to a
-#: multiple of this times TP (megatron/training/tokenizer, ``_vocab_size_with_padding``).
-VOCAB_DIVISIBLE_BY = 128
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -472,11 +469,6 @@ def _measure(ctx: _Ctx, point: ProfilePoint) -> LayerSample | None:
 # --------------------------------------------------------------------------- modules
 
 
-def _padded_vocab(v: int, tp: int) -> int:
-    m = VOCAB_DIVISIBLE_BY * tp
-    return ((v + m - 1) // m) * m
-
-
 def _build(ctx: _Ctx, point: ProfilePoint) -> tuple[Any, Callable[[], Any], Any, list[Any]]:
     """(module, forward() -> output, the tensor to free from the activation count, excluded storages)."""
     import torch
@@ -500,7 +492,9 @@ def _build(ctx: _Ctx, point: ProfilePoint) -> tuple[Any, Callable[[], Any], Any,
         mask = mc.causal_mask(seq, dev)
         return layer, (lambda: mc.layer_forward(layer, x, mask, recompute=point.recompute)), x, [mask]
     cfg = mc.layer_config(s)
-    vocab = _padded_vocab(sh.vocab_size, point.tp)
+    from ..model.analytic import padded_vocab_size
+
+    vocab = padded_vocab_size(sh.vocab_size, point.tp)  # the rows the trainer allocates
     if point.kind == "embedding":
         from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 

@@ -32,7 +32,6 @@ rendezvous (rank 0's host).
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import socket
 import sys
@@ -92,15 +91,6 @@ def _set_threads() -> None:
     import torch
 
     torch.set_num_threads(max(n, 1))
-
-
-def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
-    """Megatron-LM's vocabulary padding for the NullTokenizer (``_vocab_size_with_padding``
-    in megatron/training/tokenizer): the tokenizer adds one EOD token, then the size is
-    rounded up to a multiple of ``make_vocab_size_divisible_by * tp``."""
-    with_eod = vocab_size + 1
-    multiple = divisible_by * tp
-    return int(math.ceil(with_eod / multiple) * multiple)
 
 
 def _log(rank: int, msg: str) -> None:
@@ -289,7 +279,9 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         gradient_accumulation_fusion=False,
         deallocate_pipeline_outputs=True,
     )
-    vocab = padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by, tp)
+    from ..model.analytic import padded_vocab_size
+
+    vocab = padded_vocab_size(args.vocab_size, tp, args.make_vocab_size_divisible_by)
     pre = ps.is_pipeline_first_stage()
     post = ps.is_pipeline_last_stage()
     spec = get_gpt_layer_local_spec(normalization=args.normalization)

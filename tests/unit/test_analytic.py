@@ -19,7 +19,11 @@ from memx_hpc.spec import LayerShape, site_from_mapping
 def test_seven_billion_matches_megatron_core_exactly():
     m = preset("Llama-2-7B")
     closed = A.stage_params(m, m.num_layers, first=True, last=True, tp=1, pp=1)
-    assert closed == 6_738_415_616  # ml-stack.md: GPTModel under torch.device("meta")
+    # ml-stack.md: GPTModel under torch.device("meta") with the tokenizer's 32,000 rows has
+    # 6,738,415,616; launched with the NullTokenizer (32,000 + EOD, padded to 32,128) the
+    # untied embedding and output layer each hold 128 rows more
+    assert A.padded_vocab_size(m.vocab_size) == 32_128
+    assert closed == 6_738_415_616 + 2 * 128 * m.hidden_size
 
 
 @pytest.mark.slow

@@ -13,7 +13,8 @@ import pytest
 
 from memx_hpc.train.args import parse_args
 from memx_hpc.train.logs import iteration_line, memory_line, parse_log
-from memx_hpc.train.pretrain_gpt import dist_env, padded_vocab_size
+from memx_hpc.model.analytic import padded_vocab_size
+from memx_hpc.train.pretrain_gpt import dist_env
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -114,9 +115,9 @@ def test_rank_from_torchrun_then_slurm_variables() -> None:
 
 def test_vocab_padding_is_megatrons() -> None:
     # NullTokenizer adds EOD; pad to a multiple of make_vocab_size_divisible_by * tp
-    assert padded_vocab_size(1024, 128, 1) == 1152
-    assert padded_vocab_size(50257, 128, 2) == 50432
-    assert padded_vocab_size(127, 128, 1) == 128
+    assert padded_vocab_size(1024, 1, 128) == 1152
+    assert padded_vocab_size(50257, 2, 128) == 50432
+    assert padded_vocab_size(127, 1, 128) == 128
 
 
 def test_log_lines_round_trip() -> None:
