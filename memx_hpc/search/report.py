@@ -456,7 +456,7 @@ def coverage(site: Site, summary: Sequence[Mapping[str, Any]], e2e_records: Sequ
 
 def coverage_table(rows: Sequence[Mapping[str, Any]], *, file=None) -> None:
     """The coverage rows as a table that fits 120 columns, with a one-line footer."""
-    from ..cli.common import TABLE_WIDTH, table
+    from ..tables import TABLE_WIDTH, table
     table([[r["gpu_type"], ",".join(r["partitions"]), r["samples"], r["e2e_runs"],
             r["data"] + (f" (same chip as {r['via']})" if r["via"] else ""), f"+-{r['memory_error']:.0%}"]
            for r in rows],
