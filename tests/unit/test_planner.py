@@ -34,16 +34,19 @@ def test_library_plan_matches_the_cli_and_writes_its_files(tmp_path, capsys):
     # no store: every number is a datasheet estimate, and the notes say so
     assert set(result.provenance.values()) == {"datasheet-only"}
     assert any("no profile store" in n for n in result.notes)
+    # each run writes into a folder of its own under out_dir, 'latest' pointing at it
+    run = result.out_dir
+    assert run.parent == tmp_path / "out" and (tmp_path / "out" / "latest").resolve() == run.resolve()
     for name in ("plan-01.json", "plan-03.json", "pareto.png", "summary.json"):
-        assert str(tmp_path / "out" / name) in result.files and (tmp_path / "out" / name).is_file()
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+        assert str(run / name) in result.files and (run / name).is_file()
+    summary = json.loads((run / "summary.json").read_text())
     assert summary["job"] == "tiny-gpt" and set(summary.get("files", [])) <= set(result.files)
     # the CLI is a thin wrapper: the same request gives the same ranking
     rc = main(["search", "--site", SITE, "--job", JOB, "--store", str(tmp_path / "store.h5"), "--out",
                str(tmp_path / "cli"), "--top", "3", "--max-stages", "2", "--json"])
     assert rc == 0
     cli = json.loads(capsys.readouterr().out)
-    assert [t["index"] for t in cli["top"]] == [s.index for s in result.search.top]
+    assert [t["index"] for t in cli["top"]] == [s.index for s in result.ranked]
 
 
 def test_write_false_writes_nothing(tmp_path):
@@ -102,4 +105,4 @@ def test_plan_with_a_locked_store_goes_on_when_asked(tmp_path, capsys, flag, not
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert any(note in n for n in out["notes"]), out["notes"]
-    assert (tmp_path / "out" / "plan-01.json").is_file()
+    assert (tmp_path / "out" / "latest" / "plan-01.json").is_file()
