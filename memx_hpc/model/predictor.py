@@ -38,16 +38,19 @@ whose data hash differs from ``expected_data_hash`` (a stale model), with a Spec
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import os
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import SpecError
+from ..errors import SpecError, SystemFailure
 from ..spec import LayerSample
 from . import anchors as anchors_mod
 from . import augment as augment_mod
@@ -378,24 +381,41 @@ class Predictor:
         path = Path(path)
         if path.suffix != ".ubj":
             raise SpecError("predictor files are XGBoost UBJSON", field="path", found=str(path), allowed="*.ubj")
-        path.parent.mkdir(parents=True, exist_ok=True)
         meta = json.dumps(self._meta(), sort_keys=True)
         for i, b in enumerate(self.boosters_):
             if b is None:
                 continue
             b.set_attr(memx_meta=meta, memx_part=str(i))
             target = path if i == 0 else path.with_name(path.stem + f".part{i}.ubj")
-            tmp = target.with_name(target.name + ".tmp.ubj")
-            b.save_model(str(tmp))
-            tmp.replace(target)  # atomic: a reader never sees half a model
+            # a temporary name of this process alone: two fits at once each replace whole files
+            tmp = target.with_name(f".{target.stem}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp.ubj")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                b.save_model(str(tmp))
+                os.replace(tmp, target)  # atomic: a reader never sees half a model
+            except (OSError, _xgb().core.XGBoostError) as e:
+                why = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1]
+                raise SystemFailure(f"{target}: cannot write the predictor: {why}") from None
+            finally:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
         return path
 
     @classmethod
     def load(cls, path: str | Path, expected_data_hash: str | None = None, *, site: Any = None) -> "Predictor":
         """Load a saved predictor; refuse a foreign file, another feature schema, or (when
         ``expected_data_hash`` is given) a model fitted on other data."""
+        if Path(path).is_dir():
+            raise SystemFailure(f"{path}: a folder where the predictor file should be")
+        try:
+            return cls._load(Path(path), expected_data_hash, site=site)
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError, _xgb().core.XGBoostError) as e:
+            # random bytes, a truncated file, metadata of the wrong shape
+            raise SpecError(f"not a predictor file memx-hpc can read ({type(e).__name__})", file=str(path)) from None
+
+    @classmethod
+    def _load(cls, path: Path, expected_data_hash: str | None, *, site: Any) -> "Predictor":
         xgb = _xgb()
-        path = Path(path)
         if not path.is_file():
             raise SpecError("predictor file not found", file=str(path))
         b0 = xgb.Booster()
