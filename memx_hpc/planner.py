@@ -248,6 +248,13 @@ def load_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[
     calibrated by the end-to-end runs the store holds for the site (see
     :mod:`memx_hpc.model.calibrate`) unless ``calibrate`` is False or ``analytic`` is set."""
     model = _uncalibrated_cost_model(site, job, store_path, analytic=analytic, notes=notes, fit=fit)
+    # every p2p and collective of the composition reads the site's link curves: measured
+    # and imported ones from the store, the site's figures (labelled so) for the rest
+    from .profile.comm import load_links
+    model.links = load_links(site, store_path if store_path.is_file() else None)
+    fallback = [r["link"] + " " + r["scope"] for r in model.links.describe() if r["provenance"] == "site-figure"]
+    if fallback:
+        notes.append("links from the site file's figures (no measured or imported curve): " + ", ".join(fallback))
     if analytic or not calibrate or not store_path.is_file():
         return model
     return calibrated(model, site, job, store_path, notes)

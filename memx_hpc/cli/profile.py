@@ -57,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--points-per-task", type=int, default=None, metavar="N",
                    help="most points one array task measures (default: 6; each task pays a Python start)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--links", action="store_true",
+                   help="also measure the communication curves (p2p, all-reduce over message sizes) inside a node, "
+                        "between nodes of each partition and between every pair of partitions (Slurm only)")
     # The actions are sub-subcommands, so that options may come before or after them and
     # `profile --site S --job J` (no action) still profiles.
     acts = p.add_subparsers(dest="action", metavar="ACTION")
@@ -161,12 +164,16 @@ def _import(store, args: argparse.Namespace) -> int:
             raise SpecError(f"the {args.format} importer is not available in this installation ({e})") from None
         samples = import_sailor(path) if args.format == "sailor" else import_cephalo(path)
     added = store.append(samples)
+    curves = 0
+    if args.format == "sailor" and (path / "network_coeffs_all_homo.json").is_file():
+        from ..profile.comm import import_sailor_comm, write_comm_curves
+        curves = write_comm_curves(store.path, import_sailor_comm(path))  # Sailor's network curves
     if args.json:
         emit_json({"store": str(store.path), "read": len(samples), "added": added,
-                   "duplicates_skipped": len(samples) - added})
+                   "duplicates_skipped": len(samples) - added, "link_curves": curves})
     else:
         print(f"{store.path}: read {len(samples)} samples from {path} ({args.format}), added {added}, "
-              f"skipped {len(samples) - added} already stored")
+              f"skipped {len(samples) - added} already stored" + (f"; {curves} network curves" if curves else ""))
     return 0
 
 
@@ -231,4 +238,15 @@ def _profile(args: argparse.Namespace) -> int:
         what = (f"{f.point.gpu_type} {f.point.kind} tp={f.point.tp} mbs={f.point.micro_batch_size} "
                 f"recompute={f.point.recompute}" if f.point else "task")
         print(f"  failed after {f.attempts} attempt(s): {what} [{f.partition}]: {f.reason}", file=sys.stderr)
+    if args.links:
+        from ..profile.comm import profile_comm
+        if report.scheduler != "slurm":
+            print("links: not measured (the comm jobs need Slurm: a hetjob per pair of partitions)", file=sys.stderr)
+        else:
+            rep = profile_comm(site, store.path, site.resolve(site.work_dir) / "comm")
+            print(f"links: {rep.written} curves from {len(rep.jobs)} job(s), {rep.task_seconds:.0f} task-seconds")
+            for f in rep.failures:
+                print(f"  links failed: {f}", file=sys.stderr)
+            if rep.failures:
+                return 2
     return 2 if report.failed else 0
