@@ -239,7 +239,7 @@ def _profile(args: argparse.Namespace) -> int:
                 f"recompute={f.point.recompute}" if f.point else "task")
         print(f"  failed after {f.attempts} attempt(s): {what} [{f.partition}]: {f.reason}", file=sys.stderr)
     if args.links:
-        from ..profile.comm import profile_comm
+        from ..slurm.comm import profile_comm
         if report.scheduler != "slurm":
             print("links: not measured (the comm jobs need Slurm: a hetjob per pair of partitions)", file=sys.stderr)
         else:

@@ -798,6 +798,7 @@ class ProfileStore:
                     g.attrs[_COMMITTED] = n
                 e2e = _new_table(f.create_group("e2e"), E2E_COLUMNS)
                 e2e.attrs[_COMMITTED] = _append_rows(e2e, E2E_COLUMNS, list(snap.e2e))
+                self._carry_other_groups(f)
                 f.flush()
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -810,6 +811,21 @@ class ProfileStore:
                 tmp.unlink()
         self._cache_key, self._cache = None, None
         self._digest_key, self._digest_cache = None, {}
+
+    def _carry_other_groups(self, f: Any) -> None:
+        """Groups other tables keep in the same file (``/comm``: the link curves of
+        :mod:`memx_hpc.profile.comm`, with their own writer under this lock) move into a
+        rewritten file as they are."""
+        import h5py
+        if not self.path.exists():
+            return
+        try:
+            with h5py.File(self.path, "r", locking=False) as old:
+                for name in old:
+                    if name not in ("gpu", "e2e") and name not in f:
+                        old.copy(name, f)
+        except (OSError, KeyError, RuntimeError) as e:
+            warnings.warn(f"{self.path}: could not carry other tables into the rewritten store: {e}", stacklevel=3)
 
     def _clean_temps(self) -> None:
         """Remove temporary files left by writers that were killed mid-write."""

@@ -9,8 +9,8 @@ import pytest
 
 from memx_hpc.datapaths import shared_data
 from memx_hpc.model.links import CommCurve
-from memx_hpc.profile.comm import (comm_jobs, import_sailor_comm, load_links, read_comm_curves, render_comm_script,
-                                   write_comm_curves)
+from memx_hpc.profile.comm import comm_jobs, import_sailor_comm, load_links, read_comm_curves, write_comm_curves
+from memx_hpc.slurm.comm import render_comm_script
 from memx_hpc.profile.store import ProfileStore
 from memx_hpc.spec import LayerSample, LayerShape, Partition, ProfilePoint, Site
 
@@ -75,6 +75,14 @@ def test_store_table_keeps_samples_and_replaces_a_curve_by_key(tmp_path):
     inter = next(c for c in curves if c.scope == "inter")
     assert inter.times_ms == (0.3, 7.0) and inter.source == "run 2"
     assert len(ProfileStore(path).samples()) == 1  # the layer table is untouched
+    # and the curves outlive the store's own writes: an append in place, and a whole rewrite
+    more = LayerSample(point=point.__class__(**{**point.__dict__, "micro_batch_size": 2}), forward_ms=2.0,
+                       backward_ms=4.0, activation_bytes=20, peak_allocated_bytes=200, origin="measured", source="t")
+    ProfileStore(path).append([more])
+    st = ProfileStore(path)
+    with st.writer():
+        st._write(st._read())
+    assert len(read_comm_curves(path)) == 2 and len(ProfileStore(path).samples()) == 2
     lm = load_links(site3(), path)
     assert lm.p2p(1e8, "a", "a").ms == pytest.approx(7.0)
     assert lm.p2p(1e8, "a", "v").provenance == "measured"

@@ -1,0 +1,178 @@
+"""Submitting the communication-curve jobs of :mod:`memx_hpc.profile.comm` through Slurm.
+
+Each job is an sbatch script (a hetjob with one component per partition for a pair of
+partitions: ``srun A : B`` gives one step whose ranks are contiguous across the
+components, each component with its own partition's setup, environment and Python).
+All comm jobs share one job name and ``--dependency=singleton``: Slurm runs them one at
+a time, so no measurement shares its links with another. The login node waits for each
+job, reads what rank 0 wrote, and stores the curves in the profile store's ``/comm``
+table (:func:`memx_hpc.profile.comm.write_comm_curves`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import SpecError, SystemFailure
+from ..profile.comm import COMM_SIZES_BYTES, CommJob, comm_jobs, write_comm_curves
+from .dispatch import resolve_python
+
+__all__ = ["CommReport", "render_comm_script", "profile_comm", "main"]
+
+
+# --------------------------------------------------------------------------- the job script
+
+
+def render_comm_script(job: CommJob, site: Any, *, task_file: Path, out_file: Path, log_dir: Path) -> str:
+    """The sbatch script of ``job``: a hetjob for ``cross`` (one component per partition),
+    a plain job otherwise. Every value that reaches the shell is quoted."""
+    q = shlex.quote
+    lines = ["#!/bin/bash"]
+    for k, part_name in enumerate(job.partitions):
+        part = site.partition(part_name)
+        if k:
+            lines.append("#SBATCH hetjob")
+        opts = [f"--partition={part.name}", f"--nodes={job.nodes[k]}", f"--ntasks-per-node={job.tasks_per_node[k]}",
+                f"--time={part.time_limit_min or site.time_limit_min}"]
+        if k == 0:
+            # one name for every comm job and --dependency=singleton: they run one at a time,
+            # so no measurement shares its links (or, here, its cores) with another
+            opts += ["--job-name=memx-comm", "--dependency=singleton",
+                     f"--output={log_dir / ('comm-' + job.name + '-%j.out')}"]
+        gpu = site.gpu(part.gpu_type)
+        if part.gres_type:
+            opts.append(f"--gres=gpu:{part.gres_type}:{job.tasks_per_node[k]}")
+        elif gpu.vendor != "cpu":
+            opts.append(f"--gpus-per-node={job.tasks_per_node[k]}")
+        if part.cpus_per_task:
+            opts.append(f"--cpus-per-task={part.cpus_per_task}")
+        for key, val in (("account", part.account or site.account), ("qos", part.qos or site.qos)):
+            if val:
+                opts.append(f"--{key}={val}")
+        lines += [f"#SBATCH {q(o)}" for o in opts]
+    # one step over all components (``srun A : B``: ranks contiguous across them), each
+    # component with its own partition's setup lines, environment and Python
+    root = Path(__file__).resolve().parents[2]
+    cmds = []
+    for part_name in job.partitions:
+        part = site.partition(part_name)
+        body = list(part.setup) + [f"export {k}={q(v)}" for k, v in part.env]
+        body.append(f"export PYTHONPATH={q(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}")
+        body.append(f"exec {q(resolve_python(site, part))} -m memx_hpc.profile.comm worker --task {q(str(task_file))} "
+                    f"--out {q(str(out_file))}")
+        cmds.append(f"bash -c {q('; '.join(body))}")
+    lines.append("srun " + " : ".join(cmds))
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- on the login node
+
+
+@dataclass
+class CommReport:
+    """What :func:`profile_comm` did: curves written, and the jobs that failed (with why)."""
+
+    written: int = 0
+    jobs: list[dict] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    task_seconds: float = 0.0  # measured: each job's rank-0 run time times its ranks
+
+
+def profile_comm(site: Any, store_path: Path, work_dir: Path, *, sizes_bytes: Sequence[int] = COMM_SIZES_BYTES,
+                 timeout_s: float = 600.0, jobs: Sequence[CommJob] | None = None) -> CommReport:
+    """Submit every comm job of ``site`` through ``sbatch``, wait for them, store the curves."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    jobs = list(jobs) if jobs is not None else comm_jobs(site, sizes_bytes=sizes_bytes)
+    report = CommReport()
+    submitted = []
+    for job in jobs:
+        task = work_dir / f"comm-{job.name}.task.json"
+        out = work_dir / f"comm-{job.name}.out.json"
+        for stale in (out, out.with_suffix(".rdzv")):
+            if stale.exists():
+                stale.unlink()
+        task.write_text(json.dumps(asdict(job)))
+        script = work_dir / f"comm-{job.name}.sbatch"
+        script.write_text(render_comm_script(job, site, task_file=task, out_file=out, log_dir=work_dir))
+        try:
+            r = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60,
+                               stdin=subprocess.DEVNULL, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise SystemFailure(f"sbatch could not be run for {script}: {e}") from None
+        if r.returncode != 0:
+            report.failures.append(f"{job.name}: sbatch refused {script}: {r.stderr.strip()[:300]}")
+            continue
+        submitted.append((job, r.stdout.strip().split(";")[0], out, time.monotonic()))
+    deadline = time.monotonic() + timeout_s
+    curves: list[dict] = []
+    for job, job_id, out, t0 in submitted:
+        while time.monotonic() < deadline and _queued(job_id):
+            time.sleep(0.5)
+        if _queued(job_id):
+            subprocess.run(["scancel", job_id], capture_output=True, check=False, stdin=subprocess.DEVNULL)
+            report.failures.append(f"{job.name}: job {job_id} did not finish within {timeout_s:.0f} s (cancelled)")
+            continue
+        wall = time.monotonic() - t0
+        if not out.is_file():
+            report.failures.append(f"{job.name}: job {job_id} ended without results (log in {out.parent})")
+            continue
+        rows = json.loads(out.read_text())
+        report.task_seconds += float(rows[0]["provenance"].get("task_seconds", 0.0)) if rows else 0.0
+        report.jobs.append({"job": job.name, "slurm_job_id": job_id, "ranks": job.world_size,
+                            "wall_s": round(wall, 2)})
+        curves += rows
+    if curves:
+        report.written = write_comm_curves(store_path, curves)
+    return report
+
+
+def _queued(job_id: str) -> bool:
+    try:
+        r = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True, text=True, timeout=30,
+                           stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    return r.returncode == 0 and bool(r.stdout.strip())
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m memx_hpc.slurm.comm --site S [--store P]``: measure and store the site's links."""
+    ap = argparse.ArgumentParser(prog="python -m memx_hpc.slurm.comm",
+                                 description="Measure the site's communication curves (p2p, all-reduce) as Slurm "
+                                             "jobs and store them in the profile store.")
+    ap.add_argument("--site", required=True)
+    ap.add_argument("--store", default=None)
+    ap.add_argument("--timeout-s", type=float, default=600.0)
+    args = ap.parse_args(argv)
+    from ..spec import load_site
+    try:
+        site = load_site(args.site)
+        store = Path(args.store) if args.store else site.resolve(site.store_path)
+        rep = profile_comm(site, store, site.resolve(site.work_dir) / "comm", timeout_s=args.timeout_s)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except SystemFailure as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for j in rep.jobs:
+        print(f"{j['job']}: job {j['slurm_job_id']}, {j['ranks']} ranks, {j['wall_s']} s")
+    for f in rep.failures:
+        print(f"failed: {f}", file=sys.stderr)
+    print(f"{rep.written} curve(s) written to {store}")
+    return 0 if not rep.failures else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
