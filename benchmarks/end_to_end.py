@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memx_hpc.cli.common import table  # noqa: E402
+from memx_hpc.tables import table  # noqa: E402
 from memx_hpc.datapaths import SOURCES, shared_data  # noqa: E402
 from memx_hpc.model.api import AnalyticCostModel  # noqa: E402
 from memx_hpc.model.compose import memory_scale_of, predict_general, predict_plan  # noqa: E402

@@ -116,7 +116,7 @@ def main() -> None:
         worker(json.loads(args.worker))
         return
 
-    from memx_hpc.cli.common import table
+    from memx_hpc.tables import table
     from memx_hpc.datapaths import SOURCES, sailor_dir
 
     tmp = Path(tempfile.mkdtemp(prefix="memx-speed-"))

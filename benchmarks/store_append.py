@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memx_hpc.cli.common import table  # noqa: E402
+from memx_hpc.tables import table  # noqa: E402
 from memx_hpc.profile.store import ProfileStore  # noqa: E402
 from memx_hpc.spec import LayerSample, LayerShape, ProfilePoint  # noqa: E402
 

@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                 dict(row["pred"]["fitted"])
         names = list(models) + ["fitted+calibration (LOO)"]
 
-    from memx_hpc.cli.common import table
+    from memx_hpc.tables import table
 
     MiB = 2**20
     print()

@@ -178,7 +178,9 @@ def store_paths(site: Site, store: str | Path | None = None) -> StorePaths:
     """Where a site's store, cache and predictor are. An explicit ``store`` keeps its cache
     beside it unless the site names a cache file; the predictor always sits beside the store."""
     path = Path(store) if store else site.store
-    cache = site.cache if (site.cache_path or not store) else path.with_suffix(".cache.sqlite")
+    # an explicit store: the site's own rule (Site.cache) applied to it, i.e. the site's
+    # cache_path when it names one, else the cache beside that store
+    cache = dataclasses.replace(site, store_path=str(path.absolute())).cache if store else site.cache
     return StorePaths(store=path, cache=cache, predictor=path.with_suffix(".predictor.ubj"))
 
 
