@@ -218,26 +218,10 @@ def stage_layout(site: Site, stage_partitions: Sequence[str], tp: int, dp: int) 
     node, the partition's network otherwise; across partitions the site's link. A DP
     group inside one node uses the intra-node link.
     """
-    w = tp * dp
-    slots: list[int] = []
-    used: dict[str, int] = {}
-    for name in stage_partitions:
-        slots.append(used.get(name, 0))
-        used[name] = used.get(name, 0) + w
-    links = []
-    for i in range(len(stage_partitions) - 1):
-        a, b = stage_partitions[i], stage_partitions[i + 1]
-        if a != b:
-            links.append(site.link_gbps(a, b))
-            continue
-        gpn = site.partition(a).gpus_per_node
-        same = all((slots[i] + r) // gpn == (slots[i + 1] + r) // gpn for r in range(w))
-        links.append(site.intra_gbps(a) if same else site.link_gbps(a, a))
-    dps = []
-    for i, name in enumerate(stage_partitions):
-        gpn = site.partition(name).gpus_per_node
-        one_node = slots[i] // gpn == (slots[i] + w - 1) // gpn
-        dps.append(site.intra_gbps(name) if one_node else site.link_gbps(name, name))
+    bounds, one_node = stage_links(site, stage_partitions, tp, dp)
+    links = [site.intra_gbps(a) if same else site.link_gbps(a, b) for a, b, same in bounds]
+    dps = [site.intra_gbps(name) if one else site.link_gbps(name, name)
+           for name, one in zip(stage_partitions, one_node)]
     return links, dps
 
 
