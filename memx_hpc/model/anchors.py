@@ -73,8 +73,9 @@ class _Series:
     kind: str
     cfg: tuple
     shape: LayerShape
-    # tp -> rows [mbs, r_time, r_mem, log_flops]
+    # tp -> rows [mbs, r_time, r_mem, log_flops, log_roofline_ms]
     by_tp: dict[int, list[list[float]]] = field(default_factory=dict)
+    skey: tuple = ()
 
     def finish(self) -> None:
         for tp, rows in self.by_tp.items():
@@ -201,7 +202,7 @@ class Anchors:
             key = (g.name, q.kind, _cfg(q), _shape_key(q.shape))
             ser = series.get(key)
             if ser is None:
-                ser = series[key] = _Series(gpu=g.name, kind=q.kind, cfg=_cfg(q), shape=q.shape)
+                ser = series[key] = _Series(gpu=g.name, kind=q.kind, cfg=_cfg(q), shape=q.shape, skey=key[3])
                 self.by_chip[(g.chip_id, q.kind)].append(ser)
             ser.by_tp.setdefault(q.tp, []).append([float(q.micro_batch_size), rt, rm, math.log(max(c["flops"], 1.0)),
                                                    math.log(roof)])
@@ -309,7 +310,7 @@ class Anchors:
         pc = _PRECISION_CLASS[q.precision]
         cfg = _cfg(q)
         shape = _shape_key(q.shape)
-        same_shape = [s for s in pool if _shape_key(s.shape) == shape and s.cfg[0] == q.precision
+        same_shape = [s for s in pool if s.skey == shape and s.cfg[0] == q.precision
                       and s.cfg[1] == q.attention]
         exact_cfg = [s for s in same_shape if s.cfg == cfg]
         if exact_cfg or same_shape:

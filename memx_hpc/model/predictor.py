@@ -20,15 +20,22 @@ TP held out between profiled ones: 0.8 % vs 1.5 %); the prior is kept because it
 no extra fit and cannot carry an imputer's extrapolation into the joint fit (an earlier
 version, fitted also on Sailor's embedding/head bytes, reached 48 % that way).
 
-Two boosters. A query whose series (GPU type, kind, shape, precision, attention,
-recompute) has profiled points is answered by a booster that also sees those neighbours
-(their log ratios below and above the query's micro-batch, interpolated; see
-:class:`memx_hpc.model.features.NeighbourTable`); any other query — a GPU type or a shape
-never profiled — by the booster of shape, physics and datasheet features alone. Both are
-two-output boosters fitted on the same rows. One booster for both regimes was tried:
-trained with neighbours it failed without them (above 400 % MAPE on unseen GPU types);
-trained also on copies without neighbours, its interpolation error rose from 2.7 % / 2.2 %
-to 4.5 % / 2.9 % (Sailor / Cephalo layers).
+Who answers the time. The trees do not, wherever a GPU chip has measurements: there
+:mod:`memx_hpc.model.anchors` answers -- the measurement itself at a measured point (the
+GH200 OPT-350 TP 4 layer is its sample, not 1.30x it), log-log interpolation along a
+measured series, and beyond the measured range or for a shape never run on the chip the
+roofline times an achieved-efficiency curve learned from all measured chips plus the
+chip's own offset (monotone in work, never below the roofline, labelled
+``extrapolated``). A chip never measured gets the same curve at the median chip's offset:
+the efficiency measured chips reach on work of the same size relative to the GPU. This
+replaced a second booster that saw the neighbouring profiled points: its interpolation
+error was similar (2.7 % / 2.2 % on held-out micro-batches), but it returned 1.30x a
+profiled sample, and outside the profiled shapes the trees' flat edges made an A100 layer
+at hidden 12288 and TP 8 13x its roofline and TP 2 slower than TP 1. The pooled curve
+also beat this booster on unseen chips in the dev split of ``benchmarks/accuracy.py``
+(leave-one-type-out mean 31 % vs 37 %; H100-NVL from pre-Hopper types 17 % vs 28 %).
+The booster stays for the memory residual (bounded, :data:`MEMORY_RESIDUAL_BOUND`) and
+for a query of a kind and precision class no chip has measured.
 
 Persistence. ``save`` writes XGBoost's ``.ubj`` with the training-data hash, the feature
 schema and the fitted side tables (overhead and provenance per GPU type) stored as
