@@ -128,7 +128,7 @@ class Table:
 
     def print(self) -> None:
         hdr = ["section", "what", "split", "model", "MAPE", "median APE", "max APE", "n", "goal"]
-        cells = [[r["section"], r["what"], r["split"], r["model"], _pct(r["mape"]), _pct(r["median_ape"]),
+        cells = [[r["section"], r["what"], r.get("split", ""), r["model"], _pct(r["mape"]), _pct(r["median_ape"]),
                   _pct(r["max_ape"]), str(r["n"]), r["goal"]] for r in self.rows]
         w = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(hdr)]
         right = {4, 5, 6, 7}
@@ -389,7 +389,8 @@ def store_memory_rows(store_path: str | None, site_path: str, P, tab: Table) -> 
     against the analytic formula and the predictor (leave one micro-batch size out).
     A hook: rows appear once a store with measured layer samples is given."""
     if not store_path or not Path(store_path).is_file():
-        tab.rows.append({"section": "5 memory", "what": "own measurements (--store)", "model": "(no store given)",
+        tab.rows.append({"section": "5 memory", "what": "own measurements (--store)", "split": "",
+                         "model": "(no store given)",
                          "mape": float("nan"), "median_ape": float("nan"), "max_ape": float("nan"), "n": 0,
                          "goal": GOALS["memory"]})
         return

@@ -37,8 +37,8 @@ tokens faster). An answer for a shape never measured never drops below the roofl
 (Sailor's embedding and head timings are, where the roofline counts work they skip).
 
 Memory (activation bytes) is anchored the same way on the analytic formula where a series
-measured it (exact, or interpolated along the series); elsewhere the caller keeps the
-analytic prior with a bounded learned residual.
+of the same shape and configuration measured it, on any GPU (exact, or interpolated along
+the series); elsewhere the caller keeps the analytic prior with a bounded learned residual.
 """
 
 from __future__ import annotations
@@ -187,6 +187,7 @@ class Anchors:
         self.gpus = gpus
         series: dict[tuple, _Series] = {}
         self.by_chip: dict[tuple[str, str], list[_Series]] = defaultdict(list)
+        self.by_shape: dict[tuple, list[_Series]] = defaultdict(list)
         self.gpu_names: set[str] = set()
         self.chip_of: dict[str, str] = {}
         for row in self.rows:
@@ -204,6 +205,7 @@ class Anchors:
             if ser is None:
                 ser = series[key] = _Series(gpu=g.name, kind=q.kind, cfg=_cfg(q), shape=q.shape, skey=key[3])
                 self.by_chip[(g.chip_id, q.kind)].append(ser)
+                self.by_shape[(q.kind, key[3], _cfg(q))].append(ser)
             ser.by_tp.setdefault(q.tp, []).append([float(q.micro_batch_size), rt, rm, math.log(max(c["flops"], 1.0)),
                                                    math.log(roof)])
             self.gpu_names.add(g.name)
@@ -323,6 +325,17 @@ class Anchors:
                 return rt, math.nan, "extrapolated"
             return rt, rm, "measured" if exact else ("interpolated" if inside else "extrapolated")
         return self._work(pool, q, g, pc)
+
+    def memory(self, q: LayerQuery) -> float:
+        """Log ratio of the activation bytes to the analytic formula from a series of the same
+        kind, shape and configuration measured on *any* GPU (activation bytes are the
+        model's, not the chip's: Sailor's llm_info.json bytes answer a GPU never profiled),
+        interpolated along it; NaN when no such series measured memory."""
+        for ser in self.by_shape.get((q.kind, _shape_key(q.shape), _cfg(q)), ()):
+            rm = self._series(ser, q)[1]
+            if not math.isnan(rm):
+                return rm
+        return math.nan
 
     @staticmethod
     def _series(ser: _Series, q: LayerQuery) -> tuple[float, float, bool, bool]:
