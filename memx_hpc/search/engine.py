@@ -450,43 +450,38 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
 _SPARE = 4
 
 
+def _distinct(space: PlanSpace, indices, top_k: int) -> list[int]:
+    """Positions in ``indices`` of the first index of each distinct runnable plan, at most ``top_k``."""
+    seen: set = set()
+    keep = []
+    for j, i in enumerate(indices):
+        plan = space.plan_at(int(i))
+        if plan in seen:
+            continue
+        seen.add(plan)
+        keep.append(j)
+        if len(keep) == top_k:
+            break
+    return keep
+
+
 def _keep_distinct(space: PlanSpace, k: _Keeper, top_k: int) -> None:
     for name in ("score", "time"):
         keys, idx = getattr(k, name)
-        seen: set = set()
-        keep = []
-        for j, i in enumerate(idx):
-            plan = space.plan_at(int(i))
-            if plan in seen:
-                continue
-            seen.add(plan)
-            keep.append(j)
-            if len(keep) == top_k:
-                break
-        keep_a = np.asarray(keep, dtype=np.int64)
+        keep_a = np.asarray(_distinct(space, idx, top_k), dtype=np.int64)
         setattr(k, name, (keys[keep_a], idx[keep_a]))
 
 
 def _recommended_order(space: PlanSpace, k: _Keeper, top_k: int) -> None:
     """``k.recommended``: the recommended ranking's plan indices (distinct plans, at most
     ``top_k``): the plans within the time noise of the fastest risk-feasible plan by
-    widened memory x imbalance (then time, then index), followed by the other
-    risk-feasible plans by time."""
+    widened worst-GPU utilisation and balance (then time, then index), followed by the
+    other risk-feasible plans by time."""
     bt, bk, bi = k.band
     order = np.lexsort((bi, bt, bk))
     in_band = set(int(i) for i in bi)
     cands = [int(i) for i in bi[order]] + [int(i) for i in k.safe[1] if int(i) not in in_band]
-    seen: set = set()
-    out = []
-    for i in cands:
-        plan = space.plan_at(i)
-        if plan in seen:
-            continue
-        seen.add(plan)
-        out.append(i)
-        if len(out) == top_k:
-            break
-    k.recommended = np.asarray(out, dtype=np.int64)
+    k.recommended = np.asarray([cands[j] for j in _distinct(space, cands, top_k)], dtype=np.int64)
 
 
 def _report_indices(k: _Keeper) -> np.ndarray:

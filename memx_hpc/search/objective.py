@@ -238,3 +238,19 @@ def tie_key(risk_util, balance):
     better balance. One number: percent x 1000 + balance (balance < 1000)."""
     r = np.floor(np.asarray(risk_util, dtype=np.float64) * 100.0 + 1e-9)
     return r * 1000.0 + np.minimum(np.asarray(balance, dtype=np.float64), 999.0)
+
+
+def pick_recommended(iteration_ms, risk_util, balance, feasible, *, noise: float = TIME_NOISE) -> int | None:
+    """Position of the recommended plan in a list of predicted plans (None: no plan is
+    risk-feasible): the rule above, as the search applies it, for callers that hold a
+    handful of plans (benchmarks, tests)."""
+    t = np.asarray(iteration_ms, dtype=np.float64)
+    r = np.asarray(risk_util, dtype=np.float64)
+    ok = np.asarray(feasible, dtype=bool) & (r <= 1.0) & np.isfinite(t)
+    idx = np.flatnonzero(ok)
+    if not len(idx):
+        return None
+    t0 = t[idx].min()
+    band = idx[t[idx] <= t0 * (1.0 + noise)]
+    key = tie_key(r[band], np.asarray(balance, dtype=np.float64)[band])
+    return int(band[np.lexsort((band, t[band], key))[0]])

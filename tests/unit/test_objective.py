@@ -133,3 +133,16 @@ def test_bands_follow_provenance_and_the_sites_own_runs():
     exact = [(Held(100), Rec(100)) for _ in range(4)]
     assert memory_error_bands(prov, calibrated=["cpu"], held_out=exact)["cpu"].fraction == \
         table_band("cpu", "calibrated").fraction
+
+
+def test_pick_recommended_follows_the_rule():
+    from memx_hpc.search.objective import pick_recommended
+    t = [100.0, 101.0, 101.5, 90.0, 120.0]
+    risk = [0.90, 0.60, 0.60, 1.10, 0.20]  # the fastest (90 ms) is inside the band: not risk-feasible
+    bal = [1.0, 1.3, 1.1, 1.0, 1.0]
+    feas = [True, True, True, True, True]
+    # 100 ms is the fastest safe plan; 101 and 101.5 are within 2 %; 60 % beats 90 %, then balance 1.1 wins
+    assert pick_recommended(t, risk, bal, feas) == 2
+    assert pick_recommended(t, risk, bal, feas, noise=0.0) == 0
+    assert pick_recommended(t, [1.5] * 5, bal, feas) is None
+    assert pick_recommended(t, risk, bal, [False, True, True, True, True]) == 2
