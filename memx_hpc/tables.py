@@ -44,11 +44,12 @@ def _fit(rows: list[list[str]], header: list[str], max_width: int) -> None:
     total = sum(widths) + 2 * (len(widths) - 1)
     if total <= max_width:
         return
-    text_cols = [i for i in range(len(header)) if not all(_isnum(r[i]) for r in rows)]
+    # only a long free-text column (stages, reasons) is shortened; names stay whole
+    text_cols = [i for i in range(len(header)) if widths[i] > 20 and not all(_isnum(r[i]) for r in rows)]
     if not text_cols:
         return
     i = max(text_cols, key=lambda j: widths[j])
-    room = max(len(header[i]), widths[i] - (total - max_width), 8)
+    room = max(len(header[i]), widths[i] - (total - max_width), 20)
     for r in rows:
         if len(r[i]) > room:
             r[i] = r[i][:room - 1] + "~"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_job, add_json, add_site, emit_json, table
+from .common import TABLE_WIDTH, add_job, add_json, add_site, emit_json, table
 
 HELP = "predict one plan file: iteration time, per-stage time, per-GPU peak memory"
 DESCRIPTION = """\
@@ -74,10 +74,15 @@ def run(args: argparse.Namespace) -> int:
     gpus = sorted({s.gpu_type for s in pred.stages})
     provenance = {g: model.provenance(g) for g in gpus}
     provenance.update({g: v for g, v in provenance_of(model, site).items() if g in gpus})
+    from ..planner import error_bands
+    from ..search.objective import risk_utilisation
+    bands = error_bands(model, site, job, store, notes)
+    risk = risk_utilisation(pred, bands)
     if args.json:
         d = pred.to_dict()
         d.update({"plan": str(args.plan), "general": isinstance(plan, GeneralPlan), "provenance": provenance,
-                  "notes": notes})
+                  "notes": notes, "risk_utilisation": risk,
+                  "memory_error": {g: b.fraction for g, b in bands.items() if g in gpus}})
         emit_json(d)
         return 0
     kind = "general plan (predict only; never rendered)" if isinstance(plan, GeneralPlan) else "plan"
@@ -88,13 +93,20 @@ def run(args: argparse.Namespace) -> int:
           f"balance {pred.balance:.3f}")
     if not pred.feasible:
         print(f"DOES NOT FIT: {pred.reason}")
+    else:
+        print(f"with each GPU type's expected peak-memory error ("
+              + ", ".join(f"{g} +{bands[g].fraction:.0%}" for g in gpus if g in bands)
+              + f"): fullest GPU at {risk:.0%} of its memory"
+              + (": fits" if risk <= 1.0 else ": MAY RUN OUT OF MEMORY (inside the error band)"))
     rows = []
     for s in pred.stages:
         rows.append([s.stage, s.replica, s.partition or "-", s.gpu_type, s.tp, s.num_layers, s.recompute,
                      s.forward_ms, s.backward_ms, s.in_flight, f"{s.peak_bytes / 2**30:.2f}",
                      f"{s.capacity_bytes / 2**30:.1f}", f"{s.utilisation:.1%}", s.grad_sync_ms, s.finish_ms])
-    table(rows, ["stage", "replica", "partition", "gpu", "tp", "layers", "recompute", "fwd ms", "bwd ms", "in flight",
-                 "peak GiB", "cap GiB", "util", "dp sync ms", "done ms"])
+    table(rows, ["stage", "rep", "partition", "gpu", "tp", "layers", "recompute", "fwd ms", "bwd ms", "in flight",
+                 "peak GiB", "cap GiB", "util", "dp ms", "done ms"], drop_empty=True, max_width=TABLE_WIDTH)
+    print("rep: data-parallel replica; in flight: micro-batches whose activations a stage holds at once; dp ms: "
+          "gradient synchronisation")
     print("numbers from: " + "; ".join(f"{g}: {PROVENANCE_WORDS.get(v, v)}" for g, v in provenance.items()))
     for n in notes:
         print(f"note: {n}")
