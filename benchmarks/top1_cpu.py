@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cross_vendor(store: str | None) -> int:
     """The recommended plan against the fastest plan that fits on the cross-vendor example."""
-    from memx_hpc.cli.common import table
+    from memx_hpc.tables import table
     from memx_hpc.datapaths import shared_data
     from memx_hpc.planner import PlanRequest, plan
     from memx_hpc.profile.importers import import_cephalo, import_sailor
@@ -520,7 +520,7 @@ def print_recommended(trial: int, rec: dict, names: list[str]) -> None:
 
 def print_trial_tables(rows: list[dict], names: list[str], weights) -> dict:
     """The per-plan table and the top-1 scores of one trial (plans that ran)."""
-    from memx_hpc.cli.common import table
+    from memx_hpc.tables import table
 
     ok = [r for r in rows if not r["failed"]]
     MiB = 2**20
