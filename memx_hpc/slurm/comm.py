@@ -24,6 +24,7 @@ from typing import Any, Sequence
 from ..errors import SpecError, SystemFailure
 from ..profile.comm import COMM_SIZES_BYTES, CommJob, comm_jobs, write_comm_curves
 from .dispatch import resolve_python
+from .render import submit, wait
 
 __all__ = ["CommReport", "render_comm_script", "profile_comm", "main"]
 
@@ -103,22 +104,22 @@ def profile_comm(site: Any, store_path: Path, work_dir: Path, *, sizes_bytes: Se
         script = work_dir / f"comm-{job.name}.sbatch"
         script.write_text(render_comm_script(job, site, task_file=task, out_file=out, log_dir=work_dir))
         try:
-            r = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60,
-                               stdin=subprocess.DEVNULL, check=False)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise SystemFailure(f"sbatch could not be run for {script}: {e}") from None
-        if r.returncode != 0:
-            report.failures.append(f"{job.name}: sbatch refused {script}: {r.stderr.strip()[:300]}")
+            job_id = submit(script)
+        except SystemFailure as e:
+            report.failures.append(f"{job.name}: {e}")
             continue
-        submitted.append((job, r.stdout.strip().split(";")[0], out, time.monotonic()))
+        submitted.append((job, job_id, out, time.monotonic()))
     deadline = time.monotonic() + timeout_s
     curves: list[dict] = []
     for job, job_id, out, t0 in submitted:
-        while time.monotonic() < deadline and _queued(job_id):
-            time.sleep(0.5)
-        if _queued(job_id):
+        try:
+            outcome = wait(job_id, timeout_s=max(deadline - time.monotonic(), 1.0), poll_s=0.5)
+        except SystemFailure:
             subprocess.run(["scancel", job_id], capture_output=True, check=False, stdin=subprocess.DEVNULL)
             report.failures.append(f"{job.name}: job {job_id} did not finish within {timeout_s:.0f} s (cancelled)")
+            continue
+        if outcome.state not in ("COMPLETED", "UNKNOWN"):
+            report.failures.append(f"{job.name}: job {job_id} ended {outcome.state} (log in {out.parent})")
             continue
         wall = time.monotonic() - t0
         if not out.is_file():
@@ -132,15 +133,6 @@ def profile_comm(site: Any, store_path: Path, work_dir: Path, *, sizes_bytes: Se
     if curves:
         report.written = write_comm_curves(store_path, curves)
     return report
-
-
-def _queued(job_id: str) -> bool:
-    try:
-        r = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True, text=True, timeout=30,
-                           stdin=subprocess.DEVNULL, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return True
-    return r.returncode == 0 and bool(r.stdout.strip())
 
 
 # --------------------------------------------------------------------------- command line

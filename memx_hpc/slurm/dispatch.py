@@ -600,7 +600,9 @@ def _run(site: Site, store: ProfileStore, ledger: _Ledger, kind: str, folder: Pa
                     counts["infeasible" if s.infeasible else "measured"] += 1
                 done_points += len(res.samples)
                 retry += [(f.point, a.attempt, f.reason) for f in res.failures]
-                rec.update(state="collected", failures=[f.reason for f in res.failures])
+                # what the task really cost: its run time on the node (rank 0), times its ranks
+                rec.update(state="collected", failures=[f.reason for f in res.failures], wall_s=round(res.wall_s, 3),
+                           collected_at=time.time())
             active = still
             ledger.save()
             if retry:
