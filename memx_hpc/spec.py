@@ -23,11 +23,12 @@ import os
 import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
 from .errors import SpecError
+from .shellsafe import check_entry, check_path, check_setup_line
 
 VENDORS = ("nvidia", "amd", "intel", "cpu")
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -36,6 +37,8 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 ATTENTIONS = ("sdpa", "core")
 SCHEDULERS = ("auto", "slurm", "local")
 COMM_BACKENDS = ("nccl", "ucc")
+TRANSFORMER_IMPLS = ("local", "transformer_engine")
+STAND_IN_VENDORS = ("nvidia", "amd", "intel")
 BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -623,6 +626,13 @@ class Partition:
     python: str = "python3"
     container: str | None = None
     megatron_entry: str = "pretrain_gpt.py"
+    # launch details (memx_hpc.slurm.render): start each component from a clean module
+    # environment; the Transformer Engine layer or megatron-core's local one (None: TE on
+    # NVIDIA, local elsewhere); on CPU partitions, the vendor whose place they take in
+    # a cross-vendor rehearsal (process groups are planned as for that vendor, run on gloo)
+    module_purge: bool = False
+    transformer_impl: str | None = None
+    stand_in_for: str | None = None
 
     def __post_init__(self) -> None:
         _safe_name(self.name, "name")
@@ -642,6 +652,19 @@ class Partition:
         _text(self.python, "python")
         _text(self.container, "container", optional=True)
         _text(self.megatron_entry, "megatron_entry")
+        # what reaches a shell on the nodes: the rules render and profiling apply
+        check_path(self.python, "python")
+        if self.container is not None:
+            check_path(self.container, "container")
+        check_entry(self.megatron_entry, "megatron_entry")
+        for k, line in enumerate(self.setup):
+            check_setup_line(line, f"setup[{k}]")
+        if not isinstance(self.module_purge, bool):
+            raise SpecError("expected true or false", field="module_purge", found=_short(self.module_purge))
+        for name, allowed in (("transformer_impl", TRANSFORMER_IMPLS), ("stand_in_for", STAND_IN_VENDORS)):
+            if getattr(self, name) is not None and getattr(self, name) not in allowed:
+                raise SpecError("not an allowed value", field=name, found=_short(getattr(self, name)),
+                                allowed=", ".join(allowed))
 
     @property
     def total_gpus(self) -> int:
@@ -712,11 +735,14 @@ class Site:
                 raise SpecError("duplicate partition name", field=f"partitions[{i}].name", found=p.name)
             names.add(p.name)
             try:
-                self.gpu(p.gpu_type)
+                vendor = self.gpu(p.gpu_type).vendor
             except SpecError as e:
                 raise SpecError(e.detail, field=f"partitions[{i}].gpu_type", found=e.found,
                                 allowed="a catalog name (memx-hpc validate --list-gpus) or one defined "
                                         "under gpu_types") from None
+            if p.stand_in_for is not None and vendor != "cpu":
+                raise SpecError("only CPU partitions stand in for another vendor", field=f"partitions[{i}].stand_in_for",
+                                found=p.stand_in_for)
         for i, link in enumerate(self.links):
             if not isinstance(link, Link):
                 raise SpecError("expected a link", field=f"links[{i}]", found=_short(link))
@@ -1166,7 +1192,8 @@ SITE_KEYS = ("name", "partitions", "gpu_types", "links", "inter_partition_gbps",
              "objective")
 PARTITION_KEYS = ("name", "gpu_type", "nodes", "gpus_per_node", "intra_node_gbps", "inter_node_gbps",
                   "gres_type", "account", "qos", "time_limit_min", "cpus_per_task", "mem_per_node_gib",
-                  "setup", "env", "python", "container", "megatron_entry")
+                  "setup", "env", "python", "container", "megatron_entry", "module_purge", "transformer_impl",
+                  "stand_in_for")
 
 
 def _wrap_file(fn: Callable[[], Any], file: str) -> Any:
@@ -1203,6 +1230,9 @@ def _partition_from(pr: _Reader) -> Partition:
         python=pr.str("python", "python3"),
         container=pr.str("container", None),
         megatron_entry=pr.str("megatron_entry", "pretrain_gpt.py"),
+        module_purge=pr.bool("module_purge", False),
+        transformer_impl=pr.str("transformer_impl", None),
+        stand_in_for=pr.str("stand_in_for", None),
     )
     pr.finish(PARTITION_KEYS)
     return p

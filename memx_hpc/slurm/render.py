@@ -37,10 +37,13 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import SpecError, SystemFailure
-from ..spec import Plan, Recompute, Site, Stage, TrainJob
+from ..spec import Partition, Plan, Recompute, Site, Stage, TrainJob
+from ..shellsafe import check_entry, check_path, check_setup_line
+from .groups import GroupBackend, encode_rank_vendors, format_map, group_backends
 
 __all__ = ["SUPPORTED_MEGATRON_VERSIONS", "SbatchOption", "EnvVar", "Component", "LaunchRequest",
            "VendorLaunch", "describe", "render", "render_request", "pipeline_layout", "recompute_args",
+           "process_groups", "rank_vendors", "PROJECT_ENTRY",
            "check_syntax", "TestOnly", "test_only", "submit", "JobOutcome", "job_states", "wait", "TEMPLATE"]
 
 #: The Megatron-LM versions whose argument names this renderer emits.
@@ -67,7 +70,11 @@ class VendorLaunch:
 
 # A small registry: a new vendor is an entry here, not a code change elsewhere.
 # CUDA_DEVICE_MAX_CONNECTIONS=1: Megatron-LM's examples set it on NVIDIA GPUs so that
-# communication kernels are scheduled in issue order (needed for TP/SP overlap).
+# communication kernels are scheduled in issue order (needed for TP/SP overlap). A UCC
+# pipeline forbids it (megatron-core asserts "UCC-backend requires CUDA_DEVICE_MAX_CONNECTIONS
+# > 1"), so cross-vendor plans leave it unset: the cost is tensor-parallel communication
+# overlap, which Megatron-LM then does not get (TP/SP all-gathers and reduce-scatters run
+# without a guaranteed order against the GEMMs they would overlap).
 VENDORS: dict[str, VendorLaunch] = {
     "nvidia": VendorLaunch(comm_library="NCCL", apptainer_flags=("--nv",),
                            env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),)),
@@ -75,6 +82,12 @@ VENDORS: dict[str, VendorLaunch] = {
     "intel": VendorLaunch(comm_library="oneCCL", apptainer_flags=()),
     "cpu": VendorLaunch(comm_library="gloo", apptainer_flags=()),
 }
+_SERIAL_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+
+#: The training entry of cross-vendor plans: megatron-core with every process group on the
+#: backend the group rule gives it (:mod:`memx_hpc.slurm.groups`); stock Megatron-LM can only
+#: switch the pipeline group.
+PROJECT_ENTRY = ("-m", "memx_hpc.train.pretrain_gpt")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,10 +119,17 @@ class Component:
     recompute: Recompute
     sbatch: tuple[SbatchOption, ...]  # "#SBATCH --name=value" lines
     srun: tuple[SbatchOption, ...]  # this component's options in the srun line
-    setup: tuple[str, ...]  # site shell lines, verbatim (shell code by contract)
+    setup: tuple[str, ...]  # site shell lines (shell code by contract), each run by a quoted eval
     env: tuple[EnvVar, ...]
-    launcher: tuple[str, ...]  # [container runtime ...] python entry-words
+    python: tuple[str, ...]  # [container runtime ...] python
+    entry: tuple[str, ...]  # the training entry: a script path, or -m module
+    entry_path: str | None  # the entry's file, which the preflight checks; None for -m module
+    backends: tuple[str, ...]  # torch.distributed backends this component's ranks will use
     args: tuple[tuple[str, ...], ...]  # this component's own Megatron-LM arguments (recompute)
+
+    @property
+    def launcher(self) -> tuple[str, ...]:
+        return self.python + self.entry
 
     @property
     def stages_label(self) -> str:
@@ -144,8 +164,15 @@ class LaunchRequest:
     layout: str | None
     components: tuple[Component, ...]
     common_args: tuple[tuple[str, ...], ...]  # every rank's Megatron-LM arguments, one flag per tuple
+    groups: tuple[GroupBackend, ...]  # every process group and its backend (memx_hpc.slurm.groups)
+    cross_vendor: bool  # ranks on more than one vendor: the project's megatron-core entry runs
+    preflight_code: str  # memx_hpc/slurm/preflight.py, run with python -c by every rank first
     master_port_base: int = 20000
     master_port_span: int = 20000
+
+    @property
+    def group_lines(self) -> list[str]:
+        return format_map(self.groups)
 
     @property
     def megatron_argv(self) -> list[list[str]]:
@@ -175,32 +202,6 @@ def _slurm_name(value: str, field: str) -> str:
         raise SpecError("not a Slurm name: it goes into an #SBATCH line, which sbatch parses itself",
                         field=field, found=value, allowed="letters, digits, '_', '.', '+', '-'")
     return value
-
-
-def _words(value: str, field: str) -> tuple[str, ...]:
-    """A command given as text (``-m memx_hpc.train.pretrain_gpt``) as shell words, each to be quoted."""
-    _no_control(value, field)
-    try:
-        words = shlex.split(value)
-    except ValueError as e:
-        raise SpecError(f"cannot be split into shell words ({e})", field=field, found=value) from None
-    if not words:
-        raise SpecError("is empty", field=field, found=value)
-    return tuple(words)
-
-
-def _setup_line(line: str, field: str) -> str:
-    """Setup lines are shell code by contract (``module load rocm/6.1``) and run verbatim on the
-    component's nodes before its ranks start; refuse what would break out of the component's
-    function: a newline, unbalanced quotes, a here-document."""
-    _no_control(line, field)
-    try:
-        shlex.split(line, comments=True)
-    except ValueError as e:
-        raise SpecError(f"not a complete shell line ({e})", field=field, found=line) from None
-    if re.search(r"<<(?!<)", line):
-        raise SpecError("here-documents are not allowed in setup lines", field=field, found=line)
-    return line
 
 
 def _env(name: str, value: str, field: str) -> EnvVar:
@@ -337,17 +338,17 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
             raise SpecError(e.detail, field=f"stages[{i}].partition", found=e.found, allowed=e.allowed) from None
         _slurm_name(s.partition, f"stages[{i}].partition")
 
-    vendors = {}
-    for pname, p in partitions.items():
-        vendors[pname] = site.gpu(p.gpu_type).vendor
-    stage_vendors = [vendors[s.partition] for s in plan.stages]
-    if len(set(stage_vendors)) > 1 and site.pipeline_comm_backend != "ucc":
+    vendors = {pname: site.gpu(p.gpu_type).vendor for pname, p in partitions.items()}
+    stage_vendors = [_comm_vendor(site, partitions[s.partition]) for s in plan.stages]
+    cross_vendor = len(set(stage_vendors)) > 1
+    if cross_vendor and site.pipeline_comm_backend != "ucc":
         pairs = sorted({f"{plan.stages[i].partition} ({stage_vendors[i]}) -> {plan.stages[i + 1].partition} "
                         f"({stage_vendors[i + 1]})" for i in range(pp - 1) if stage_vendors[i] != stage_vendors[i + 1]})
         raise SpecError("this pipeline crosses vendors (" + "; ".join(pairs) + "), and NCCL/RCCL do not talk "
-                        "to each other: set pipeline_comm.backend: ucc in the site file (Megatron-LM's "
-                        "--pipeline-model-parallel-comm-backend)", field="pipeline_comm.backend",
+                        "to each other: set pipeline_comm.backend: ucc in the site file (groups that span "
+                        "vendors then use UCC or gloo)", field="pipeline_comm.backend",
                         found=site.pipeline_comm_backend, allowed="ucc")
+    groups = process_groups(plan, site)
 
     stage_gpus = tp * dp
     first_layer_of = [sum(s.num_layers for s in plan.stages[:i]) for i in range(pp)]
@@ -355,7 +356,7 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
     nodes_used: dict[str, int] = {}
     comps: list[Component] = []
     comm_env = [_env(k, v, f"pipeline_comm.env.{k}") for k, v in site.pipeline_comm_env] \
-        if site.pipeline_comm_backend == "ucc" else []
+        if cross_vendor else []
     for ci, (pname, idx) in enumerate(runs):
         p = partitions[pname]
         pfield = f"partitions[{[q.name for q in site.partitions].index(pname)}]"
@@ -410,25 +411,38 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
             sb.append(SbatchOption(name="qos", value=_slurm_name(qos, f"{pfield}.qos" if p.qos else "slurm.qos")))
         sb.append(SbatchOption(name="time", value=str(p.time_limit_min or site.time_limit_min)))
 
-        env = [EnvVar(name=k, value=v) for k, v in vl.env]
+        ucc_pipeline = cross_vendor and pp > 1
+        env = [EnvVar(name=k, value=v) for k, v in vl.env if not (ucc_pipeline and k == _SERIAL_CONNECTIONS)]
         env += [_env(k, v, f"{pfield}.env.{k}") for k, v in p.env]
         env += comm_env
+        if cross_vendor:
+            env += [EnvVar(name="MEMX_RANK_VENDORS", value=encode_rank_vendors(rank_vendors(plan, site))),
+                    EnvVar(name="MEMX_CROSS_VENDOR_BACKEND", value=site.pipeline_comm_backend)]
         if p.cpus_per_task is not None:
             env.append(EnvVar(name="OMP_NUM_THREADS", value=str(p.cpus_per_task)))
         env += [EnvVar(name="MEMX_COMPONENT", value=str(ci)), EnvVar(name="MEMX_PARTITION", value=pname)]
-        launcher: tuple[str, ...] = ()
+        python: tuple[str, ...] = ()
         if p.container is not None:
-            launcher = ("apptainer", "exec", *vl.apptainer_flags, *_words(p.container, f"{pfield}.container"))
-        launcher += _words(p.python, f"{pfield}.python") + _words(p.megatron_entry, f"{pfield}.megatron_entry")
+            python = ("apptainer", "exec", *vl.apptainer_flags, check_path(p.container, f"{pfield}.container"))
+        python += (check_path(p.python, f"{pfield}.python"),)
+        entry = PROJECT_ENTRY if cross_vendor else check_entry(p.megatron_entry, f"{pfield}.megatron_entry")
+        my_ranks = set(range(first_rank, first_rank + ranks))
+        backends = sorted({b for g in groups if my_ranks & set(g.ranks) for b in _effective(g.backend, vendor)})
+        setup = (("module purge",) if p.module_purge else ()) + tuple(
+            check_setup_line(line, f"{pfield}.setup[{k}]") for k, line in enumerate(p.setup))
+        srun = [SbatchOption(name="nodes", value=str(nodes)), SbatchOption(name="ntasks-per-node", value=str(per_node))]
+        if p.cpus_per_task is not None:  # srun does not inherit it from the allocation (Slurm >= 22.05)
+            srun.append(SbatchOption(name="cpus-per-task", value=str(p.cpus_per_task)))
+        srun.append(SbatchOption(name="kill-on-bad-exit", value="1"))
+        impl = _transformer_impl(p, vendor)
         comps.append(Component(
             index=ci, partition=pname, vendor=vendor, stages=tuple(idx), first_rank=first_rank, num_ranks=ranks,
             nodes=nodes, tasks_per_node=per_node, first_layer=first_layer_of[idx[0]], num_layers=n_layers,
-            recompute=stage0.recompute, sbatch=tuple(sb),
-            srun=(SbatchOption(name="nodes", value=str(nodes)), SbatchOption(name="ntasks-per-node", value=str(per_node)),
-                  SbatchOption(name="kill-on-bad-exit", value="1")),
-            setup=tuple(_setup_line(line, f"{pfield}.setup[{k}]") for k, line in enumerate(p.setup)),
-            env=tuple(env), launcher=launcher,
-            args=recompute_args(stage0.recompute, max(plan.stages[i].num_layers for i in idx))))
+            recompute=stage0.recompute, sbatch=tuple(sb), srun=tuple(srun), setup=setup, env=tuple(env),
+            python=python, entry=entry, entry_path=entry[0] if entry[0] != "-m" else None,
+            backends=tuple(backends),
+            args=(("--transformer-impl", impl),) + recompute_args(stage0.recompute,
+                                                                  max(plan.stages[i].num_layers for i in idx))))
 
     _check_groups(plan, comps)
 
@@ -439,8 +453,8 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
         common.append(("--pipeline-model-parallel-layout", layout))
     if plan.sequence_parallel:
         common.append(("--sequence-parallel",))
-    if site.pipeline_comm_backend == "ucc" and pp > 1:
-        common.append(("--pipeline-model-parallel-comm-backend", "ucc"))
+    if cross_vendor and pp > 1:
+        common.append(("--pipeline-model-parallel-comm-backend", site.pipeline_comm_backend))
     common += [("--micro-batch-size", str(plan.micro_batch_size)),
                ("--global-batch-size", str(plan.global_batch_size))]
     if job.precision == "bf16":
@@ -466,7 +480,54 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
     return LaunchRequest(
         tool_version=__version__, site_name=site.name, job_name=name, megatron_version=site.megatron_version,
         summary=summary, tp=tp, pp=pp, dp=dp, world_size=plan.world_size, layout=layout,
-        components=tuple(comps), common_args=tuple(common))
+        components=tuple(comps), common_args=tuple(common), groups=groups, cross_vendor=cross_vendor,
+        preflight_code=_preflight_source())
+
+
+def _preflight_source() -> str:
+    from importlib import resources
+
+    try:
+        code = resources.files("memx_hpc.slurm").joinpath("preflight.py").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SystemFailure("memx_hpc/slurm/preflight.py is missing from the installation") from None
+    if "MEMX_PREFLIGHT_PY" in code or not code.endswith("\n"):  # the here-document's end marker
+        raise SystemFailure("memx_hpc/slurm/preflight.py cannot be embedded as a here-document")
+    return code
+
+
+def _comm_vendor(site: Site, p: Partition) -> str:
+    """The vendor whose collectives a partition's ranks speak: its GPU's, or, for a CPU
+    partition rehearsing a cross-vendor job, the vendor it stands in for."""
+    vendor = site.gpu(p.gpu_type).vendor
+    return p.stand_in_for if vendor == "cpu" and p.stand_in_for else vendor
+
+
+def rank_vendors(plan: Plan, site: Site) -> tuple[str, ...]:
+    """The (communication) vendor of every global rank, in Megatron's rank order."""
+    return tuple(_comm_vendor(site, site.partition(s.partition)) for s in plan.stages
+                 for _ in range(plan.tp * plan.dp))
+
+
+def process_groups(plan: Plan, site: Site) -> tuple[GroupBackend, ...]:
+    """Every process group of ``plan`` on ``site`` with the backend the group rule gives it
+    (:func:`memx_hpc.slurm.groups.group_backends`); what the rendered job's ranks build."""
+    return group_backends(rank_vendors(plan, site), tp=plan.tp, dp=plan.dp, pp=plan.pp,
+                          cross_vendor_backend=site.pipeline_comm_backend)
+
+
+def _effective(backend: str, vendor: str) -> tuple[str, ...]:
+    """The backends a rank of ``vendor`` actually needs for a group planned on ``backend``
+    (CPU partitions run every group on gloo)."""
+    if vendor == "cpu":
+        return ("gloo",)
+    return tuple(b.split(":")[-1] for b in backend.split(","))
+
+
+def _transformer_impl(p: Partition, vendor: str) -> str:
+    if p.transformer_impl is not None:
+        return p.transformer_impl
+    return "transformer_engine" if vendor == "nvidia" else "local"
 
 
 def _check_groups(plan: Plan, comps: Sequence[Component]) -> None:
@@ -504,6 +565,12 @@ def _environment():  # noqa: ANN202 - jinja2 type, imported lazily
 
 
 def _load_template(name: str) -> str:
+    # The template beside this code: memx_hpc/templates/ in a wheel, templates/ at the top of a
+    # source checkout (an editable install's package map may point at another checkout).
+    here = Path(__file__).resolve().parents[1]
+    for cand in (here / "templates" / name, here.parent / "templates" / name):
+        if cand.is_file():
+            return cand.read_text(encoding="utf-8")
     from importlib import resources
 
     try:

@@ -41,6 +41,7 @@ from functools import partial
 from typing import Any, Iterator, Sequence
 
 from .args import TrainArgs, parse_args
+from ..slurm.groups import GroupBackend, decode_rank_vendors, format_map, group_backends
 from .logs import iteration_line, layout_line, memory_line
 
 
@@ -136,6 +137,52 @@ def _forward_step(data_iterator: Iterator[dict[str, Any]], model: Any) -> tuple[
     return output, partial(_loss_func, batch["loss_mask"])
 
 
+def planned_groups(*, world: int, tp: int, pp: int, on_cpu: bool, torch: Any,
+                   environ: dict[str, str] | None = None) -> tuple[GroupBackend, ...]:
+    """The job's process groups and backends (memx_hpc.slurm.groups), from the per-rank vendors
+    the rendered script exports (``MEMX_RANK_VENDORS``); without them, every rank is on this
+    process's kind of device."""
+    env = os.environ if environ is None else environ
+    if env.get("MEMX_RANK_VENDORS"):
+        vendors = decode_rank_vendors(env["MEMX_RANK_VENDORS"])
+        if len(vendors) != world:
+            raise ValueError(f"MEMX_RANK_VENDORS names {len(vendors)} ranks, the world has {world}")
+    else:
+        here = "cpu" if on_cpu else ("amd" if getattr(torch.version, "hip", None) else "nvidia")
+        vendors = (here,) * world
+    return group_backends(vendors, tp=tp, dp=world // (tp * pp), pp=pp,
+                          cross_vendor_backend=env.get("MEMX_CROSS_VENDOR_BACKEND", "ucc"))
+
+
+def process_group_collection(groups: Sequence[GroupBackend], *, rank: int, on_cpu: bool, torch: Any,
+                             ps: Any) -> Any:
+    """megatron-core's ProcessGroupCollection with this rank's groups, each created on its
+    planned backend (gloo for all of them on the CPU). Every rank creates every group, in
+    the map's order, as torch.distributed.new_group requires."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    mine: dict[str, Any] = {}
+    for g in groups:
+        if g.kind == "default":
+            continue
+        backend = "gloo" if on_cpu else g.backend
+        pg = torch.distributed.new_group(ranks=list(g.ranks), backend=backend)
+        if rank in g.ranks:
+            mine[g.kind] = pg
+    pgc = ProcessGroupCollection()
+    pgc.tp, pgc.pp, pgc.mp, pgc.dp = mine["tp"], mine["pp"], mine["mp"], mine["dp"]
+    pgc.embd = mine.get("embd")
+    pgc.pos_embd = mine.get("pos_embd")
+    # cp = ep = 1, expert TP = TP: the remaining groups are these or single ranks.
+    pgc.cp = ps.get_context_parallel_group()
+    pgc.ep = ps.get_expert_model_parallel_group()
+    pgc.tp_cp = pgc.expt_tp = pgc.tp_ep = pgc.tp
+    pgc.tp_ep_pp = pgc.mp
+    pgc.dp_cp = pgc.intra_dp_cp = pgc.expt_dp = pgc.intra_expt_dp = pgc.intra_dist_opt = pgc.dp
+    pgc.inter_dist_opt = None
+    return pgc
+
+
 def train(args: TrainArgs, env: DistEnv) -> int:
     """Build, train and log. Returns the process exit code."""
     import contextlib
@@ -213,7 +260,6 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
                        "sends on the CPU")
         if args.transformer_impl == "transformer_engine":
             _log(rank, "--transformer-impl transformer_engine requested: using the local spec on the CPU")
-    backend = "gloo" if on_cpu else args.distributed_backend
     dtype = torch.float32
     if not on_cpu and args.bf16:
         dtype = torch.bfloat16
@@ -222,12 +268,23 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
 
     if not on_cpu:
         torch.cuda.set_device(env.local_rank)
+    groups = planned_groups(world=world, tp=tp, pp=pp, on_cpu=on_cpu, torch=torch)
+    if rank == 0:
+        for line in format_map(groups):
+            _log(rank, "process group " + line + (" [gloo on the CPU]" if on_cpu else ""))
+    default_backend = "gloo" if on_cpu else next(g.backend for g in groups if g.kind == "default")
     torch.distributed.init_process_group(
-        backend=backend, init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=rank,
+        backend=default_backend, init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=rank,
         world_size=world, timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes))
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
         pipeline_model_parallel_comm_backend=None if on_cpu else args.pipeline_model_parallel_comm_backend)
+    # Cross-vendor: every group megatron-core communicates over, built on the backend the
+    # group rule gives it and handed to the model, DDP, optimizer and schedule; parallel_state
+    # keeps its own groups (on the world group's backend) only for rank bookkeeping.
+    pgc = process_group_collection(groups, rank=rank, on_cpu=on_cpu, torch=torch, ps=ps) \
+        if any(g.cross_vendor for g in groups) else None
+    backend = default_backend
 
     # Megatron-LM's _set_random_seed: a different seed per pipeline stage.
     seed = args.seed + 100 * ps.get_pipeline_model_parallel_rank()
@@ -297,22 +354,25 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         vocab_size=vocab, max_sequence_length=args.max_position_embeddings or args.seq_length,
         pre_process=pre, post_process=post, parallel_output=True,
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type)
+        position_embedding_type=args.position_embedding_type, **({"pg_collection": pgc} if pgc else {}))
     if not on_cpu:
         model.cuda(torch.cuda.current_device())
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=dtype != torch.float32, overlap_grad_reduce=False,
         use_distributed_optimizer=args.use_distributed_optimizer and not on_cpu)
-    ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+    ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model,
+                                  **({"pg_collection": pgc} if pgc else {}))
     config.no_sync_func = ddp.no_sync
-    config.finalize_model_grads_func = finalize_model_grads
+    config.finalize_model_grads_func = partial(finalize_model_grads, pg_collection=pgc) if pgc \
+        else finalize_model_grads
 
     opt_config = OptimizerConfig(
         optimizer=args.optimizer, lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
         adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
         clip_grad=args.clip_grad, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         params_dtype=dtype, use_distributed_optimizer=args.use_distributed_optimizer and not on_cpu)
-    optimizer = get_megatron_optimizer(opt_config, [ddp])
+    optimizer = get_megatron_optimizer(opt_config, [ddp], **({"pg_collection": pgc, "use_gloo_process_groups": False}
+                                                             if pgc else {}))
     config.grad_scale_func = optimizer.scale_loss  # as Megatron-LM's setup: fp16 loss scaling
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0 if args.lr_warmup_iters else args.lr, max_lr=args.lr, min_lr=args.min_lr,
@@ -344,8 +404,15 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
                               vocab_size=args.vocab_size, torch=torch,
                               device="cpu" if on_cpu else torch.device("cuda", torch.cuda.current_device()))
     fwd_bwd = get_forward_backward_func()
+    schedule_groups: dict[str, Any] = {}
+    if pgc is not None:
+        from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+
+        schedule_groups["pg_collection"] = pgc
+        if pp > 1:
+            schedule_groups["p2p_communicator"] = P2PCommunicator(pp_group=pgc.pp, config=config)
     last_rank = world - 1
-    dp_group = ps.get_data_parallel_group()
+    dp_group = pgc.dp if pgc is not None else ps.get_data_parallel_group()
     interval_ms: list[float] = []
     reported_memory = False
 
@@ -372,7 +439,7 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         losses = fwd_bwd(forward_step_func=_forward_step, data_iterator=data, model=[ddp],
                          num_microbatches=num_microbatches, seq_length=args.seq_length,
                          micro_batch_size=args.micro_batch_size, decoder_seq_length=args.seq_length,
-                         forward_only=False)
+                         forward_only=False, **schedule_groups)
         ok, grad_norm, _ = optimizer.step()
         scheduler.step(increment=gbs)
         torch.distributed.barrier()  # the iteration ends when the slowest stage is done

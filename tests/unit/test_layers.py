@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "memx_hpc"
 RANK = {"<foundation>": 0, "model": 1, "profile": 2, "search": 2, "slurm": 3, "train": 4, "planner": 5, "cli": 6,
         "__main__": 7}
 FOUNDATION = {"__init__", "errors", "spec", "catalog", "datapaths", "records", "planfile", "megatron_cpu", "data",
-              "tables"}
+              "tables", "shellsafe"}
 
 
 def floor_of(module: str) -> str:

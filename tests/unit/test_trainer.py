@@ -28,14 +28,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(argv: list[str], world: int, *, timeout: float = 120.0) -> list[subprocess.CompletedProcess]:
+def _launch(argv: list[str], world: int, *, timeout: float = 120.0,
+            extra_env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
     """``world`` trainer processes with torchrun's variables (one thread each: 2 cores here)."""
     port = str(_free_port())
     procs = []
     for rank in range(world):
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, OMP_NUM_THREADS="1")
+                   MASTER_PORT=port, OMP_NUM_THREADS="1", **(extra_env or {}))
         procs.append(subprocess.Popen([sys.executable, "-m", "memx_hpc.train.pretrain_gpt", *argv], env=env,
                                       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     out = []
@@ -85,6 +86,23 @@ def test_two_stage_pipeline_with_layout_and_own_recompute() -> None:
     assert (by_rank["1"]["layers"], by_rank["1"]["num layers"], by_rank["1"]["embedding"]) == ("3-3", "1", "False")
     assert by_rank["0"]["recompute"] == "full/block/2"
     assert sorted(log.peak_memory_mb()) == [0, 1]
+
+
+@pytest.mark.slow
+def test_cross_vendor_pipeline_trains_on_explicit_groups() -> None:
+    """Ranks declared on two vendors (as a rendered cross-vendor script declares them): the
+    trainer builds megatron-core's groups itself from the group rule, logs the designed
+    backends, runs them on gloo here, and trains with a tied embedding across the stages."""
+    argv = [*TINY, "--train-iters", "2", "--pipeline-model-parallel-size", "2",
+            "--pipeline-model-parallel-layout", "Et*3|tL", "--pipeline-model-parallel-comm-backend", "ucc"]
+    r0, r1 = _launch(argv, 2, extra_env={"MEMX_RANK_VENDORS": "nvidia*1,amd*1", "MEMX_CROSS_VENDOR_BACKEND": "ucc"})
+    assert r0.returncode == 0 and r1.returncode == 0, (r0.stdout[-3000:], r1.stdout[-3000:])
+    assert parse_log(r0.stdout + r1.stdout).iterations_done == 2
+    assert "process group pp: ucc x1 (spans vendors" in r0.stdout
+    assert "process group mp: gloo x1 (spans vendors, cold" in r0.stdout
+    assert "process group embd: ucc x1" in r0.stdout and "[gloo on the CPU]" in r0.stdout
+    assert "process group tp: nccl x1 (inside one vendor (nvidia)) [0]; nccl x1 (inside one vendor (amd)) [1]" \
+        in r0.stdout
 
 
 def test_unknown_argument_is_refused_like_megatron(capsys: pytest.CaptureFixture) -> None:
