@@ -49,6 +49,7 @@ from ..profile.points import estimate_seconds, full_grid, grid_axes, layer_point
 from ..profile.runner import ProfileTask, RunSettings, TaskResult, world_size_of
 from ..profile.store import ProfileStore
 from ..spec import LayerSample, Partition, ProfilePoint, Site, TrainJob
+from ..shellsafe import check_partition, check_path, setup_commands
 
 __all__ = ["ProfileReport", "Failure", "GpuTypePlan", "PlannedTask", "profile", "plan_tasks", "choose_scheduler",
            "resolve_python", "LEDGER_VERSION"]
@@ -237,8 +238,9 @@ def choose_scheduler(site: Site, *, timeout_s: float = 5.0) -> str:
 def resolve_python(site: Site, partition: Partition) -> str:
     """The partition's Python: absolute as given; a bare name from PATH on the node; a
     relative path from the site file's folder or the folders above it (a repository's
-    ``.venv/bin/python`` named in ``site_configs/local.yaml``), else as given."""
-    py = os.path.expandvars(os.path.expanduser(partition.python))
+    ``.venv/bin/python`` named in ``site_configs/local.yaml``), else as given. A path only
+    (memx_hpc.shellsafe): no shell words, no variables."""
+    py = check_path(partition.python, f"partitions[{[q.name for q in site.partitions].index(partition.name)}].python")
     if os.path.isabs(py) or "/" not in py:
         return py
     if site.source_file:
@@ -270,12 +272,26 @@ def _slurm_params(site: Site, part: Partition, task: PlannedTask) -> dict[str, A
         params["account"] = part.account or site.account
     if part.qos or site.qos:
         params["qos"] = part.qos or site.qos
-    setup = list(part.setup) + [f"export {k}={shlex.quote(v)}" for k, v in part.env]
+    setup = _setup_lines(site, part)
     if setup:
         params["setup"] = setup
-    if part.container:
+    if part.container:  # a checked path; submitit quotes srun arguments
         params["srun_args"] = [f"--container-image={part.container}"]
     return params
+
+
+def _setup_lines(site: Site, part: Partition) -> list[str]:
+    """The partition's setup lines and environment for submitit's sbatch file: each setup line
+    checked (memx_hpc.shellsafe) and run by a quoted ``eval``, each value quoted."""
+    field = f"partitions[{[q.name for q in site.partitions].index(part.name)}]"
+    check_partition(part, field)
+    lines = (["module purge"] if part.module_purge else []) + list(part.setup)
+    for k, v in part.env:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+            raise SpecError("environment variable names are letters, digits and _", field=f"{field}.env", found=k)
+        if any(c in v for c in "\n\r\x00"):
+            raise SpecError("must be a single line", field=f"{field}.env.{k}", found=v)
+    return setup_commands(lines) + [f"export {k}={shlex.quote(v)}" for k, v in part.env]
 
 
 def _make_executor(kind: str, folder: Path, python: str) -> Any:
@@ -292,11 +308,12 @@ def _make_executor(kind: str, folder: Path, python: str) -> Any:
 def _submit(kind: str, site: Site, folder: Path, tasks: list[PlannedTask], run_tasks: list[ProfileTask]) -> list[Any]:
     """Submit tasks of one (partition, ranks, nodes) shape as one job array."""
     part = site.partition(tasks[0].partition)
-    ex = _make_executor(kind, folder, resolve_python(site, part))
+    # submitit writes its ``python`` verbatim into a shell command line: quote the checked path
+    ex = _make_executor(kind, folder, shlex.quote(resolve_python(site, part)))
     if kind == "slurm":
         ex.update_parameters(**_slurm_params(site, part, tasks[0]))
     else:
-        setup = list(part.setup) + [f"export {k}={shlex.quote(v)}" for k, v in part.env]
+        setup = _setup_lines(site, part)
         ex.update_parameters(timeout_min=part.time_limit_min or site.time_limit_min,
                              tasks_per_node=tasks[0].world_size, **({"setup": setup} if setup else {}))
     try:

@@ -38,7 +38,7 @@ from typing import Sequence
 
 from ..errors import SpecError, SystemFailure
 from ..spec import Partition, Plan, Recompute, Site, Stage, TrainJob
-from ..shellsafe import check_entry, check_path, check_setup_line
+from ..shellsafe import check_entry, check_partition, check_path, check_setup_line
 from .groups import GroupBackend, encode_rank_vendors, format_map, group_backends
 
 __all__ = ["SUPPORTED_MEGATRON_VERSIONS", "SbatchOption", "EnvVar", "Component", "LaunchRequest",
@@ -167,6 +167,7 @@ class LaunchRequest:
     groups: tuple[GroupBackend, ...]  # every process group and its backend (memx_hpc.slurm.groups)
     cross_vendor: bool  # ranks on more than one vendor: the project's megatron-core entry runs
     preflight_code: str  # memx_hpc/slurm/preflight.py, run with python -c by every rank first
+    extra_args: tuple[str, ...] = ()  # the caller's further arguments, last (argparse: later flags win)
     master_port_base: int = 20000
     master_port_span: int = 20000
 
@@ -178,7 +179,7 @@ class LaunchRequest:
     def megatron_argv(self) -> list[list[str]]:
         """Each component's full Megatron-LM argument list (for people and tests)."""
         common = [w for a in self.common_args for w in a]
-        return [common + [w for a in c.args for w in a] for c in self.components]
+        return [common + [w for a in c.args for w in a] + list(self.extra_args) for c in self.components]
 
 
 def _range_label(a: int, b: int) -> str:
@@ -421,6 +422,7 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
         if p.cpus_per_task is not None:
             env.append(EnvVar(name="OMP_NUM_THREADS", value=str(p.cpus_per_task)))
         env += [EnvVar(name="MEMX_COMPONENT", value=str(ci)), EnvVar(name="MEMX_PARTITION", value=pname)]
+        check_partition(p, pfield)  # every shell-bound field, as the site loader and the profiler
         python: tuple[str, ...] = ()
         if p.container is not None:
             python = ("apptainer", "exec", *vl.apptainer_flags, check_path(p.container, f"{pfield}.container"))
@@ -471,8 +473,6 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
         common += [("--mock-data",), ("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(model.vocab_size))]
     for k, e in enumerate(extra):
         _no_control(e, f"extra[{k}]")
-    if extra:
-        common.append(tuple(extra))
 
     summary = (f"tp={tp} pp={pp} dp={dp} micro-batch={plan.micro_batch_size} global-batch={plan.global_batch_size} "
                f"world={plan.world_size}; stages: " +
@@ -481,7 +481,7 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
         tool_version=__version__, site_name=site.name, job_name=name, megatron_version=site.megatron_version,
         summary=summary, tp=tp, pp=pp, dp=dp, world_size=plan.world_size, layout=layout,
         components=tuple(comps), common_args=tuple(common), groups=groups, cross_vendor=cross_vendor,
-        preflight_code=_preflight_source())
+        preflight_code=_preflight_source(), extra_args=tuple(extra))
 
 
 def _preflight_source() -> str:

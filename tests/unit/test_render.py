@@ -101,6 +101,54 @@ def test_cross_vendor_arguments_and_components() -> None:
     assert srun.index("memx_component_0") < srun.index("memx_component_1") < srun.index("memx_component_2")
 
 
+def test_cross_vendor_groups_follow_the_rule_and_the_environment_megatron_core_accepts() -> None:
+    """The cross-vendor example's plan: every group that spans vendors on UCC (hot) or gloo
+    (cold), every group inside one vendor on NCCL/RCCL; the project's megatron-core entry
+    builds them; no CUDA_DEVICE_MAX_CONNECTIONS=1 beside the UCC pipeline; UCX may move GPU
+    memory on each vendor; a preflight per component names its partition and backends."""
+    from memx_hpc.slurm.groups import group_backends
+
+    site, job = load_site(CROSS), load_job(ROOT / "jobs" / "llama2-7b.yaml")
+    plan = load_plan(GOLDEN / "plans" / "cross-vendor-llama2-7b.json")
+    req = describe(plan, site, job)
+    assert req.cross_vendor
+    vendors = ["nvidia"] * 8 + ["amd"] * 4 + ["nvidia"] * 4
+    assert req.groups == group_backends(vendors, tp=4, dp=1, pp=4, cross_vendor_backend="ucc")
+    by_kind = {}
+    for g in req.groups:
+        by_kind.setdefault(g.kind, set()).add((g.ranks, g.backend))
+        spans = len({vendors[r] for r in g.ranks}) > 1
+        assert g.cross_vendor == spans
+        if not spans:
+            assert g.backend == "nccl"
+        elif g.kind in ("mp",):
+            assert g.backend == "gloo"
+        elif g.kind == "default":
+            assert g.backend == "cpu:gloo,cuda:ucc"
+        else:
+            assert g.backend == "ucc"
+    assert by_kind["pp"] == {((t, 4 + t, 8 + t, 12 + t), "ucc") for t in range(4)}
+    assert by_kind["tp"] == {(tuple(range(4 * s, 4 * s + 4)), "nccl") for s in range(4)}
+    assert by_kind["embd"] == {((t, 12 + t), "nccl") for t in range(4)}  # stage 0 and 3: both NVIDIA
+    text = render(plan, site, job)
+    for c in req.components:
+        body = text.split(f"memx_component_{c.index}() {{", 1)[1].split("\n}", 1)[0]
+        assert "CUDA_DEVICE_MAX_CONNECTIONS" not in body
+        assert f"exec {c.python[-1]} -m memx_hpc.train.pretrain_gpt" in body
+        tls = dict(e.split("=", 1) for e in shlex.split(" ".join(
+            line.split("export ", 1)[1] for line in body.splitlines() if "export UCX_TLS=" in line)))["UCX_TLS"]
+        assert ("rocm_copy" if c.vendor == "amd" else "cuda_copy") in tls.split(",")
+        assert f"-c \"$MEMX_PREFLIGHT\" {c.partition} {c.vendor} " in body
+    assert req.components[2].backends == ("gloo", "nccl", "ucc")
+    assert "#   pp: ucc x4 (spans vendors" in text
+    # one vendor: Megatron-LM's own entry, NVIDIA's serial connections for TP overlap
+    one = describe(_plan(("gpu_a100", 16), ("gpu_v100", 16), gbs=64), site, load_job(ROOT / "jobs" / "gpt3-2.7b.yaml"))
+    assert not one.cross_vendor and {g.backend for g in one.groups} == {"nccl"}
+    assert one.components[0].entry == ("/opt/Megatron-LM/pretrain_gpt.py",)
+    assert any(e.name == "CUDA_DEVICE_MAX_CONNECTIONS" and e.value == "1" for e in one.components[0].env)
+    assert "--pipeline-model-parallel-comm-backend" not in one.megatron_argv[0]
+
+
 def test_mixed_recompute_on_one_partition_splits_components() -> None:
     req = describe(load_plan(GOLDEN / "plans" / "cross-vendor-llama2-7b.json"), load_site(CROSS),
                    load_job(ROOT / "jobs" / "llama2-7b.yaml"))
@@ -281,7 +329,7 @@ def test_hostile_env_values_arrive_verbatim_or_are_refused(raw: str, tmp_path: P
             p["python"] = str(rec)
             p["megatron_entry"] = "-m memx_hpc.train.pretrain_gpt"
             p["env"] = {"MEMX_TEST_VALUE": value}
-        d["pipeline_comm"] = {"backend": "nccl", "env": {"UCX_TLS": value}}
+        d["pipeline_comm"] = {"backend": "ucc", "env": {"UCX_TLS": value}}
         d["name"] = value if "\n" not in value else "local"
 
     site = site_from_mapping(_site_with(tmp_path, mutate))
@@ -289,7 +337,7 @@ def test_hostile_env_values_arrive_verbatim_or_are_refused(raw: str, tmp_path: P
     if "\n" in value:
         with pytest.raises(SpecError) as e:
             render(PLAN2, site, job)
-        assert "MEMX_TEST_VALUE" in (e.value.field or "")
+        assert (e.value.field or "").endswith((".env.MEMX_TEST_VALUE", "pipeline_comm.env.UCX_TLS"))
         return
     r = _run_script(tmp_path, render(PLAN2, site, job, extra=[value]))
     assert r.returncode == 0, r.stderr
@@ -302,19 +350,67 @@ def test_hostile_env_values_arrive_verbatim_or_are_refused(raw: str, tmp_path: P
         assert got["env"]["MASTER_PORT"] == str(20000 + 4242 % 20000)
 
 
-@pytest.mark.parametrize("raw", HOSTILE)
-def test_hostile_launcher_words_are_quoted_or_refused(raw: str, tmp_path: Path) -> None:
+def _forged(obj, **changes):
+    """A copy of a frozen spec with ``changes`` set without its own checks (what a bug or a
+    hand-built object could hand to render or the profiler)."""
+    import copy
+
+    out = copy.copy(obj)
+    for k, v in changes.items():
+        object.__setattr__(out, k, v)
+    return out
+
+
+@pytest.mark.parametrize("raw", HOSTILE + [NEWLINE, "-c touch {marker}", "~/x $HOME/y"])
+def test_hostile_launcher_paths_are_refused_everywhere(raw: str, tmp_path: Path) -> None:
+    """python, container and megatron_entry are paths: the site loader (what validate runs),
+    render and the profiler refuse a value that is not, naming the field; nothing runs."""
+    from memx_hpc.slurm.dispatch import resolve_python
+
     marker = tmp_path / "pwned"
     value = raw.format(marker=marker)
     for key in ("python", "megatron_entry", "container"):
-        site = site_from_mapping(_site_with(tmp_path, lambda d: _two_partitions(d, key, value)))
-        try:
-            text = render(PLAN2, site, load_job(ROOT / "jobs" / "tiny-gpt.yaml"))
-        except SpecError as e:  # unbalanced quotes cannot be split into words
-            assert key in (e.field or "") and "'" in value
-            continue
-        _run_script(tmp_path, text)  # the launcher fails to start: that is all it may do
-        assert not marker.exists(), f"{key}={value!r} was executed"
+        with pytest.raises(SpecError) as e:
+            site_from_mapping(_site_with(tmp_path, lambda d: _two_partitions(d, key, value)))
+        assert e.value.field == f"partitions[0].{key}"
+        site = load_site(LOCAL)
+        with pytest.raises(SpecError) as e:  # replace() runs the same checks
+            dataclasses.replace(site.partitions[0], **{key: value})
+        assert e.value.field == key
+        parts = list(site.partitions)
+        parts[0] = _forged(parts[0], **{key: value})  # past every check a spec makes of itself
+        site = _forged(site, partitions=tuple(parts))
+        with pytest.raises(SpecError) as e:
+            render(PLAN2, site, load_job(ROOT / "jobs" / "tiny-gpt.yaml"))
+        assert e.value.field == f"partitions[0].{key}"
+        if key == "python":
+            with pytest.raises(SpecError):
+                resolve_python(site, parts[0])
+    assert not marker.exists()
+
+
+def test_setup_lines_cannot_close_their_component(tmp_path: Path) -> None:
+    """A setup line that would close the component's function and run at the top of the
+    batch script is refused by the loader; written into a script anyway (past every check),
+    it is one quoted word of an eval inside its component and still runs nothing."""
+    from memx_hpc.slurm.render import render_request
+
+    marker = tmp_path / "pwned"
+    escapes = [f"}}; touch {marker}; f() {{", f":; }}; touch {marker}; f() {{ :", f"( touch {marker}",
+               f"if true; then touch {marker}"]
+    for line in escapes:
+        with pytest.raises(SpecError) as e:
+            site_from_mapping(_site_with(tmp_path, lambda d: d["partitions"][0].update(setup=[line])))
+        assert e.value.field == "partitions[0].setup[0]" and "bash -n" in str(e.value)
+    rec = _recorder(tmp_path)
+    site = site_from_mapping(_site_with(tmp_path, lambda d: [p.update(python=str(rec)) for p in d["partitions"]]))
+    req = describe(PLAN2, site, load_job(ROOT / "jobs" / "tiny-gpt.yaml"))
+    forced = dataclasses.replace(req, components=tuple(dataclasses.replace(c, setup=tuple(escapes))
+                                                        for c in req.components))
+    text = render_request(forced)
+    r = _run_script(tmp_path, text)
+    assert not marker.exists(), "a setup line broke out of its component"
+    assert r.returncode != 0 and "syntax error" in r.stderr  # the component fails, at its own setup
 
 
 @pytest.mark.parametrize("key", ["gres_type", "account", "qos", "name"])
@@ -371,14 +467,14 @@ def test_setup_lines_run_only_inside_their_component(tmp_path: Path) -> None:
     text = render(PLAN2, site, load_job(ROOT / "jobs" / "tiny-gpt.yaml"))
     batch_part = text[:text.index("memx_component_0() {")] + text[text.index("\nsrun "):]
     assert "touch" not in batch_part
+    assert f"  eval {shlex.quote(f'touch {marker}.$MEMX_PARTITION_SEEN')}" in text
     r = _run_script(tmp_path, text)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "setup-ran.").exists()  # ran in the components, before their environment
     assert json.loads((tmp_path / "rank1.json").read_text())["env"]["MEMX_SETUP_DONE"] == "yes"
     for bad in ("echo 'unbalanced", "cat <<EOF", "a\nb"):
-        site2 = site_from_mapping(_site_with(tmp_path, lambda d: d["partitions"][0].update(setup=[bad])))
         with pytest.raises(SpecError) as e:
-            render(PLAN2, site2, load_job(ROOT / "jobs" / "tiny-gpt.yaml"))
+            site_from_mapping(_site_with(tmp_path, lambda d: d["partitions"][0].update(setup=[bad])))
         assert e.value.field == "partitions[0].setup[0]"
 
 
