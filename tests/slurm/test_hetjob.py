@@ -63,3 +63,36 @@ def test_two_partition_pipeline_trains_as_a_hetjob(tmp_path: Path) -> None:
     assert peaks[0] > peaks[1] > 0
     assert "[after training is done]" in text
 
+    # the partitions stand in for NVIDIA and AMD: the groups that span them are planned on
+    # UCC (hot) and gloo (cold), logged as planned by rank 0, and run on gloo here
+    groups = rs.process_groups(plan, site)
+    assert {(g.kind, g.ranks, g.backend) for g in groups if g.cross_vendor} == {
+        ("pp", (0, 1), "ucc"), ("embd", (0, 1), "ucc"), ("mp", (0, 1), "gloo"),
+        ("default", (0, 1), "cpu:gloo,cuda:ucc")}
+    assert {(g.kind, g.ranks, g.backend) for g in groups if not g.cross_vendor} >= {
+        ("tp", (0,), "nccl"), ("tp", (1,), "nccl"), ("dp", (1,), "nccl")}
+    for line in ("process group pp: ucc x1 (spans vendors, hot", "process group mp: gloo x1 (spans vendors, cold",
+                 "process group tp: nccl x1 (inside one vendor (nvidia)) [0]; nccl x1 (inside one vendor (amd)) [1]"):
+        assert line in text, line
+    assert "[gloo on the CPU]" in text
+
+
+def test_preflight_stops_a_component_and_names_its_partition(tmp_path: Path) -> None:
+    """A component whose entry is missing fails before training starts, and says where."""
+    import dataclasses
+
+    plan = load_plan(ROOT / "tests" / "golden" / "plans" / "local-tp2-v100.json")
+    site = load_site(ROOT / "site_configs" / "local.yaml")
+    parts = tuple(dataclasses.replace(p, megatron_entry="no/such/pretrain_gpt.py") for p in site.partitions)
+    site = dataclasses.replace(site, partitions=parts)
+    script = tmp_path / "job.sbatch"
+    script.write_text(rs.render(plan, site, load_job(ROOT / "jobs" / "tiny-gpt.yaml"), iters=1,
+                                log_dir=str(tmp_path), workdir=str(ROOT), job_name="memx-preflight-test"))
+    job_id = rs.submit(script)
+    outcome = rs.wait(job_id, timeout_s=TIMEOUT_S)
+    text = (tmp_path / f"memx-preflight-test-{job_id}.out").read_text()
+    assert not outcome.ok
+    assert "memx-hpc preflight: partition nvidia_v100: the training entry no/such/pretrain_gpt.py is not a file" \
+        in text, text[-3000:]
+    assert "iteration" not in text
+
