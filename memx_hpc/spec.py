@@ -885,6 +885,71 @@ class ModelSpec:
             raise e.within(path) from None
 
 
+TOKENIZER_TYPES = ("NullTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer",
+                   "GPTSentencePieceTokenizer", "Llama2Tokenizer", "TikTokenizer")
+LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainData:
+    """Real training data (Megatron-LM's ``--data-path``, ``--split`` and tokenizer arguments).
+    Paths are single words (memx_hpc.shellsafe), weights optional: ``[0.3, a, 0.7, b]``."""
+
+    paths: tuple[str, ...]
+    tokenizer_type: str
+    tokenizer_model: str | None = None
+    vocab_file: str | None = None
+    merge_file: str | None = None
+    split: str = "969,30,1"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.paths, tuple) or not self.paths:
+            raise SpecError("expected a non-empty list of dataset prefixes", field="paths", found=_short(self.paths))
+        for i, p in enumerate(self.paths):
+            check_path(str(p), f"paths[{i}]")
+        _choice(self.tokenizer_type, "tokenizer.type", TOKENIZER_TYPES)
+        for name in ("tokenizer_model", "vocab_file", "merge_file"):
+            if getattr(self, name) is not None:
+                check_path(getattr(self, name), name)
+        if not re.fullmatch(r"\d+(,\d+){0,2}", self.split or ""):
+            raise SpecError("expected train,valid,test weights such as 969,30,1", field="split", found=self.split)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LRSchedule:
+    """Megatron-LM's learning-rate schedule arguments."""
+
+    lr: float = 1.0e-4
+    min_lr: float = 0.0
+    decay_style: str = "linear"
+    warmup_iters: int = 0
+    decay_iters: int | None = None  # None: over train_iters
+
+    def __post_init__(self) -> None:
+        _real(self.lr, "lr", 0.0, 10.0, lo_open=True)
+        _real(self.min_lr, "min_lr", 0.0, self.lr)
+        _choice(self.decay_style, "decay_style", LR_DECAY_STYLES)
+        _whole(self.warmup_iters, "warmup_iters", 0, MAX_TRAIN_ITERS)
+        _whole(self.decay_iters, "decay_iters", 1, MAX_TRAIN_ITERS, optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpointing:
+    """Where checkpoints go and come from (``--save``, ``--load``, ``--save-interval``)."""
+
+    save_dir: str | None = None
+    load_dir: str | None = None
+    save_interval: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("save_dir", "load_dir"):
+            if getattr(self, name) is not None:
+                check_path(getattr(self, name), name)
+        _whole(self.save_interval, "interval", 1, MAX_TRAIN_ITERS, optional=True)
+        if self.save_interval is not None and self.save_dir is None:
+            raise SpecError("a save interval needs a save directory", field="interval", found=self.save_interval)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainJob:
     """What to train: a model, the batch, precision and optimizer."""
@@ -900,10 +965,18 @@ class TrainJob:
     recompute_modes: tuple[str, ...] = RECOMPUTE_MODES
     train_iters: int = 20
     max_pipeline_stages: int | None = None
+    # what a training launch (render, plan --submit) uses; verify's short runs keep mock data
+    data: TrainData | None = None
+    lr_schedule: LRSchedule = field(default_factory=LRSchedule)
+    checkpoint: Checkpointing | None = None
     source_file: str | None = None
 
     def __post_init__(self) -> None:
         _safe_name(self.name, "name")
+        for name, cls in (("data", TrainData), ("lr_schedule", LRSchedule), ("checkpoint", Checkpointing)):
+            v = getattr(self, name)
+            if not isinstance(v, cls) and not (v is None and name != "lr_schedule"):
+                raise SpecError(f"expected a {name} section", field=name, found=_short(v))
         if not isinstance(self.model, ModelSpec):
             raise SpecError("expected a model", field="model", found=_short(self.model))
         _whole(self.global_batch_size, "global_batch_size", 1, MAX_GLOBAL_BATCH)
@@ -1297,7 +1370,8 @@ def site_from_mapping(data: Any, *, source_file: str | None = None) -> Site:
 
 
 JOB_KEYS = ("name", "model", "global_batch_size", "precision", "optimizer", "distributed_optimizer",
-            "attention", "micro_batch_sizes", "recompute_modes", "train_iters", "max_pipeline_stages")
+            "attention", "micro_batch_sizes", "recompute_modes", "train_iters", "max_pipeline_stages", "data",
+            "lr_schedule", "checkpoint")
 MODEL_KEYS = ("preset", "name", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
               "ffn_hidden_size", "vocab_size", "seq_length", "activation", "tied_embeddings",
               "position_embedding", "normalization", "add_bias_linear")
@@ -1359,6 +1433,41 @@ def model_from_mapping(data: Any, path: str = "model") -> ModelSpec:
     return m
 
 
+def _data_from(d: "_Reader | None") -> TrainData | None:
+    if d is None:
+        return None
+    paths = d.raw("paths")
+    if not isinstance(paths, list):
+        raise SpecError("expected a list of dataset prefixes (optionally weight, prefix, ...)", field=d._p("paths"),
+                        found=_short(paths))
+    tok = d.sub("tokenizer", required=True)
+    out = _build(TrainData, d.path, paths=tuple(str(p) for p in paths), tokenizer_type=tok.str("type"),
+                 tokenizer_model=tok.str("model", None), vocab_file=tok.str("vocab_file", None),
+                 merge_file=tok.str("merge_file", None), split=d.str("split", "969,30,1"))
+    tok.finish(("type", "model", "vocab_file", "merge_file"))
+    d.finish(("paths", "tokenizer", "split"))
+    return out
+
+
+def _lr_from(d: "_Reader | None") -> LRSchedule:
+    if d is None:
+        return LRSchedule()
+    out = _build(LRSchedule, d.path, lr=d.float("lr", 1.0e-4), min_lr=d.float("min_lr", 0.0),
+                 decay_style=d.str("decay_style", "linear"), warmup_iters=d.int("warmup_iters", 0),
+                 decay_iters=d.int("decay_iters", None))
+    d.finish(("lr", "min_lr", "decay_style", "warmup_iters", "decay_iters"))
+    return out
+
+
+def _checkpoint_from(d: "_Reader | None") -> Checkpointing | None:
+    if d is None:
+        return None
+    out = _build(Checkpointing, d.path, save_dir=d.str("save", None), load_dir=d.str("load", None),
+                 save_interval=d.int("interval", None))
+    d.finish(("save", "load", "interval"))
+    return out
+
+
 def job_from_mapping(data: Any, *, source_file: str | None = None) -> TrainJob:
     """Map a job document to :class:`TrainJob` keyword arguments (the TrainJob checks them)."""
     r = _Reader(data, "", kind="a job mapping with 'model' and 'global_batch_size'")
@@ -1380,6 +1489,9 @@ def job_from_mapping(data: Any, *, source_file: str | None = None) -> TrainJob:
         recompute_modes=r.str_list("recompute_modes", RECOMPUTE_MODES),
         train_iters=r.int("train_iters", 20),
         max_pipeline_stages=r.int("max_pipeline_stages", None),
+        data=_data_from(r.sub("data")),
+        lr_schedule=_lr_from(r.sub("lr_schedule")),
+        checkpoint=_checkpoint_from(r.sub("checkpoint")),
         source_file=source_file,
     )
     r.finish(JOB_KEYS)

@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="a further Megatron-LM argument for every rank (repeat; e.g. --extra=--data-path "
                         "--extra=/data/mix); with data arguments also pass --no-mock-data")
     p.add_argument("--no-mock-data", action="store_true",
-                   help="do not add --mock-data/--tokenizer-type NullTokenizer (give data arguments via --extra)")
+                   help="do not add --mock-data/--tokenizer-type NullTokenizer (default: mock data unless the job "
+                        "file has a data: section; otherwise give data arguments via --extra)")
     p.add_argument("--no-test-only", action="store_true",
                    help="skip 'sbatch --test-only' (e.g. when rendering for another cluster)")
     p.add_argument("--submit", action="store_true", help="submit the script and print the job id")
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("a general plan (per-replica GPU types or TP) can be predicted but Megatron-LM cannot "
                         "run it; render needs uniform tp and dp with one partition per stage", file=args.plan)
     request = r.describe(plan, site, job, iters=args.iters, extra=args.extra, log_dir=args.log_dir,
-                         workdir=args.chdir, mock_data=not args.no_mock_data)
+                         workdir=args.chdir, mock_data=False if args.no_mock_data else None)
     script = r.render_request(request)
     out = Path(args.out) if args.out else Path(args.plan).with_suffix(".sbatch")
     try:

@@ -296,14 +296,16 @@ def _component_runs(plan: Plan) -> list[tuple[str, list[int]]]:
 
 def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
              extra: Sequence[str] = (), job_name: str | None = None, log_dir: str | None = None,
-             workdir: str | None = None, mock_data: bool = True) -> LaunchRequest:
+             workdir: str | None = None, mock_data: bool | None = None) -> LaunchRequest:
     """The checked launch request for ``plan`` on ``site``; raises SpecError for anything
     Megatron-LM cannot run or that cannot be written into a script safely.
 
     ``iters`` overrides the job's ``train_iters``; ``extra`` are further Megatron-LM
     arguments for every rank (e.g. ``--data-path``; later flags override earlier ones in
     Megatron-LM's argparse). ``mock_data`` adds ``--mock-data`` with the NullTokenizer
-    (Megatron-LM's synthetic data), what short measured runs use. ``log_dir`` is where the
+    (Megatron-LM's synthetic data), what short measured runs use (verify passes True); None
+    means the job's ``data`` section when it has one, else mock data. The job's learning-rate
+    schedule and checkpoint directories are always rendered. ``log_dir`` is where the
     job's output goes (default: the site's ``work_dir``); ``workdir`` the job's working
     directory (default: where it is submitted from).
     """
@@ -468,9 +470,19 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
     if job.optimizer != "adam":
         common.append(("--optimizer", job.optimizer))
     common += [("--train-iters", str(iters if iters is not None else job.train_iters)), ("--log-interval", "1"),
-               ("--eval-iters", "0"), ("--lr", "0.0001")]
+               ("--eval-iters", "0")]
+    common += _schedule_args(job)
+    if mock_data is None:
+        mock_data = job.data is None
     if mock_data:
         common += [("--mock-data",), ("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(model.vocab_size))]
+    elif job.data is not None:
+        if cross_vendor and job.data.tokenizer_type != "NullTokenizer":
+            raise SpecError("a cross-vendor plan runs the project's megatron-core entry, which reads pre-tokenized "
+                            "data only: give tokenizer type NullTokenizer (the model's vocab_size is the "
+                            "tokenizer's)", field="data.tokenizer.type", found=job.data.tokenizer_type,
+                            allowed="NullTokenizer")
+        common += _data_args(job)
     for k, e in enumerate(extra):
         _no_control(e, f"extra[{k}]")
 
@@ -528,6 +540,37 @@ def _transformer_impl(p: Partition, vendor: str) -> str:
     if p.transformer_impl is not None:
         return p.transformer_impl
     return "transformer_engine" if vendor == "nvidia" else "local"
+
+
+def _schedule_args(job: TrainJob) -> list[tuple[str, ...]]:
+    """The learning-rate schedule and checkpoint arguments of a job (Megatron-LM's names)."""
+    lr = job.lr_schedule
+    a: list[tuple[str, ...]] = [("--lr", repr(lr.lr)), ("--min-lr", repr(lr.min_lr)),
+                                ("--lr-decay-style", lr.decay_style), ("--lr-warmup-iters", str(lr.warmup_iters))]
+    if lr.decay_iters is not None:
+        a.append(("--lr-decay-iters", str(lr.decay_iters)))
+    ck = job.checkpoint
+    if ck is not None:
+        if ck.save_dir is not None:
+            a.append(("--save", ck.save_dir))
+        if ck.load_dir is not None:
+            a.append(("--load", ck.load_dir))
+        if ck.save_interval is not None:
+            a.append(("--save-interval", str(ck.save_interval)))
+    return a
+
+
+def _data_args(job: TrainJob) -> list[tuple[str, ...]]:
+    d = job.data
+    assert d is not None
+    a: list[tuple[str, ...]] = [("--data-path", *d.paths), ("--split", d.split), ("--tokenizer-type", d.tokenizer_type)]
+    for flag, value in (("--tokenizer-model", d.tokenizer_model), ("--vocab-file", d.vocab_file),
+                        ("--merge-file", d.merge_file)):
+        if value is not None:
+            a.append((flag, value))
+    if d.tokenizer_type == "NullTokenizer":
+        a.append(("--vocab-size", str(job.model.vocab_size)))
+    return a
 
 
 def _check_groups(plan: Plan, comps: Sequence[Component]) -> None:
@@ -594,7 +637,7 @@ def render_request(request: LaunchRequest) -> str:
 
 def render(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None, extra: Sequence[str] = (),
            job_name: str | None = None, log_dir: str | None = None, workdir: str | None = None,
-           mock_data: bool = True) -> str:
+           mock_data: bool | None = None) -> str:
     """The heterogeneous sbatch script that runs ``plan`` with Megatron-LM on ``site``. Pure:
     no files, no Slurm. See :func:`describe` for the arguments and the refusals."""
     return render_request(describe(plan, site, job, iters=iters, extra=extra, job_name=job_name,

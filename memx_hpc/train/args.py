@@ -75,6 +75,7 @@ class TrainArgs:
     min_lr: float
     lr_decay_style: str
     lr_warmup_iters: int
+    lr_decay_iters: int | None
     weight_decay: float
     clip_grad: float
     adam_beta1: float
@@ -89,6 +90,11 @@ class TrainArgs:
     recompute_modules: tuple[str, ...] | None
     mock_data: bool
     tokenizer_type: str | None
+    data_path: tuple[str, ...] | None
+    split: str
+    save: str | None
+    load: str | None
+    save_interval: int | None
     bf16: bool
     fp16: bool
     ignored: tuple[tuple[str, str], ...]  # (flag, why) for the log
@@ -142,8 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-interval", type=int, default=1000)
     t.add_argument("--lr", type=float, default=None)
     t.add_argument("--min-lr", type=float, default=0.0)
-    t.add_argument("--lr-decay-style", default="linear", choices=["constant", "linear", "cosine"])
+    t.add_argument("--lr-decay-style", default="linear",
+                   choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
     t.add_argument("--lr-warmup-iters", type=int, default=0)
+    t.add_argument("--lr-decay-iters", type=int, default=None)
     t.add_argument("--weight-decay", type=float, default=0.01)
     t.add_argument("--clip-grad", type=float, default=1.0)
     t.add_argument("--adam-beta1", type=float, default=0.9)
@@ -162,7 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--mock-data", action="store_true")
     data.add_argument("--seq-length", type=int, required=True)
     data.add_argument("--vocab-size", type=int, required=True)
-    data.add_argument("--tokenizer-type", default=None, choices=["NullTokenizer"])
+    data.add_argument("--tokenizer-type", default=None)
+    data.add_argument("--tokenizer-model", default=None)
+    data.add_argument("--vocab-file", default=None)
+    data.add_argument("--merge-file", default=None)
+    data.add_argument("--data-path", nargs="*", default=None)
+    data.add_argument("--split", default="969,30,1")
+
+    ck = p.add_argument_group("checkpointing")
+    ck.add_argument("--save", default=None)
+    ck.add_argument("--load", default=None)
+    ck.add_argument("--save-interval", type=int, default=None)
 
     mp = p.add_argument_group("mixed precision")
     mp.add_argument("--bf16", action="store_true")
@@ -194,6 +212,17 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
         p.error("--recompute-method needs --recompute-num-layers")
     if ns.num_query_groups is not None and not ns.group_query_attention:
         ns.num_query_groups = None  # Megatron-LM ignores it without --group-query-attention
+    if ns.mock_data and ns.data_path:
+        p.error("--mock-data and --data-path are mutually exclusive")
+    if not ns.mock_data and not ns.data_path:
+        p.error("give --data-path (pre-tokenized Megatron-LM .bin/.idx prefixes) or --mock-data")
+    if ns.tokenizer_type not in (None, "NullTokenizer"):
+        p.error(f"--tokenizer-type {ns.tokenizer_type}: this entry reads pre-tokenized data with NullTokenizer and "
+                f"--vocab-size (it builds no tokenizer)")
+    if ns.lr_decay_style == "WSD":
+        p.error("--lr-decay-style WSD is not supported by this entry (constant, linear, cosine, inverse-square-root)")
+    if ns.save_interval is not None and ns.save is None:
+        p.error("--save-interval needs --save")
     for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size",
                  "train_iters", "log_interval"):
         if getattr(ns, name) < 1:
@@ -221,12 +250,14 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
         micro_batch_size=ns.micro_batch_size, global_batch_size=ns.global_batch_size,
         train_iters=ns.train_iters, log_interval=ns.log_interval, eval_iters=ns.eval_iters,
         eval_interval=ns.eval_interval, lr=ns.lr if ns.lr is not None else 1.0e-4, min_lr=ns.min_lr,
-        lr_decay_style=ns.lr_decay_style, lr_warmup_iters=ns.lr_warmup_iters,
+        lr_decay_style=ns.lr_decay_style, lr_warmup_iters=ns.lr_warmup_iters, lr_decay_iters=ns.lr_decay_iters,
         weight_decay=ns.weight_decay, clip_grad=ns.clip_grad, adam_beta1=ns.adam_beta1,
         adam_beta2=ns.adam_beta2, adam_eps=ns.adam_eps, optimizer=ns.optimizer, seed=ns.seed,
         init_method_std=ns.init_method_std, recompute_granularity=ns.recompute_granularity,
         recompute_method=ns.recompute_method, recompute_num_layers=ns.recompute_num_layers,
         recompute_modules=tuple(ns.recompute_modules) if ns.recompute_modules is not None else None,
-        mock_data=ns.mock_data, tokenizer_type=ns.tokenizer_type, bf16=ns.bf16, fp16=ns.fp16,
+        mock_data=ns.mock_data, tokenizer_type=ns.tokenizer_type,
+        data_path=tuple(ns.data_path) if ns.data_path else None, split=ns.split, save=ns.save, load=ns.load,
+        save_interval=ns.save_interval, bf16=ns.bf16, fp16=ns.fp16,
         ignored=ignored,
     )

@@ -96,8 +96,9 @@ def measure_plan(plan: Plan, site: Site, job: TrainJob, *, iters: int, log_dir: 
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     script = log_dir / f"{name}.sbatch"
+    # short measured runs train on mock data even when the job names real data
     script.write_text(rs.render(plan, site, job, iters=iters, log_dir=str(log_dir), workdir=workdir,
-                                job_name=name), encoding="utf-8")
+                                job_name=name, mock_data=True), encoding="utf-8")
     rs.check_syntax(script)
     job_id = rs.submit(script)
     outcome = rs.wait(job_id, timeout_s=timeout_s)

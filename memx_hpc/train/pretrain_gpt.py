@@ -119,6 +119,83 @@ def _synthetic_batches(*, seed: int, dp_rank: int, micro_batch_size: int, seq_le
                "loss_mask": loss_mask, "attention_mask": attention_mask, "position_ids": position_ids}
 
 
+class _PreTokenized:
+    """What megatron-core's GPTDataset needs of a tokenizer for data that is already tokens
+    (Megatron-LM's NullTokenizer: ids 0..vocab_size-1, end-of-document = vocab_size)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size + 1
+        self.eod = vocab_size
+        self.pad = -1
+        self.unique_identifiers = {"class": "NullTokenizer", "vocab_size": vocab_size}
+
+
+def _dataset_batches(*, args: TrainArgs, seed: int, dp_rank: int, dp: int, torch: Any,
+                     device: Any = "cpu") -> Iterator[dict[str, Any]]:
+    """Batches of Megatron-LM's pre-tokenized ``.bin``/``.idx`` data (``--data-path``, optionally
+    ``weight prefix ...``) through megatron-core's GPTDataset: micro-batch k of data-parallel
+    rank d holds samples ``k*mbs*dp + d*mbs ...`` (Megatron-LM's pretraining sampler order)."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.utils import get_blend_from_list
+
+    gbs = args.global_batch_size or args.micro_batch_size * dp
+    config = GPTDatasetConfig(
+        random_seed=seed, sequence_length=args.seq_length, blend=get_blend_from_list(list(args.data_path or ())),
+        split=args.split, tokenizer=_PreTokenized(args.vocab_size), reset_position_ids=False,
+        reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=True)
+    train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [args.train_iters * gbs, 0, 0], lambda: True,
+                                                config).build()
+    if train is None:
+        raise ValueError(f"--split {args.split} leaves no training data")
+    mbs = args.micro_batch_size
+    k = 0
+    while True:
+        first = (k * mbs * dp + dp_rank * mbs) % len(train)
+        items = [train[(first + j) % len(train)] for j in range(mbs)]
+        batch = {key: torch.stack([torch.as_tensor(it[key]) for it in items]) for key in
+                 ("tokens", "labels", "loss_mask", "position_ids")}
+        batch["attention_mask"] = torch.as_tensor(items[0]["attention_mask"]).unsqueeze(0)
+        yield {key: v.to(device) for key, v in batch.items()}
+        k += 1
+
+
+def _checkpoint_file(base: str, iteration: int, rank: int) -> str:
+    return os.path.join(base, f"iter_{iteration:07d}", f"rank_{rank:05d}.pt")
+
+
+def _save_checkpoint(*, base: str, iteration: int, rank: int, shape: tuple[int, int, int], model: Any,
+                     optimizer: Any, scheduler: Any, torch: Any) -> None:
+    """Every rank writes its own shard (model, optimizer, scheduler); rank 0 then names the
+    iteration in ``latest_checkpointed_iteration.txt`` (Megatron-LM's tracker file)."""
+    path = _checkpoint_file(base, iteration, rank)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save({"iteration": iteration, "tp_pp_dp": shape, "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, path)
+    torch.distributed.barrier()
+    if rank == 0:
+        with open(os.path.join(base, "latest_checkpointed_iteration.txt"), "w", encoding="utf-8") as f:
+            f.write(str(iteration))
+
+
+def _load_checkpoint(*, base: str, rank: int, shape: tuple[int, int, int], model: Any, optimizer: Any,
+                     scheduler: Any, torch: Any) -> int:
+    """The iteration to resume after (0 when ``base`` holds no checkpoint yet)."""
+    tracker = os.path.join(base, "latest_checkpointed_iteration.txt")
+    if not os.path.isfile(tracker):
+        return 0
+    with open(tracker, encoding="utf-8") as f:
+        iteration = int(f.read().strip())
+    state = torch.load(_checkpoint_file(base, iteration, rank), map_location="cpu", weights_only=False)
+    if tuple(state["tp_pp_dp"]) != tuple(shape):
+        raise ValueError(f"checkpoint {base} iteration {iteration} was written by tp, pp, dp = "
+                         f"{tuple(state['tp_pp_dp'])}, this job is {shape}")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return iteration
+
+
 def _loss_func(loss_mask: Any, output_tensor: Any) -> tuple[Any, Any, dict[str, Any]]:
     # As Megatron-LM's pretrain_gpt.loss_func (core_r0.16.0): sum of masked token losses,
     # the token count, and [loss, tokens] for reporting.
@@ -376,7 +453,7 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
     config.grad_scale_func = optimizer.scale_loss  # as Megatron-LM's setup: fp16 loss scaling
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0 if args.lr_warmup_iters else args.lr, max_lr=args.lr, min_lr=args.min_lr,
-        lr_warmup_steps=args.lr_warmup_iters * gbs, lr_decay_steps=args.train_iters * gbs,
+        lr_warmup_steps=args.lr_warmup_iters * gbs, lr_decay_steps=(args.lr_decay_iters or args.train_iters) * gbs,
         lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
         wd_incr_steps=args.train_iters * gbs, wd_incr_style="constant")
 
@@ -399,10 +476,23 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         "device": "cpu" if on_cpu else f"cuda:{torch.cuda.current_device()}", "backend": backend,
     })[len(f"[Rank {rank}] "):])
 
-    data = _synthetic_batches(seed=args.seed, dp_rank=ps.get_data_parallel_rank(),
-                              micro_batch_size=args.micro_batch_size, seq_length=args.seq_length,
-                              vocab_size=args.vocab_size, torch=torch,
-                              device="cpu" if on_cpu else torch.device("cuda", torch.cuda.current_device()))
+    device = "cpu" if on_cpu else torch.device("cuda", torch.cuda.current_device())
+    if args.data_path:
+        data = _dataset_batches(args=args, seed=args.seed, dp_rank=ps.get_data_parallel_rank(), dp=dp, torch=torch,
+                                device=device)
+    else:
+        data = _synthetic_batches(seed=args.seed, dp_rank=ps.get_data_parallel_rank(),
+                                  micro_batch_size=args.micro_batch_size, seq_length=args.seq_length,
+                                  vocab_size=args.vocab_size, torch=torch, device=device)
+    shape = (tp, pp, dp)
+    start = 0
+    if args.load:
+        start = _load_checkpoint(base=args.load, rank=rank, shape=shape, model=ddp, optimizer=optimizer,
+                                 scheduler=scheduler, torch=torch)
+        if start:
+            _log(rank, f"resumed from {args.load} at iteration {start}")
+            for _ in range(start * num_microbatches):  # the data position of the resumed iteration
+                next(data)
     fwd_bwd = get_forward_backward_func()
     schedule_groups: dict[str, Any] = {}
     if pgc is not None:
@@ -431,7 +521,7 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
                                max_reserved_bytes=torch.cuda.max_memory_reserved())
         print(line, flush=True)
 
-    for iteration in range(1, args.train_iters + 1):
+    for iteration in range(start + 1, args.train_iters + 1):
         torch.distributed.barrier()
         t0 = time.perf_counter()
         ddp.zero_grad_buffer()
@@ -462,6 +552,12 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
             if not reported_memory:
                 report_memory(iteration)
                 reported_memory = True
+        if args.save and ((args.save_interval and iteration % args.save_interval == 0)
+                          or iteration == args.train_iters):
+            _save_checkpoint(base=args.save, iteration=iteration, rank=rank, shape=shape, model=ddp,
+                             optimizer=optimizer, scheduler=scheduler, torch=torch)
+            if rank == 0:
+                _log(rank, f"saved checkpoint at iteration {iteration} to {args.save}")
     report_memory(args.train_iters)
     torch.distributed.barrier()
     if rank == 0:

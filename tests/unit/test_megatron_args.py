@@ -202,3 +202,50 @@ def test_megatron_lm_accepts_the_top_plans_of_both_example_sites(tmp_path: Path,
             text = render(plan, site, job)
             for c in range(len(req.components)):
                 judge(_argv_of(text, c), req.world_size, monkeypatch, _judged_env(text, c))
+
+
+def test_megatron_lm_accepts_a_training_launch_with_data_schedule_and_checkpoints(monkeypatch: pytest.MonkeyPatch,
+                                                                                  tmp_path: Path) -> None:
+    """A job file that names real data, a tokenizer, the LR schedule and checkpoints renders
+    to arguments Megatron-LM accepts; verify's short runs (mock_data=True) keep mock data."""
+    from memx_hpc.errors import SpecError
+    from memx_hpc.spec import job_from_mapping
+
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "jobs" / "gpt3-2.7b.yaml").read_text())
+    doc.update(data={"paths": [0.7, "/data/web_text_document", 0.3, "/data/code_text_document"],
+                     "tokenizer": {"type": "GPT2BPETokenizer", "vocab_file": "/data/gpt2-vocab.json",
+                                   "merge_file": "/data/gpt2-merges.txt"}, "split": "98,2,0"},
+               lr_schedule={"lr": 3.0e-4, "min_lr": 3.0e-5, "decay_style": "cosine", "warmup_iters": 100,
+                            "decay_iters": 5000},
+               checkpoint={"save": "/ckpt/gpt3", "load": "/ckpt/gpt3", "interval": 500})
+    job = job_from_mapping(doc)
+    site = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml")
+    from memx_hpc.spec import Plan, Stage
+
+    plan = Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=64,
+                stages=(Stage(partition="gpu_a100", num_layers=20), Stage(partition="gpu_v100", num_layers=12)))
+    req = describe(plan, site, job)
+    text = render(plan, site, job)
+    for c in range(len(req.components)):
+        argv = _argv_of(text, c)
+        args = judge(argv, req.world_size, monkeypatch, _judged_env(text, c))
+        assert args.data_path == ["0.7", "/data/web_text_document", "0.3", "/data/code_text_document"]
+        assert (args.tokenizer_type, args.split, args.mock_data) == ("GPT2BPETokenizer", "98,2,0", False)
+        assert (args.lr, args.min_lr, args.lr_decay_style, args.lr_warmup_iters, args.lr_decay_iters) == \
+            (3.0e-4, 3.0e-5, "cosine", 100, 5000)
+        assert (args.save, args.load, args.save_interval) == ("/ckpt/gpt3", "/ckpt/gpt3", 500)
+    short = describe(plan, site, job, mock_data=True).megatron_argv[0]
+    assert "--mock-data" in short and "--data-path" not in short
+    # the project's entry (cross-vendor plans) reads pre-tokenized data only: refused, with the reason
+    cross = Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=64,
+                 stages=(Stage(partition="gpu_a100", num_layers=20), Stage(partition="gpu_mi250x", num_layers=12)))
+    with pytest.raises(SpecError) as e:
+        describe(cross, site, job)
+    assert e.value.field == "data.tokenizer.type"
+    for bad, field in (({"paths": ["/d/a;rm -rf x"], "tokenizer": {"type": "NullTokenizer"}}, "data.paths[0]"),
+                       ({"paths": ["/d/a"], "tokenizer": {"type": "BertWordPiece"}}, "data.tokenizer.type")):
+        with pytest.raises(SpecError) as e:
+            job_from_mapping({**doc, "data": bad})
+        assert e.value.field == field

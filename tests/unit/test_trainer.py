@@ -105,6 +105,55 @@ def test_cross_vendor_pipeline_trains_on_explicit_groups() -> None:
         in r0.stdout
 
 
+def _lrs(stdout: str) -> list[float]:
+    import re
+
+    return [float(x) for x in re.findall(r"learning rate: ([0-9.E+-]+)", stdout)]
+
+
+def _token_dataset(prefix: Path, vocab: int, docs: int = 40, seed: int = 0) -> None:
+    """Megatron-LM's pre-tokenized format (.bin/.idx), written by megatron-core's own builder."""
+    import numpy as np
+    import torch  # noqa: F401 - megatron-core needs it first
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    rng = np.random.default_rng(seed)
+    b = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for _ in range(docs):
+        doc = rng.integers(0, vocab, size=int(rng.integers(20, 60))).astype(np.int64)
+        b.add_document(doc, [len(doc)])
+    b.finalize(f"{prefix}.idx")
+
+
+@pytest.mark.slow
+def test_real_data_lr_schedule_and_checkpoint_resume(tmp_path: Path) -> None:
+    """The job file's data (pre-tokenized, read by megatron-core's GPTDataset), learning-rate
+    schedule and checkpoints: two iterations saved, then a resumed run does the third only."""
+    prefix = tmp_path / "corpus_text_document"
+    _token_dataset(prefix, vocab=128)
+    base = [a for a in TINY if a not in ("--mock-data",)]
+    ck = tmp_path / "ckpt"
+    common = [*base, "--data-path", str(prefix), "--split", "100,0,0", "--lr", "0.001", "--min-lr", "0.0001",
+              "--lr-decay-style", "cosine", "--lr-warmup-iters", "1", "--lr-decay-iters", "3"]
+    (r,) = _launch([*common, "--train-iters", "2", "--save", str(ck), "--save-interval", "1"], 1)
+    assert r.returncode == 0, r.stdout[-3000:]
+    log = parse_log(r.stdout)
+    assert [i.iteration for i in log.iterations] == [1, 2]
+    assert all(i.lm_loss is not None and 3.0 < i.lm_loss < 7.0 for i in log.iterations)
+    assert _lrs(r.stdout)[0] == pytest.approx(0.001)  # end of the 1-iteration warm-up
+    assert (ck / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert (ck / "iter_0000001" / "rank_00000.pt").is_file()
+    (r2,) = _launch([*common, "--train-iters", "3", "--load", str(ck)], 1)
+    assert r2.returncode == 0, r2.stdout[-3000:]
+    assert "resumed from" in r2.stdout and [i.iteration for i in parse_log(r2.stdout).iterations] == [3]
+    (lr3,) = _lrs(r2.stdout)
+    assert 0.0001 <= lr3 < 0.001  # cosine decay continued from the checkpoint's scheduler
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--train-iters", "1"])  # neither data nor mock data
+    with pytest.raises(SystemExit):
+        parse_args([*common, "--train-iters", "1", "--mock-data"])
+
+
 def test_unknown_argument_is_refused_like_megatron(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as e:
         parse_args([*TINY, "--train-iters", "1", "--no-such-flag"])
@@ -171,7 +220,7 @@ def test_megatron_lm_log_line_parses() -> None:
 
 
 def test_memory_tracker_counts_storages_once() -> None:
-    import torch
+    import torch  # noqa: F401 - megatron-core needs it first
 
     from memx_hpc.train.cpu import TensorMemoryTracker
 
