@@ -171,7 +171,7 @@ def _cli(*args: str) -> None:
 
 @pytest.fixture(scope="module")
 def searched_plans(tmp_path_factory):
-    """The top 3 plans of ``plan --no-profile`` on both example sites: the local site with an
+    """The top 3 plans (and the recommended and fastest) of ``plan --no-profile`` on both example sites: the local site with an
     empty store (datasheet figures), the cross-vendor site with the shared Sailor and Cephalo
     profiles imported, for the Llama-2-7B and GPT-3 2.7B jobs."""
     tmp = tmp_path_factory.mktemp("searched")
@@ -187,7 +187,10 @@ def searched_plans(tmp_path_factory):
         d = tmp / f"plans-{i}"
         _cli("plan", "--site", str(site_file), "--job", str(job_file), "--no-profile", "--store", str(st),
              "--top", "3", "--out", str(d), "--json")
-        out.append((site_file, job_file, [load_plan(f) for f in sorted(d.glob("plan-*.json"))]))
+        run = d / "latest" if (d / "latest").is_dir() else d  # plan writes one folder per run
+        files = sorted(run.glob("plan-*.json")) + [run / f for f in ("recommended.json", "fastest.json")
+                                                    if (run / f).is_file()]
+        out.append((site_file, job_file, [load_plan(f) for f in files]))
     return out
 
 
@@ -202,6 +205,8 @@ def test_megatron_lm_accepts_the_top_plans_of_both_example_sites(tmp_path: Path,
             text = render(plan, site, job)
             for c in range(len(req.components)):
                 judge(_argv_of(text, c), req.world_size, monkeypatch, _judged_env(text, c))
+            for g in req.groups:  # and the groups follow the rule
+                assert g.backend in (("ucc", "gloo", "cpu:gloo,cuda:ucc") if g.cross_vendor else ("nccl", "gloo"))
 
 
 def test_megatron_lm_accepts_a_training_launch_with_data_schedule_and_checkpoints(monkeypatch: pytest.MonkeyPatch,
