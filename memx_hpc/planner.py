@@ -346,6 +346,13 @@ def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, not
                             progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"predictor: ready in {time.perf_counter() - t0:.1f} s (covers {', '.join(covered)})", file=sys.stderr,
           flush=True)
+    from .model.compose import layer_query
+    for g in covered:
+        q = layer_query(job, g, kind="layer", tp=1, micro_batch_size=1, recompute="none", sequence_parallel=False)
+        if not predictor.shape_profiled(q):
+            notes.append(f"{g}: {job.name}'s layer shape ({job.precision}, {job.attention}) was never profiled on "
+                         f"this chip: its layer times are the chip's measured efficiency scaled to the work "
+                         f"(extrapolated; profile it for measured times)")
     if missing:
         # The predictor's datasheet booster estimates a GPU type it has no samples of from
         # that type's figures, which is about half the roofline's error on held-out types

@@ -8,7 +8,8 @@ query ``q`` gets ``t_q = exp(r(q)) * roofline(q)`` with ``r(q)``:
 * **exact** — ``q`` is a measured point (same GPU type, kind, shape, precision, attention,
   recompute, TP and micro-batch): ``r_p`` itself, so the answer is the measurement (the
   median of repeats);
-* **series** — the shape was measured on this GPU at other (TP, micro-batch): ``r``
+* **series** — the shape was measured on this GPU at other (TP, micro-batch), or in the
+  other 16-bit precision (fp16 for bf16: one set of units, the roofline of each): ``r``
   interpolated linearly in log micro-batch at each measured TP, then linearly in log TP
   (log-log interpolation of time: the roofline is linear in the micro-batch); beyond the
   measured range the nearest measured ratio is held, i.e. the nearest point scaled by
@@ -59,8 +60,13 @@ HOW = ("measured", "interpolated", "extrapolated")
 _PRECISION_CLASS = {"fp16": "half", "bf16": "half", "fp32": "fp32"}
 
 
-def _shape_key(s: LayerShape) -> tuple:
-    return tuple(sorted(asdict(s).items()))
+def _shape_key(s: LayerShape, kind: str) -> tuple:
+    """What identifies a shape for ``kind``: a transformer layer never touches the vocabulary,
+    the embedding and head do."""
+    d = asdict(s)
+    if kind == "layer":
+        d.pop("vocab_size")
+    return tuple(sorted(d.items()))
 
 
 def _cfg(q: LayerQuery) -> tuple:
@@ -200,7 +206,7 @@ class Anchors:
             roof = c["compute_ms"] + c["memory_ms"] + c["comm_ms"]
             rt = math.log(row["t"] / roof) if row["t"] else math.nan
             rm = math.log(row["m"] / max(analytic_activation_bytes(q), 1)) if row["m"] else math.nan
-            key = (g.name, q.kind, _cfg(q), _shape_key(q.shape))
+            key = (g.name, q.kind, _cfg(q), _shape_key(q.shape, q.kind))
             ser = series.get(key)
             if ser is None:
                 ser = series[key] = _Series(gpu=g.name, kind=q.kind, cfg=_cfg(q), shape=q.shape, skey=key[3])
@@ -311,10 +317,12 @@ class Anchors:
         pool = own or pool
         pc = _PRECISION_CLASS[q.precision]
         cfg = _cfg(q)
-        shape = _shape_key(q.shape)
-        same_shape = [s for s in pool if s.skey == shape and s.cfg[0] == q.precision
-                      and s.cfg[1] == q.attention]
-        exact_cfg = [s for s in same_shape if s.cfg == cfg]
+        shape = _shape_key(q.shape, q.kind)
+        # the same shape and attention kernel in the same precision class (fp16 and bf16 run
+        # on the same units; the roofline of each carries any difference), exact precision first
+        same_shape = sorted((s for s in pool if s.skey == shape and _PRECISION_CLASS[s.cfg[0]] == pc
+                             and s.cfg[1] == q.attention), key=lambda s: s.cfg[0] != q.precision)
+        exact_cfg = [s for s in same_shape if s.cfg[2:] == cfg[2:]]
         if exact_cfg or same_shape:
             ser = (exact_cfg or same_shape)[0]
             rt, rm, inside, exact = self._series(ser, q)
@@ -323,15 +331,23 @@ class Anchors:
                 # efficiency, the roofline carries the extra work; the memory is another
                 # formula's, not this series'
                 return rt, math.nan, "extrapolated"
+            exact = exact and ser.cfg[0] == q.precision
             return rt, rm, "measured" if exact else ("interpolated" if inside else "extrapolated")
         return self._work(pool, q, g, pc)
+
+    def has_series(self, q: LayerQuery, g: Any) -> bool:
+        """Whether ``q``'s shape (precision class, attention kernel) was measured on ``g``'s chip."""
+        shape = _shape_key(q.shape, q.kind)
+        pc = _PRECISION_CLASS[q.precision]
+        return any(s.skey == shape and _PRECISION_CLASS[s.cfg[0]] == pc and s.cfg[1] == q.attention
+                   for s in self.by_chip.get((g.chip_id, q.kind), ()))
 
     def memory(self, q: LayerQuery) -> float:
         """Log ratio of the activation bytes to the analytic formula from a series of the same
         kind, shape and configuration measured on *any* GPU (activation bytes are the
         model's, not the chip's: Sailor's llm_info.json bytes answer a GPU never profiled),
         interpolated along it; NaN when no such series measured memory."""
-        for ser in self.by_shape.get((q.kind, _shape_key(q.shape), _cfg(q)), ()):
+        for ser in self.by_shape.get((q.kind, _shape_key(q.shape, q.kind), _cfg(q)), ()):
             rm = self._series(ser, q)[1]
             if not math.isnan(rm):
                 return rm

@@ -348,6 +348,12 @@ class Predictor:
             raw[:, j] = b.predict(d) if b is not None else (0.0 if self.physics else np.log(base[:, j]))
         return raw
 
+    def shape_profiled(self, q: LayerQuery) -> bool:
+        """Whether ``q``'s layer shape (precision, attention kernel) was measured on its GPU's
+        chip: if not, its times are the chip's measured efficiency scaled to the work."""
+        self._check_fitted()
+        return self.anchors_.bind(self.gpus).has_series(q, resolve_gpu(self.gpus, q.gpu_type))
+
     def _donor(self, g: Any) -> str | None:
         """The GPU type whose measurements answer for ``g``: itself, else one of its chip."""
         if g.name in self.provenance_:

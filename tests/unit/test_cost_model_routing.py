@@ -72,3 +72,11 @@ def test_same_chip_and_alias_names_use_the_imported_layer_times(tmp_path, sailor
         assert model.provenance(name) == "imported"
     assert isinstance(model.model_for("MI250X-GCD"), AnalyticCostModel)  # two types: too few to transfer
     assert any("V100-32: no samples of its own; layer times from V100-16" in n for n in notes)
+
+
+def test_a_job_shape_never_profiled_is_named_extrapolated(sailor_store):
+    site = load_site(ROOT / "site_configs/example-cross-vendor.yaml")
+    job = load_job(ROOT / "jobs/gpt3-2.7b.yaml")
+    notes: list[str] = []
+    load_cost_model(site, job, sailor_store, analytic=False, notes=notes)
+    assert any("A100-80: " in n and "never profiled on this chip" in n and "extrapolated" in n for n in notes), notes
