@@ -3,9 +3,9 @@
 Each job is an sbatch script (a hetjob with one component per partition for a pair of
 partitions: ``srun A : B`` gives one step whose ranks are contiguous across the
 components, each component with its own partition's setup, environment and Python).
-All comm jobs share one job name and ``--dependency=singleton``: Slurm runs them one at
-a time, so no measurement shares its links with another. The login node waits for each
-job, reads what rank 0 wrote, and stores the curves in the profile store's ``/comm``
+The login node submits the jobs one at a time (a job waits for the previous one to end),
+so no measurement shares its links with another, reads what rank 0 wrote, and stores
+the curves in the profile store's ``/comm``
 table (:func:`memx_hpc.profile.comm.write_comm_curves`).
 """
 
@@ -44,10 +44,7 @@ def render_comm_script(job: CommJob, site: Any, *, task_file: Path, out_file: Pa
         opts = [f"--partition={part.name}", f"--nodes={job.nodes[k]}", f"--ntasks-per-node={job.tasks_per_node[k]}",
                 f"--time={part.time_limit_min or site.time_limit_min}"]
         if k == 0:
-            # one name for every comm job and --dependency=singleton: they run one at a time,
-            # so no measurement shares its links (or, here, its cores) with another
-            opts += ["--job-name=memx-comm", "--dependency=singleton",
-                     f"--output={log_dir / ('comm-' + job.name + '-%j.out')}"]
+            opts += [f"--job-name=memx-comm-{job.name}", f"--output={log_dir / ('comm-' + job.name + '-%j.out')}"]
         gpu = site.gpu(part.gpu_type)
         if part.gres_type:
             opts.append(f"--gres=gpu:{part.gres_type}:{job.tasks_per_node[k]}")
@@ -93,8 +90,9 @@ def profile_comm(site: Any, store_path: Path, work_dir: Path, *, sizes_bytes: Se
     work_dir.mkdir(parents=True, exist_ok=True)
     jobs = list(jobs) if jobs is not None else comm_jobs(site, sizes_bytes=sizes_bytes)
     report = CommReport()
-    submitted = []
-    for job in jobs:
+    deadline = time.monotonic() + timeout_s
+    curves: list[dict] = []
+    for job in jobs:  # one at a time: no measurement shares its links (or its cores) with another
         task = work_dir / f"comm-{job.name}.task.json"
         out = work_dir / f"comm-{job.name}.out.json"
         for stale in (out, out.with_suffix(".rdzv")):
@@ -103,15 +101,12 @@ def profile_comm(site: Any, store_path: Path, work_dir: Path, *, sizes_bytes: Se
         task.write_text(json.dumps(asdict(job)))
         script = work_dir / f"comm-{job.name}.sbatch"
         script.write_text(render_comm_script(job, site, task_file=task, out_file=out, log_dir=work_dir))
+        t0 = time.monotonic()
         try:
             job_id = submit(script)
         except SystemFailure as e:
             report.failures.append(f"{job.name}: {e}")
             continue
-        submitted.append((job, job_id, out, time.monotonic()))
-    deadline = time.monotonic() + timeout_s
-    curves: list[dict] = []
-    for job, job_id, out, t0 in submitted:
         try:
             outcome = wait(job_id, timeout_s=max(deadline - time.monotonic(), 1.0), poll_s=0.5)
         except SystemFailure:

@@ -42,7 +42,6 @@ def test_scripts_are_valid_bash_and_a_hetjob_for_a_pair(tmp_path):
     assert "#SBATCH --partition=a" in cross and "#SBATCH --partition=m" in cross
     assert " : bash -c " in cross and "--gres=gpu:a100:1" in cross and "--gpus-per-node=1" in cross
     assert "module load rocm" in cross  # each component runs its own partition's setup
-    assert "--dependency=singleton" in cross
     assert "echo pwned" in cross and "export X=a;" not in cross  # the hostile value is quoted, not run
     intra = render_comm_script(jobs["intra-a"], site, task_file=tmp_path / "t.json", out_file=tmp_path / "o.json",
                                log_dir=tmp_path)
