@@ -182,7 +182,8 @@ def sailor_validation(predictor) -> dict[str, dict[str, float]]:
                          pred_ms=pred.iteration_ms, roof_ms=roof.iteration_ms, site_ms=site_only.iteration_ms,
                          roof_alloc=float(max((st.peak_bytes - st.overhead_bytes) / a0(st.gpu_type)
                                               for st in roof.stages)),
-                         plan=plan, sync=max(st.grad_sync_ms for st in pred.stages)))
+                         plan=plan, sync=max(st.grad_sync_ms for st in pred.stages),
+                         red_grads=float(json.loads(f.read_text()).get("red_grads", float("nan"))) * 1e3))
     prior = prior_for("nvidia")
     p0 = DeviceMemoryModel.from_prior(prior)
     for i, r in enumerate(recs):
@@ -204,16 +205,17 @@ def sailor_validation(predictor) -> dict[str, dict[str, float]]:
         rows.append([r["name"], r["split"], r["model"], "/".join(str(s.num_layers) for s in p.stages),
                      len(p.stages[0].replicas), p.stages[0].replicas[0].tp, p.micro_batch_size, p.global_batch_size,
                      f"{r['real_ms'] / 1e3:.3f}", f"{r['pred_ms'] / 1e3:.3f}", f"{r['pred_ape']:.1f}",
-                     f"{r['site_ape']:.1f}", f"{r['roof_ape']:.1f}", f"{r['sync']:.0f}",
+                     f"{r['site_ape']:.1f}", f"{r['roof_ape']:.1f}", f"{r['sync']:.0f}", f"{r['red_grads']:.0f}",
                      f"{r['mem'] / GiB:.1f}", f"{r['alloc'] / GiB:.1f}", f"{r['mem_prior_ape']:.1f}",
                      f"{r['mem_loo'] / GiB:.1f}", f"{r['mem_loo_ape']:.1f}", f"{r['mem_const_ape']:.1f}"])
     table(rows, ["plan", "split", "model", "layers/stage", "dp", "tp", "mbs", "gbs", "real s", "pred s", "time APE %",
-                 "site-link APE %", "roofline APE %", "DP sync ms", "real GiB", "alloc GiB", "prior mem APE %",
+                 "site-link APE %", "roofline APE %", "DP sync ms", "red_grads ms", "real GiB", "alloc GiB", "prior mem APE %",
                  "LOO GiB", "LOO mem APE %", "const LOO APE %"])
     print("time: Sailor's imported GH200 network curves (provenance 'imported'); 'site-link': the site's 25 GB/s "
           "figure instead. memory: a x allocator peak + b, 'prior' = the NVIDIA prior "
           f"({prior.a:.2f} x + {prior.b_bytes / GiB:.1f} GiB), 'LOO' = a and b fitted on the other runs "
-          "(memx_hpc.model.memory), 'const' = the former constant-only overhead (median over the other runs).")
+          "(memx_hpc.model.memory), 'const' = the former constant-only overhead (median over the other runs). "
+          "'red_grads': the gradient reduction time Sailor measured (shown, not used; N4_D4's equals its iteration).")
     fits = [r["fit"] for r in recs]
     print(f"leave-one-out fits: a {min(f.a for f in fits):.3f}-{max(f.a for f in fits):.3f}, "
           f"b {min(f.b_bytes for f in fits) / GiB:.2f}-{max(f.b_bytes for f in fits) / GiB:.2f} GiB")

@@ -212,9 +212,19 @@ def _profile(args: argparse.Namespace) -> int:
                      progress=not args.no_progress and not args.json, max_retries=args.max_retries,
                      settings=settings, **({"points_per_task": args.points_per_task}
                                            if args.points_per_task else {}))
+    links = None
+    if args.links and not report.dry_run:
+        if report.scheduler != "slurm":
+            print("links: not measured (the comm jobs need Slurm: a hetjob per pair of partitions)", file=sys.stderr)
+        else:
+            from ..slurm.comm import profile_comm
+            links = profile_comm(site, store.path, site.resolve(site.work_dir) / "comm")
+    links_failed = bool(links and links.failures)
     if args.json:
-        emit_json({"store": str(store.path), **report.to_json()})
-        return 2 if report.failed and not report.dry_run else 0
+        emit_json({"store": str(store.path), **report.to_json(),
+                   **({"links": {"curves": links.written, "jobs": links.jobs, "failures": links.failures,
+                                 "task_seconds": links.task_seconds}} if links else {})})
+        return 2 if (report.failed or links_failed) and not report.dry_run else 0
     rows = []
     for p in report.plans:
         share = p.minimal_layer_points / p.full_grid_layer_points if p.full_grid_layer_points else 0.0
@@ -238,15 +248,8 @@ def _profile(args: argparse.Namespace) -> int:
         what = (f"{f.point.gpu_type} {f.point.kind} tp={f.point.tp} mbs={f.point.micro_batch_size} "
                 f"recompute={f.point.recompute}" if f.point else "task")
         print(f"  failed after {f.attempts} attempt(s): {what} [{f.partition}]: {f.reason}", file=sys.stderr)
-    if args.links:
-        from ..slurm.comm import profile_comm
-        if report.scheduler != "slurm":
-            print("links: not measured (the comm jobs need Slurm: a hetjob per pair of partitions)", file=sys.stderr)
-        else:
-            rep = profile_comm(site, store.path, site.resolve(site.work_dir) / "comm")
-            print(f"links: {rep.written} curves from {len(rep.jobs)} job(s), {rep.task_seconds:.0f} task-seconds")
-            for f in rep.failures:
-                print(f"  links failed: {f}", file=sys.stderr)
-            if rep.failures:
-                return 2
-    return 2 if report.failed else 0
+    if links:
+        print(f"links: {links.written} curves from {len(links.jobs)} job(s), {links.task_seconds:.0f} task-seconds")
+        for f in links.failures:
+            print(f"  links failed: {f}", file=sys.stderr)
+    return 2 if report.failed or links_failed else 0

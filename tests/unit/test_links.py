@@ -156,3 +156,29 @@ def test_composition_uses_the_links():
     assert pred.stages[0].send_ms > 100 * base.stages[0].send_ms
     assert pred.stages[0].grad_sync_ms > 100 * base.stages[0].grad_sync_ms
     assert pred.iteration_ms > base.iteration_ms
+
+
+def test_replicas_on_two_gpu_types_sync_over_the_slower_link():
+    from memx_hpc.model.compose import predict_general
+    from memx_hpc.spec import GeneralPlan, GeneralStage, Replica
+    site = Site(name="mixed", partitions=(
+        Partition(name="fast", gpu_type="A100-40", nodes=2, gpus_per_node=4),
+        Partition(name="slow", gpu_type="V100-16", nodes=2, gpus_per_node=4)))
+    model = ModelSpec(name="small", num_layers=8, hidden_size=1024, num_attention_heads=8, num_query_groups=8,
+                      ffn_hidden_size=4096, vocab_size=1000, seq_length=512)
+    job = job_for_model(model, 16, precision="fp16", optimizer="adam", distributed_optimizer=False)
+    fast = CommCurve(kind="p2p", scope="inter", gpu_types=("A100-40",), provenance="imported", source="fast",
+                     form="alpha-beta", gbps=20.0)
+    slow = CommCurve(kind="p2p", scope="inter", gpu_types=("V100-16",), provenance="imported", source="slow",
+                     form="alpha-beta", gbps=1.0)
+    links = LinkModel(site, [fast, slow])
+
+    def plan(parts):
+        return GeneralPlan(micro_batch_size=1, global_batch_size=16, stages=(
+            GeneralStage(num_layers=8, replicas=tuple(Replica(gpu_type=site.partition(p).gpu_type, tp=4, partition=p)
+                                                      for p in parts)),))
+
+    homo = predict_general(plan(["fast", "fast"]), site, job, FlatModel(), links=links).stages[0].grad_sync_ms
+    mixed = predict_general(plan(["fast", "slow"]), site, job, FlatModel(), links=links).stages
+    # the two replicas' ring crosses the pair's link: the slower partition's curve (1 GB/s), not 20 GB/s
+    assert all(s.grad_sync_ms == pytest.approx(20 * homo, rel=0.05) for s in mixed)
