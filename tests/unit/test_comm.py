@@ -105,3 +105,15 @@ def test_sailor_curves_import_into_the_store(tmp_path):
     site = Site(name="c", partitions=(Partition(name="gh", gpu_type="GH-96", nodes=4, gpus_per_node=4),))
     c = load_links(site, path).p2p(64e6, "gh", "gh")
     assert c.provenance == "imported" and "GH-96" in c.source
+
+
+@pytest.mark.skipif(shared_data(required=False) is None, reason="shared data absent")
+def test_profile_import_sailor_brings_its_network_curves(tmp_path, capsys):
+    import json
+
+    from memx_hpc.cli.main import main
+    store = tmp_path / "s.h5"
+    assert main(["profile", "import", "--store", str(store), "--format", "sailor", str(shared_data() / "sailor"),
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["link_curves"] == len(read_comm_curves(store)) > 0
