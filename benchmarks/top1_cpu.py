@@ -530,7 +530,7 @@ def print_trial_tables(rows: list[dict], names: list[str], weights) -> dict:
             r["pred"]["fitted+calibration (LOO)"]["footprint"] / MiB, r["pred"]["roofline"]["footprint"] / MiB,
             f"{r['pred']['fitted']['risk']:.0%}"] for r in ok],
           ["plan", "meas ms", "fitted ms", "fit+cal ms", "roofline ms", "meas RSS MiB", "fitted", "fit+cal",
-           "roofline", "mem+err"], max_width=120)
+           "roofline", "mem+err"])
     if len(ok) < 2:
         return {}
     scores = {name: score_model(ok, name, weights) for name in names}
