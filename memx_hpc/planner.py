@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -492,7 +493,8 @@ def plan(request: PlanRequest) -> PlanResult:
     progress = ProgressBar("search", enabled=rank0 and request.progress)
     result = search(space, cost_model, options=pr.options, cache=pr.cache, comm=pr.comm, progress=progress)
     provenance = provenance_of(cost_model, site)
-    base = Path(request.out_dir) if request.out_dir else site.resolve(site.work_dir) / f"plan-{job.name}"
+    base = Path(os.path.normpath(Path(request.out_dir) if request.out_dir
+                                 else site.resolve(site.work_dir) / f"plan-{job.name}"))
     kw = dict(objective=request.objective, bands=pr.bands)
     if not rank0:
         return PlanResult(site=site, job=job, cost_model=cost_model, search=result, notes=notes,

@@ -50,15 +50,16 @@ class ProgressBar:
                   file=self.stream, flush=True)
 
 
-def stage_summary(plan: Plan) -> str:
-    """``gpu_a100:12/none | gpu_v100:4+4/full:2`` — consecutive stages of one partition together."""
+def stage_summary(plan: Plan, *, compact: bool = False) -> str:
+    """``gpu_a100:12/none | gpu_v100:4+4/full:2`` — consecutive stages of one partition together.
+    ``compact``: ``gpu_a100:12|gpu_v100:4+4/full:2`` (no recompute is not written)."""
     parts = []
     for name, idx in plan.component_groups():
         layers = "+".join(str(plan.stages[i].num_layers) for i in idx)
         rcs = [plan.stages[i].recompute.label() for i in idx]
         rc = rcs[0] if len(set(rcs)) == 1 else ",".join(rcs)
-        parts.append(f"{name}:{layers}/{rc}")
-    return " | ".join(parts)
+        parts.append(f"{name}:{layers}" + ("" if compact and rc == "none" else f"/{rc}"))
+    return ("|" if compact else " | ").join(parts)
 
 
 def gpu_types_of(site: Site) -> list[str]:
@@ -173,7 +174,8 @@ def explain(result: SearchResult, *, bands: Mapping[str, MemoryErrorBand] | None
 # --------------------------------------------------------------------------- the table
 
 TABLE_FOOTER = ("GPUs: peak GiB; mem+err: fullest GPU + expected error, % of memory; bal: fullest/mean GPU memory; "
-                "score: T^{t}*M^{m}*B^{b}")
+                "score: T^{t}*M^{m}*B^{b}\nstages: partition:layers[/recompute], one entry per run of stages on "
+                "one partition")
 
 
 def table_rows(plans: Sequence[ScoredPlan], site: Site) -> tuple[list[str], list[list[Any]]]:
@@ -188,7 +190,7 @@ def table_rows(plans: Sequence[ScoredPlan], site: Site) -> tuple[list[str], list
         rows.append([s.rank, s.time_rank, f"{p.iteration_ms / 1e3:.3f}"]
                     + [gib(peaks[g]) if g in peaks else "-" for g in gpus]
                     + [risk, f"{p.balance:.2f}", f"{s.score:.3g}",
-                       f"{s.plan.tp}.{s.plan.dp}.{s.plan.micro_batch_size}", stage_summary(s.plan).replace(" | ", "|")])
+                       f"{s.plan.tp}.{s.plan.dp}.{s.plan.micro_batch_size}", stage_summary(s.plan, compact=True)])
     return header, rows
 
 
