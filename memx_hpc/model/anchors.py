@@ -313,16 +313,17 @@ class Anchors:
         pool = self.by_chip.get((g.chip_id, q.kind))
         if not pool:
             return math.nan, math.nan, None
-        own = [s for s in pool if s.gpu == g.name]
-        pool = own or pool
         pc = _PRECISION_CLASS[q.precision]
         cfg = _cfg(q)
         shape = _shape_key(q.shape, q.kind)
         # the same shape and attention kernel in the same precision class (fp16 and bf16 run
-        # on the same units; the roofline of each carries any difference), exact precision first
+        # on the same units; the roofline of each carries any difference): this GPU type's
+        # own series first, then another type of its chip; exact precision first
         same_shape = sorted((s for s in pool if s.skey == shape and _PRECISION_CLASS[s.cfg[0]] == pc
-                             and s.cfg[1] == q.attention), key=lambda s: s.cfg[0] != q.precision)
-        exact_cfg = [s for s in same_shape if s.cfg[2:] == cfg[2:]]
+                             and s.cfg[1] == q.attention),
+                            key=lambda s: (s.gpu != g.name, s.cfg[0] != q.precision))
+        pool = [s for s in pool if s.gpu == g.name] or pool
+        exact_cfg = [s for s in same_shape if s.cfg[2:] == cfg[2:] and s.gpu == same_shape[0].gpu]
         if exact_cfg or same_shape:
             ser = (exact_cfg or same_shape)[0]
             rt, rm, inside, exact = self._series(ser, q)
@@ -331,7 +332,7 @@ class Anchors:
                 # efficiency, the roofline carries the extra work; the memory is another
                 # formula's, not this series'
                 return rt, math.nan, "extrapolated"
-            exact = exact and ser.cfg[0] == q.precision
+            exact = exact and ser.cfg[0] == q.precision and ser.gpu == g.name
             return rt, rm, "measured" if exact else ("interpolated" if inside else "extrapolated")
         return self._work(pool, q, g, pc)
 
@@ -390,29 +391,41 @@ class Anchors:
         return yt, ym, False, False
 
     def _work(self, pool: list[_Series], q: LayerQuery, g: Any, pc: str) -> tuple[float, float, str | None]:
-        """A shape this chip never ran: the pooled efficiency curve of all measured chips at
-        the query's size of work relative to the GPU, shifted by how this chip's own
-        measured points sit against that curve (their median offset, one number per chip,
-        kind and precision class -- so the answer stays monotone in the work)."""
+        """A shape this chip never ran (in this precision class). With the chip's own points
+        of the query's attention kernel (the nearest measured TP): their efficiency curve
+        over the log roofline (non-increasing, slope-guarded) inside their range --
+        ``interpolated`` -- and beyond it the curve's end moved along the pooled curve of all
+        chips (its trend with the size of the work; ``extrapolated``). Without them: the
+        pooled curve plus the chip's offset (``extrapolated``)."""
         cand = [s for s in pool if _PRECISION_CLASS[s.cfg[0]] == pc]
         if not cand:
             return math.nan, math.nan, None
         chip = g.chip_id
+        x = self._peak_time(q, g)
+        own = [(tp, r) for s in cand if s.cfg[1] == q.attention for tp, r in s.points() if not math.isnan(r[1])]
+        if own:
+            lt = math.log(q.tp)
+            near = min({tp for tp, _ in own}, key=lambda t: (abs(math.log(t) - lt), t))
+            xs, ys = efficiency_curve(np.array([r[4] for tp, r in own if tp == near]),
+                                      np.array([r[1] for tp, r in own if tp == near]))
+            if xs[0] <= x <= xs[-1]:
+                y = _interp(list(xs), list(ys), x)[0]
+                return max(y, 0.0), math.nan, "interpolated" if near == q.tp else "extrapolated"
+            edge, yedge = (xs[0], ys[0]) if x < xs[0] else (xs[-1], ys[-1])
+            trend = self._pool(q.kind, pc, q.attention, x) - self._pool(q.kind, pc, q.attention, edge)
+            y = yedge + (0.0 if math.isnan(trend) else trend)
+            return max(y, 0.0), math.nan, "extrapolated"
         fit = self._pool_fit(q.kind, pc, q.attention)
         if fit is not None and chip in fit[2]:
-            y = self._pool(q.kind, pc, q.attention, self._peak_time(q, g), chip)
+            y = self._pool(q.kind, pc, q.attention, x, chip)
         else:
             # the chip ran only another attention kernel: its offset there, on this kernel's curve
             other = self._pool_fit(q.kind, pc, cand[0].cfg[1])
             shift = other[2].get(chip, 0.0) if other is not None else 0.0
-            y = self._pool(q.kind, pc, q.attention, self._peak_time(q, g)) + shift
+            y = self._pool(q.kind, pc, q.attention, x) + shift
         if math.isnan(y):
             return math.nan, math.nan, None
-        # interpolated: between this chip's own measured work at this TP, same attention kernel
-        wq = math.log(max(roofline_components(q, _GPU_FOR_FLOPS)["flops"], 1.0))
-        w = [r[3] for s in cand if s.cfg[1] == q.attention for tp, r in s.points() if tp == q.tp]
-        inside = bool(w) and min(w) <= wq <= max(w)
-        return max(y, 0.0), math.nan, "interpolated" if inside else "extrapolated"
+        return max(y, 0.0), math.nan, "extrapolated"
 
 
 class _FlopsOnlyGpu:
