@@ -426,6 +426,7 @@ class Composer:
         sk_link = np.zeros((S, P), dtype=np.float64)
         sk_sync = np.zeros((S, P), dtype=np.int64)
         sync_ids: dict[tuple, int] = {}
+        send_memo: dict[tuple, float] = {}
         sync_rows: list[np.ndarray] = []
         sk_tied = np.zeros((S, P), dtype=np.float64)
         sk_m = np.zeros(S, dtype=np.int64)
@@ -474,9 +475,13 @@ class Composer:
                 sk_first[si, i] = first
                 sk_last[si, i] = last
                 if i < pp - 1:
-                    a, b, same = bounds[i]
-                    sk_link[si, i] = send_ms(self.links, job, micro_batch_size=mbs, tp=tp, sequence_parallel=sp,
-                                             a=a, b=b, same_node=same)
+                    lkey = (mbs, tp, *bounds[i])
+                    v = send_memo.get(lkey)
+                    if v is None:
+                        a, b, same = bounds[i]
+                        v = send_memo[lkey] = send_ms(self.links, job, micro_batch_size=mbs, tp=tp,
+                                                      sequence_parallel=sp, a=a, b=b, same_node=same)
+                    sk_link[si, i] = v
                 ykey = (s, dp, name, one_node[i], tp)
                 y = sync_ids.get(ykey)
                 if y is None:
