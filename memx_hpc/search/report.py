@@ -312,9 +312,9 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter, NullLocator
 
-    fig, ax = plt.subplots(figsize=(9, 5.6), dpi=110)
+    fig, ax = plt.subplots(figsize=(9, 6.4), dpi=110)
     limit = 100.0 * (1.0 - site.memory_safety_margin) if site is not None else None
     pts: list[tuple[float, float]] = []
     if result.pareto:
@@ -376,7 +376,10 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
         if clipped:
             ax.text(0.995, 0.02, f"{clipped} slower plan(s) beyond the axis", transform=ax.transAxes, ha="right",
                     fontsize=8, color="0.4")
-        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 3, 4, 5, 6, 7, 8, 9), numticks=30))
+        # at most 3x wide: evenly spaced round numbers read better than powers of ten
+        ticks = [v for v in MaxNLocator(nbins=7).tick_values(lo / 1.06, hi * 1.12) if lo / 1.06 <= v <= hi * 1.12]
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_minor_locator(NullLocator())
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_ylim(0, max(105.0, max(y for _, y in pts) + 5))
@@ -385,11 +388,11 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
     ax.set_title(title, fontsize=12)
     ax.tick_params(labelsize=10)
     ax.grid(alpha=0.3, which="both")
-    # Pareto fronts fall from the upper left to the lower right: the upper right is free
-    ax.legend(fontsize=9, loc="center right", framealpha=0.92)
+    # below the axes: no point or label of the plot can sit under it
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return path
 
