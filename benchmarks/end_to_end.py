@@ -256,6 +256,7 @@ def vtrain_ranking(predictor) -> dict[str, dict[str, float]]:
         rows = [r for r in csv.reader(fh) if r and not r[0].startswith("#")]
     site = Site(name="a100-node", partitions=(Partition(name="a100", gpu_type="A100-40", nodes=1, gpus_per_node=8),))
     groups: dict[tuple, list] = defaultdict(list)
+    per_layer: dict[tuple, list] = defaultdict(list)
     models = {"predictor": predictor, "roofline": AnalyticCostModel(site)}
     for r in rows:
         gpus, gbs, mbs, h, a, L, s, tp, dp, pp = (int(x) for x in r[:10])
@@ -266,8 +267,13 @@ def vtrain_ranking(predictor) -> dict[str, dict[str, float]]:
         plan = Plan(tp=tp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs,
                     stages=tuple(Stage(partition="a100", num_layers=L // pp, recompute=Recompute(mode="full"))
                                  for _ in range(pp)))
-        preds = {k: predict_plan(plan, site, job, mod).iteration_ms for k, mod in models.items()}
+        full = {k: predict_plan(plan, site, job, mod) for k, mod in models.items()}
+        preds = {k: v.iteration_ms for k, v in full.items()}
         groups[(h, a, L, s, gpus, gbs)].append((measured, preds, (tp, dp, pp, mbs)))
+        if pp == 1 and split_of_vtrain(L) == "dev":
+            # one stage: the iteration is m micro-batches of L layers (+ embedding, head, optimizer)
+            m = full["predictor"].num_microbatches
+            per_layer[(h, tp, mbs)].append((measured / (m * L), full["predictor"].stages[0].time_ms / L))
     from scipy.stats import spearmanr
     n_test = sum(1 for g in groups if split_of_vtrain(g[2]) == "test")
     print(f"\n2. vTrain A100 ({len(rows)} runs in {path}, {len(groups)} groups of model x GPUs x global batch; "
@@ -297,6 +303,21 @@ def vtrain_ranking(predictor) -> dict[str, dict[str, float]]:
                      "rule's best = measured best", "mean regret %", "max regret %", "time MAPE %"])
     print("Spearman over the groups with >= 3 configurations; regret: measured time of the predicted best "
           "configuration over the measured best; rule: largest DP, then smallest TP, then largest micro-batch.")
+    # Where the time goes (dev, single-stage runs): the measured iteration over m x L is an
+    # upper bound of one layer's forward+recompute+backward per micro-batch; beside it the
+    # predictor's layer time. A floor of a few ms that no shape goes below is host-bound
+    # execution (kernel launches and Python per op), which scaled layer times do not have.
+    hs, tps, mbss = sorted({k[0] for k in per_layer}), sorted({k[1] for k in per_layer}), sorted({k[2] for k in per_layer})
+    rows = []
+    for h in hs:
+        for tp in tps:
+            cells = []
+            for b in mbss:
+                v = per_layer.get((h, tp, b))
+                cells.append(f"{np.median([x[0] for x in v]):.2f} / {np.median([x[1] for x in v]):.2f}" if v else "-")
+            rows.append([f"h{h} tp{tp}", *cells])
+    print("dev, one-stage runs: measured ms per layer per micro-batch (iteration / (m x L)) / predicted layer ms:")
+    table(rows, ["shape", *[f"mbs {b}" for b in mbss]])
     return res
 
 
