@@ -408,12 +408,13 @@ class Anchors:
             near = min({tp for tp, _ in own}, key=lambda t: (abs(math.log(t) - lt), t))
             xs, ys = efficiency_curve(np.array([r[4] for tp, r in own if tp == near]),
                                       np.array([r[1] for tp, r in own if tp == near]))
+            pen = _tp_penalty(cand, near, q) if near != q.tp else 0.0
             if xs[0] <= x <= xs[-1]:
-                y = _interp(list(xs), list(ys), x)[0]
+                y = _interp(list(xs), list(ys), x)[0] + pen
                 return max(y, 0.0), math.nan, "interpolated" if near == q.tp else "extrapolated"
             edge, yedge = (xs[0], ys[0]) if x < xs[0] else (xs[-1], ys[-1])
             trend = self._pool(q.kind, pc, q.attention, x) - self._pool(q.kind, pc, q.attention, edge)
-            y = yedge + (0.0 if math.isnan(trend) else trend)
+            y = yedge + (0.0 if math.isnan(trend) else trend) + pen
             return max(y, 0.0), math.nan, "extrapolated"
         fit = self._pool_fit(q.kind, pc, q.attention)
         if fit is not None and chip in fit[2]:
@@ -426,6 +427,36 @@ class Anchors:
         if math.isnan(y):
             return math.nan, math.nan, None
         return max(y, 0.0), math.nan, "extrapolated"
+
+
+def _tp_penalty(cand: list[_Series], near: int, q: LayerQuery) -> float:
+    """The change of this chip's efficiency from TP ``near`` to the query's TP (or the
+    nearest TP measured beside ``near``), read off its measured series closest in shape
+    (log hidden + log sequence; any attention kernel) that ran both TPs, at the query's
+    micro-batch: small layers lose much more to tensor parallelism than large ones, and
+    the efficiency curve of one TP cannot say so. 0 when no series ran two TPs."""
+    lt = math.log(q.tp)
+    best, best_d = None, math.inf
+    for s in cand:
+        if near not in s.by_tp or len(s.by_tp) < 2:
+            continue
+        target = min((t for t in s.by_tp if t != near), key=lambda t: (abs(math.log(t) - lt), t))
+        if abs(math.log(target) - lt) >= abs(math.log(near) - lt):
+            continue  # that series' other TPs lie on the wrong side
+        d = (abs(math.log(s.shape.hidden_size / q.shape.hidden_size))
+             + abs(math.log(s.shape.seq_length / q.shape.seq_length)))
+        if d < best_d:
+            best, best_d = (s, target), d
+    if best is None:
+        return 0.0
+    s, target = best
+    lb = math.log(q.micro_batch_size)
+    vals = []
+    for t in (target, near):
+        rows = s.by_tp[t]
+        vals.append(_interp([math.log(r[0]) for r in rows], [r[1] for r in rows], lb)[0])
+    pen = vals[0] - vals[1]
+    return 0.0 if math.isnan(pen) else pen
 
 
 class _FlopsOnlyGpu:
