@@ -33,8 +33,9 @@ with one line each on time, memory headroom and out-of-memory risk, the top-K of
 fastest.json, weighted.json, pareto.png and summary.json. Use 'memx-hpc plan' to
 profile what is missing first.
 
-Under MPI (mpiexec -n N memx-hpc search ..., or srun --mpi=pmi2) the ranks split
-the space; the answer is the same as with one process.
+Under MPI (.venv/bin/mpiexec -n N .venv/bin/memx-hpc search ... --mpi, or
+srun --mpi=pmi2 -n N ...) the ranks split the space; the answer is the same as with
+one process.
 
 examples:
   memx-hpc search --site site_configs/example-cross-vendor.yaml --job jobs/gpt3-2.7b.yaml
