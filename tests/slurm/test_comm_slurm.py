@@ -33,8 +33,7 @@ def test_intra_and_cross_partition_curves_are_measured_and_used(tmp_path: Path, 
         assert r["provenance"]["slurm_job_id"] and len(r["provenance"]["hosts"]) == 2
         assert all(t > 0 for t in r["curve"]["times_ms"])
     cross = next(r for r in rows if r["curve"]["scope"] == "cross")
-    assert sorted(cross["provenance"]["hosts"]) == sorted({"a100n0", "mi250n0"}) or \
-        len(set(cross["provenance"]["hosts"])) >= 1  # one host per component (fake nodes may share a hostname)
+    assert cross["curve"]["partitions"] == ["nvidia_a100", "amd_mi250"]  # one rank in each hetjob component
     links = load_links(site, store)
     assert links.p2p(2**20, "nvidia_a100", "amd_mi250").provenance == "measured"
     assert links.p2p(2**20, "nvidia_a100", "nvidia_a100", same_node=True).provenance == "measured"
