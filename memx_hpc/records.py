@@ -8,15 +8,18 @@ them, :mod:`memx_hpc.model.calibrate` learns from them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import types
+import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
 
 from .errors import SpecError
-from .spec import ModelSpec, TrainJob
+from .spec import TrainJob
 
 __all__ = ["E2ERecord", "RECORD_FORMAT", "job_from_spec", "job_to_spec", "records_hash"]
 
@@ -93,12 +96,12 @@ class E2ERecord:
 
 
 def job_to_spec(job: TrainJob) -> dict[str, Any]:
-    """The job as plain data (what a cost model needs to predict its plans again); the
-    file it came from is left out, it does not change a prediction."""
-    d = asdict(job)
+    """The job as plain data (what a cost model needs to predict its plans again, and the
+    launcher to run it again); the file it came from is left out, it does not change a
+    prediction. Nested sections (model, data, LR schedule, checkpointing) are mappings,
+    tuples are lists: JSON as it will be read back."""
+    d = json.loads(json.dumps(asdict(job)))
     d.pop("source_file", None)
-    d["micro_batch_sizes"] = list(job.micro_batch_sizes)
-    d["recompute_modes"] = list(job.recompute_modes)
     return d
 
 
@@ -106,21 +109,30 @@ def job_from_spec(d: Any) -> TrainJob:
     """The inverse of :func:`job_to_spec`; a SpecError names what does not fit."""
     if not isinstance(d, dict) or not isinstance(d.get("model"), dict):
         raise SpecError("expected a job mapping with a model", field="job_spec", found=type(d).__name__)
-    names = {f.name for f in fields(TrainJob)}
-    mnames = {f.name for f in fields(ModelSpec)}
-    unknown = sorted(set(d) - names) + [f"model.{k}" for k in sorted(set(d["model"]) - mnames)]
-    if unknown:
-        raise SpecError("unknown job fields", field="job_spec", found=unknown)
     try:
-        model = ModelSpec(**d["model"])
-        rest = {k: v for k, v in d.items() if k != "model"}
-        for k in ("micro_batch_sizes", "recompute_modes"):
-            if k in rest:
-                rest[k] = tuple(rest[k])
-        return TrainJob(model=model, **rest)
+        return _decode(TrainJob, d, "job_spec")
     except TypeError as e:
         raise SpecError(f"incomplete job ({e})", field="job_spec") from None
 
+
+def _decode(tp: Any, value: Any, where: str) -> Any:
+    """``value`` (plain JSON data) as type ``tp``: mappings into dataclasses (unknown keys
+    refused, naming them), lists into tuples, ``X | None`` as X or None."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _decode(args[0], value, where) if len(args) == 1 else value
+    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        hints = typing.get_type_hints(tp)
+        unknown = sorted(set(value) - {f.name for f in fields(tp)})
+        if unknown:
+            raise SpecError(f"unknown fields of {tp.__name__}", field=where, found=unknown)
+        return tp(**{k: _decode(hints[k], v, f"{where}.{k}") for k, v in value.items()})
+    if origin is tuple and isinstance(value, list):
+        return tuple(value)
+    return value
 
 
 def records_hash(records: Iterable[E2ERecord]) -> str:
