@@ -61,72 +61,16 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
     from pathlib import Path
 
-    from ..errors import SpecError, SystemFailure
-    from ..profile.store import ProfileStore
-    from ..slurm.local_cluster import START_HINT, slurm_available
-    from ..spec import load_job, load_site
-    from ..train.measure import measure_plan, plan_key
-    from ..planner import base_of, load_cost_model, plan, store_paths
+    from ..planner import VerifyRequest, plan_file_entries, verify
     from .search import request_from_args
 
-    if args.iters < 2:
-        raise SpecError("at least 2 iterations (the first is warm-up)", field="--iters", found=args.iters)
-    site = load_site(args.site)
-    job = load_job(args.job)
-    entries = _plan_entries(args.plans, args.top) if args.plans else None
-    if not slurm_available(timeout=5.0):
-        raise SystemFailure(f"Slurm does not answer (sinfo); verify runs real jobs. {START_HINT}")
-    store_path = store_paths(site, args.store).store
-    store = ProfileStore(store_path)
-    notes: list[str] = []
-    moved = _move_legacy_records(store, notes)
-
-    if entries is None:
-        searched = plan(request_from_args(args, site=site, job=job))
-        notes += searched.notes
-        if not searched.ranked:
-            raise SpecError(f"none of the {searched.result.stats.plans:,} plans fits in memory on {site.name}"
-                            + (" with the expected memory error (--objective memx ranks without it)"
-                               if searched.result.top else "") + "; nothing to verify", file=job.source_file)
-        entries = [(str(searched.out_dir / f"plan-{s.rank:02d}.json"), s.plan, _prediction_dict(s))
-                   for s in searched.ranked[:args.top]]
-        base = base_of(searched.cost_model)
-    else:
-        base = base_of(load_cost_model(site, job, store_path, analytic=args.analytic, notes=notes))
-
-    done = {r.key: r for r in store.e2e_records(site=site.name)}  # the latest run of each key wins
-    log_dir = Path(os.path.normpath(site.resolve(site.work_dir))) / "verify"
-    measured = []
-    for name, plan, prediction in entries:
-        key = plan_key(plan, site, job, args.iters)
-        if key in done and not args.rerun:
-            measured.append((name, done[key], False))
-            continue
-        print(f"verify: running {Path(str(name)).name} ({args.iters} iterations) ...", file=_stderr(), flush=True)
-        rec = measure_plan(plan, site, job, iters=args.iters, log_dir=log_dir, workdir=args.chdir,
-                           timeout_s=args.timeout, plan_file=str(name), prediction=prediction)
-        store.append_e2e([rec])  # at once: a later failure must not lose this run
-        done[key] = rec
-        measured.append((name, rec, True))
-
-    from ..model.calibrate import CalibratedCostModel, error_summary, leave_one_out
-
-    records = store.e2e_records(site=site.name)
-    held = {(h.key, h.job_id): h for h in leave_one_out(base, records, site, job)}
-    rows = [_row(name, rec, fresh, held.get((rec.key, rec.job_id))) for name, rec, fresh in measured]
-    now = CalibratedCostModel(base, records, site, job).fit().calibration_
-    summary_rows = error_summary([h for h in held.values()])
-    out = {"store": str(store_path), "plans": rows, "notes": notes,
-           "moved_from_jsonl": moved,
-           "these_plans": _mapes(rows),
-           "all_runs_leave_one_out": summary_rows,
-           "calibration": {"runs": now.runs, "selection": now.selection, "time_factor": dict(now.time_factor),
-                           "overhead_bytes": dict(now.overhead_bytes), "memory_scale": dict(now.memory_scale),
-                           "skipped": list(now.skipped),
-                           "describe": now.describe()}}
+    entries = plan_file_entries(args.plans, args.top) if args.plans else None
+    result = verify(VerifyRequest(search=request_from_args(args), plans=entries, iters=args.iters,
+                                  timeout_s=args.timeout, workdir=args.chdir, rerun=args.rerun))
+    out, rows, now, notes, store_path = result.summary, result.rows, result.calibration, result.notes, result.store
+    summary_rows = out["all_runs_leave_one_out"]
     if args.json:
         emit_json(out)
         return 0
@@ -160,83 +104,6 @@ def run(args: argparse.Namespace) -> int:
     for n in notes:
         print(f"note: {n}")
     return 0
-
-
-def _stderr():
-    import sys
-    return sys.stderr
-
-
-def _plan_entries(files: list[str], top: int) -> list[tuple[str, object, dict | None]]:
-    """(file, plan, prediction) of the first ``top`` plan files by their 'rank' field."""
-    import json
-    from pathlib import Path
-
-    from ..errors import SpecError
-    from ..planfile import load_plan
-    from ..spec import GeneralPlan
-
-    entries = []
-    for i, f in enumerate(files):
-        plan = load_plan(f)
-        if isinstance(plan, GeneralPlan):
-            raise SpecError("a general plan cannot be run by Megatron-LM", file=f)
-        try:
-            raw = json.loads(Path(f).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raw = {}
-        rank = raw.get("rank") if isinstance(raw.get("rank"), int) else None
-        pred = raw.get("prediction") if isinstance(raw.get("prediction"), dict) else None
-        entries.append((rank if rank is not None else 10**9, i, f, plan, pred))
-    entries.sort(key=lambda e: (e[0], e[1]))
-    return [(f, plan, pred) for _, _, f, plan, pred in entries[:top]]
-
-
-def _prediction_dict(scored) -> dict:
-    d = scored.prediction.to_dict()
-    d["rank"], d["time_only_rank"], d["score"] = scored.rank, scored.time_rank, scored.score
-    return d
-
-
-def _move_legacy_records(store, notes: list[str]) -> int:
-    """Runs an earlier version kept in ``<store>.e2e.jsonl`` go into the store (the file stays)."""
-    from ..train.measure import read_records
-
-    legacy = store.path.with_suffix(".e2e.jsonl")
-    records = read_records(legacy)
-    if not records:
-        return 0
-    added = store.append_e2e(records)
-    if added:
-        notes.append(f"moved {added} run(s) from {legacy} into the store's end-to-end table (the file can go)")
-    return added
-
-
-def _row(name, rec, fresh: bool, held) -> dict:
-    MiB = 2**20
-    pred = rec.prediction or {}
-    at_time = pred.get("iteration_ms")
-    return {"plan": str(name), "key": rec.key, "job_id": rec.job_id, "new": fresh,
-            "measured_ms": rec.iteration_ms, "measured_peak_mib": rec.peak_footprint_bytes / MiB,
-            "measured_allocated_mib": rec.peak_allocated_max_bytes / MiB,
-            "predicted_at_the_time_ms": float(at_time) if isinstance(at_time, (int, float)) else None,
-            "before_ms": held.before_ms if held else None,
-            "after_ms": held.after_ms if held else None,
-            "before_peak_mib": held.before_footprint_bytes / MiB if held else None,
-            "after_peak_mib": held.after_footprint_bytes / MiB if held else None,
-            "calibrated_on_runs": held.fitted_on if held else None}
-
-
-def _mape1(rows: list[dict], p: str, m: str) -> float | None:
-    from ..model.metrics import mape
-    return mape([r[p] for r in rows], [r[m] for r in rows])
-
-
-def _mapes(rows: list[dict]) -> dict:
-    return {"mape_time_before_pct": _mape1(rows, "before_ms", "measured_ms"),
-            "mape_time_after_pct": _mape1(rows, "after_ms", "measured_ms"),
-            "mape_memory_before_pct": _mape1(rows, "before_peak_mib", "measured_peak_mib"),
-            "mape_memory_after_pct": _mape1(rows, "after_peak_mib", "measured_peak_mib")}
 
 
 def _f(x) -> str:

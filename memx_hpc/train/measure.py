@@ -29,7 +29,8 @@ from ..planfile import plan_to_dict
 from ..records import RECORD_FORMAT, E2ERecord, job_from_spec, job_to_spec
 from ..spec import Plan, Site, TrainJob
 
-__all__ = ["E2ERecord", "RECORD_FORMAT", "job_from_spec", "job_to_spec", "measure_plan", "plan_key", "read_records"]
+__all__ = ["E2ERecord", "RECORD_FORMAT", "job_from_spec", "job_to_spec", "measure_plan", "move_legacy_records",
+           "plan_key", "read_records"]
 
 
 def plan_key(plan: Plan, site: Site, job: TrainJob, iters: int) -> str:
@@ -130,3 +131,16 @@ def measure_plan(plan: Plan, site: Site, job: TrainJob, *, iters: int, log_dir: 
                     "megatron_version": site.megatron_version, "source": "memx-hpc verify"},
     )
 
+
+
+def move_legacy_records(store, notes: list[str]) -> int:
+    """Runs an earlier version kept in ``<store>.e2e.jsonl`` go into ``store`` (a
+    :class:`~memx_hpc.profile.store.ProfileStore`; the file stays). Returns how many were added."""
+    legacy = store.path.with_suffix(".e2e.jsonl")
+    records = read_records(legacy)
+    if not records:
+        return 0
+    added = store.append_e2e(records)
+    if added:
+        notes.append(f"moved {added} run(s) from {legacy} into the store's end-to-end table (the file can go)")
+    return added

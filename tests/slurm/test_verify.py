@@ -122,7 +122,7 @@ def test_plan_submit_without_slurm_is_a_system_error(tmp_path: Path, capsys: pyt
 
 
 def test_runs_kept_as_json_lines_by_earlier_versions_move_into_the_store(tmp_path: Path) -> None:
-    from memx_hpc.cli.verify import _move_legacy_records
+    from memx_hpc.train.measure import move_legacy_records
     from memx_hpc.records import E2ERecord
 
     rec = E2ERecord(key="k1", plan={"format": "memx-plan/1"}, site="local", job="tiny-gpt", iters=5,
@@ -131,6 +131,6 @@ def test_runs_kept_as_json_lines_by_earlier_versions_move_into_the_store(tmp_pat
     rec.append_to(tmp_path / "store.e2e.jsonl")  # what verify wrote before runs lived in the store
     store = ProfileStore(tmp_path / "store.h5")
     notes: list[str] = []
-    assert _move_legacy_records(store, notes) == 1
+    assert move_legacy_records(store, notes) == 1
     assert store.e2e_records("local") == [rec] and "moved 1 run(s)" in notes[0]
-    assert _move_legacy_records(store, notes) == 0 and len(notes) == 1  # moved once
+    assert move_legacy_records(store, notes) == 0 and len(notes) == 1  # moved once
