@@ -14,15 +14,17 @@ query ``q`` gets ``t_q = exp(r(q)) * roofline(q)`` with ``r(q)``:
   (log-log interpolation of time: the roofline is linear in the micro-batch); beyond the
   measured range the nearest measured ratio is held, i.e. the nearest point scaled by
   the roofline ratio of the work (FLOPs, bytes and TP collectives);
-* **work** — the shape was never measured on this chip (or not with this precision or
-  attention kernel): ``r = f(x) + offset[chip]``, a model pooled over every measured chip
-  of ``x``, the log time the work takes at the GPU's datasheet peaks (compute, memory-bound
-  kernels and TP collectives: the roofline) -- the size of the work relative to the GPU. ``f`` is non-increasing (larger work
-  runs at least as efficiently; pool-adjacent-violators) with a slope guard so that more
-  work never takes less time, and flat beyond the largest measured work (the efficiency of
-  the largest measured layer, never a tree's edge); the chip's offset is the median of its
-  own points' residuals. Labelled ``interpolated`` between the chip's own measured work at
-  the query's TP, ``extrapolated`` beyond.
+* **work** — the shape was never measured on this chip (in this precision class): with
+  the chip's own points of the query's attention kernel at the nearest measured TP, their
+  efficiency curve over ``x``, the log roofline of the work (the time it takes at the
+  GPU's datasheet peaks: the size of the work relative to the GPU) -- non-increasing
+  (larger work runs at least as efficiently; pool-adjacent-violators) with a slope guard
+  so that more work never takes less time -- ``interpolated`` inside the measured range;
+  beyond it the curve's end follows the trend of a curve pooled over every measured chip
+  (never a tree's flat edge; ``extrapolated``). At a TP that kernel never ran, the TP step
+  of the chip's nearest-shaped series that ran both TPs is added (small layers lose more
+  to tensor parallelism). A chip that never ran the kernel gets the pooled curve plus its
+  offset from it (``r = f(x) + offset[chip]``, fitted by backfitting).
 
 A chip never measured gets ``f(x)`` with the median chip's offset (:meth:`Anchors.datasheet`):
 a faster part runs a layer in less time at peak, so it lands lower on the curve -- a newer
@@ -406,15 +408,17 @@ class Anchors:
         if own:
             lt = math.log(q.tp)
             near = min({tp for tp, _ in own}, key=lambda t: (abs(math.log(t) - lt), t))
+            step = _tp_step(cand, near, q) if near != q.tp else None
+            # the points moved to the query's TP by the step at their own micro-batch, before
+            # the curve is fitted (so the answer stays monotone in the work)
             xs, ys = efficiency_curve(np.array([r[4] for tp, r in own if tp == near]),
-                                      np.array([r[1] for tp, r in own if tp == near]))
-            pen = _tp_penalty(cand, near, q) if near != q.tp else 0.0
+                                      np.array([r[1] + (step(r[0]) if step else 0.0) for tp, r in own if tp == near]))
             if xs[0] <= x <= xs[-1]:
-                y = _interp(list(xs), list(ys), x)[0] + pen
+                y = _interp(list(xs), list(ys), x)[0]
                 return max(y, 0.0), math.nan, "interpolated" if near == q.tp else "extrapolated"
             edge, yedge = (xs[0], ys[0]) if x < xs[0] else (xs[-1], ys[-1])
             trend = self._pool(q.kind, pc, q.attention, x) - self._pool(q.kind, pc, q.attention, edge)
-            y = yedge + (0.0 if math.isnan(trend) else trend) + pen
+            y = yedge + (0.0 if math.isnan(trend) else trend)
             return max(y, 0.0), math.nan, "extrapolated"
         fit = self._pool_fit(q.kind, pc, q.attention)
         if fit is not None and chip in fit[2]:
@@ -429,12 +433,12 @@ class Anchors:
         return max(y, 0.0), math.nan, "extrapolated"
 
 
-def _tp_penalty(cand: list[_Series], near: int, q: LayerQuery) -> float:
+def _tp_step(cand: list[_Series], near: int, q: LayerQuery) -> Any:
     """The change of this chip's efficiency from TP ``near`` to the query's TP (or the
-    nearest TP measured beside ``near``), read off its measured series closest in shape
-    (log hidden + log sequence; any attention kernel) that ran both TPs, at the query's
-    micro-batch: small layers lose much more to tensor parallelism than large ones, and
-    the efficiency curve of one TP cannot say so. 0 when no series ran two TPs."""
+    nearest TP measured beside ``near``) as a function of the micro-batch, read off its
+    measured series closest in shape (log hidden + log sequence; any attention kernel) that
+    ran both TPs: small layers lose much more to tensor parallelism than large ones, and
+    the efficiency curve of one TP cannot say so. None when no series ran two TPs."""
     lt = math.log(q.tp)
     best, best_d = None, math.inf
     for s in cand:
@@ -448,15 +452,15 @@ def _tp_penalty(cand: list[_Series], near: int, q: LayerQuery) -> float:
         if d < best_d:
             best, best_d = (s, target), d
     if best is None:
-        return 0.0
+        return None
     s, target = best
-    lb = math.log(q.micro_batch_size)
-    vals = []
-    for t in (target, near):
-        rows = s.by_tp[t]
-        vals.append(_interp([math.log(r[0]) for r in rows], [r[1] for r in rows], lb)[0])
-    pen = vals[0] - vals[1]
-    return 0.0 if math.isnan(pen) else pen
+    curves = [([math.log(r[0]) for r in s.by_tp[t]], [r[1] for r in s.by_tp[t]]) for t in (target, near)]
+
+    def step(mbs: float) -> float:
+        a, b = (_interp(xs, ys, math.log(mbs))[0] for xs, ys in curves)
+        return 0.0 if math.isnan(a) or math.isnan(b) else a - b
+
+    return step
 
 
 class _FlopsOnlyGpu:
