@@ -55,10 +55,10 @@ if TYPE_CHECKING:  # only for annotations: the search is imported where it is us
     from .search.objective import Weights
     from .search.space import SpaceOptions
 
-__all__ = ["MIN_TYPES_FOR_DATASHEET_TRANSFER", "PlanRequest", "PlanResult", "ScaledSearch", "StorePaths", "base_of",
+__all__ = ["MIN_TYPES_FOR_DATASHEET_TRANSFER", "PlanRequest", "PlanResult", "ScaleResult", "ScaledSearch", "StorePaths", "base_of",
            "calibrated", "load_cost_model", "plan", "profile_missing", "provenance_of", "scale_site",
            "search_options", "simulate_scales", "store_paths", "submit_best", "VerifyRequest", "VerifyResult",
-           "plan_file_entries", "verify"]
+           "best_plan_check", "plan_file_entries", "verify"]
 
 #: profiled GPU types a store needs before the predictor estimates unprofiled types itself
 MIN_TYPES_FOR_DATASHEET_TRANSFER = 3
@@ -526,17 +526,47 @@ def plan(request: PlanRequest) -> PlanResult:
 
 
 @dataclass(kw_only=True)
+class ScaleResult:
+    """One scaled site's search: the site, the search result, its wall time, and for the
+    best plan the pipeline time three ways (:func:`best_plan_check`; None when no plan fits)."""
+
+    site: Site
+    search: "SearchResult"
+    wall_s: float
+    best_check: dict | None
+
+
+@dataclass(kw_only=True)
 class ScaledSearch:
-    """:func:`simulate_scales`' answer: per scaled site (the site itself first), the search
-    result and its wall time in seconds; the options, notes and provenance shared by all."""
+    """:func:`simulate_scales`' answer: per scaled site (the site itself first) a
+    :class:`ScaleResult`; the options, notes and provenance shared by all."""
 
     site: Site
     job: TrainJob
     options: "SearchOptions"
     notes: list[str]
     provenance: dict[str, str]
-    scales: list[tuple[Site, "SearchResult", float]]
+    scales: list[ScaleResult]
     rank0: bool = True
+
+
+def best_plan_check(prediction) -> dict:
+    """A plan's pipeline time as the search evaluated it, by the event-driven 1F1B
+    simulator, and by the textbook closed form ``sum(f+b) + (m-1) max(f+b)`` (to show how
+    far off the closed form is), with the simulator's bubble fraction."""
+    import numpy as np
+
+    from .model.schedule import closed_form_ms, simulate_1f1b
+
+    st = prediction.stages
+    f = [x.forward_ms for x in st]
+    b = [x.backward_ms for x in st]
+    c = [x.send_ms for x in st[:-1]]
+    m = prediction.num_microbatches
+    sim = simulate_1f1b(f, b, c, m)
+    textbook = float(closed_form_ms(np.array(f), np.array(b), np.array(c), m))
+    return {"pipeline_ms_search": prediction.pipeline_ms, "pipeline_ms_event_driven": sim.total_ms,
+            "pipeline_ms_textbook": textbook, "bubble_fraction": sim.bubble_fraction}
 
 
 def simulate_scales(request: PlanRequest, gpu_counts: tuple[int, ...] | None = None) -> ScaledSearch:
@@ -556,7 +586,9 @@ def simulate_scales(request: PlanRequest, gpu_counts: tuple[int, ...] | None = N
         res = search(PlanSpace(s, pr.job, request.space), pr.cost_model, options=pr.options, cache=pr.cache,
                      comm=pr.comm,
                      progress=ProgressBar(f"search {s.total_gpus} GPUs", enabled=pr.rank0 and request.progress))
-        out.append((s, res, time.perf_counter() - t0))
+        wall = time.perf_counter() - t0
+        out.append(ScaleResult(site=s, search=res, wall_s=wall,
+                               best_check=best_plan_check(res.top[0].prediction) if res.top else None))
     return ScaledSearch(site=site, job=pr.job, options=pr.options, notes=pr.notes,
                         provenance=provenance_of(pr.cost_model, site), scales=out, rank0=pr.rank0)
 

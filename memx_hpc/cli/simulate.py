@@ -40,9 +40,6 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from ..model.schedule import closed_form_ms, simulate_1f1b
     from ..planner import simulate_scales
     from ..search.report import scored_to_dict, stage_summary
 
@@ -51,28 +48,20 @@ def run(args: argparse.Namespace) -> int:
         return 0
     site, job, opts, notes = run_.site, run_.job, run_.options, run_.notes
     rows, out = [], []
-    for s, res, wall in run_.scales:
+    for sc in run_.scales:
+        s, res, wall = sc.site, sc.search, sc.wall_s
         entry = {"gpus": s.total_gpus, "partitions": {p.name: p.total_gpus for p in s.partitions},
                  "plans": res.stats.plans, "feasible": res.stats.feasible, "search_s": wall,
                  "plans_per_s": res.stats.plans / wall if wall > 0 else None, "ranks": res.stats.ranks,
                  "peak_rss_bytes": res.stats.peak_rss_bytes, "top": [scored_to_dict(x) for x in res.top]}
         if res.top:
             best = res.top[0]
-            st = best.prediction.stages
-            f = [x.forward_ms for x in st]
-            b = [x.backward_ms for x in st]
-            c = [x.send_ms for x in st[:-1]]
-            m = best.prediction.num_microbatches
-            sim = simulate_1f1b(f, b, c, m)
-            textbook = float(closed_form_ms(np.array(f), np.array(b), np.array(c), m))
-            entry["best_check"] = {"pipeline_ms_search": best.prediction.pipeline_ms,
-                                   "pipeline_ms_event_driven": sim.total_ms, "pipeline_ms_textbook": textbook,
-                                   "bubble_fraction": sim.bubble_fraction}
+            check = entry["best_check"] = sc.best_check
             rows.append([s.total_gpus, res.stats.plans, res.stats.feasible, f"{wall:.2f}",
                          f"{res.stats.plans / wall:,.0f}", f"{res.stats.peak_rss_bytes / 2**20:.0f}",
                          f"{best.prediction.iteration_ms / 1e3:.3f}", f"{best.prediction.tokens_per_s:,.0f}",
                          f"{best.prediction.max_utilisation:.0%}",
-                         f"{(textbook / sim.total_ms - 1) * 100:+.1f}%",
+                         f"{(check['pipeline_ms_textbook'] / check['pipeline_ms_event_driven'] - 1) * 100:+.1f}%",
                          f"tp{best.plan.tp} dp{best.plan.dp} mbs{best.plan.micro_batch_size} "
                          + stage_summary(best.plan)])
         else:

@@ -106,3 +106,16 @@ def test_plan_with_a_locked_store_goes_on_when_asked(tmp_path, capsys, flag, not
     out = json.loads(capsys.readouterr().out)
     assert any(note in n for n in out["notes"]), out["notes"]
     assert (tmp_path / "out" / "latest" / "plan-01.json").is_file()
+
+
+def test_simulate_scales_searches_each_scale_with_one_model(tmp_path):
+    from memx_hpc.planner import simulate_scales
+    site = load_site(SITE)
+    run = simulate_scales(_request(tmp_path), (site.total_gpus * 2,))
+    assert [sc.site.total_gpus for sc in run.scales] == [site.total_gpus, site.total_gpus * 2]
+    for sc in run.scales:
+        assert sc.search.top and sc.wall_s > 0
+        check = sc.best_check  # the search's vectorised schedule is the event-driven simulator's
+        assert check["pipeline_ms_search"] == pytest.approx(check["pipeline_ms_event_driven"], rel=1e-9)
+        assert check["pipeline_ms_textbook"] > 0 and 0 <= check["bubble_fraction"] < 1
+    assert not (tmp_path / "out").exists()  # simulate writes nothing
