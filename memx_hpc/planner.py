@@ -246,12 +246,14 @@ def _mpi(request: PlanRequest):
 
 
 def load_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[str], fit: bool = True,
-                    calibrate: bool = True):
+                    calibrate: bool = True, progress: bool = True):
     """The cost model for ``site``: the predictor fitted on the store for GPU types it has
     samples of (fitted or reloaded: see fit_or_load), the datasheet roofline for the rest;
     calibrated by the end-to-end runs the store holds for the site (see
-    :mod:`memx_hpc.model.calibrate`) unless ``calibrate`` is False or ``analytic`` is set."""
-    model = _uncalibrated_cost_model(site, job, store_path, analytic=analytic, notes=notes, fit=fit)
+    :mod:`memx_hpc.model.calibrate`) unless ``calibrate`` is False or ``analytic`` is set.
+    ``progress``: say on stderr when the predictor is fitted or reloaded, and how long it took."""
+    model = _uncalibrated_cost_model(site, job, store_path, analytic=analytic, notes=notes, fit=fit,
+                                     progress=progress)
     # every p2p and collective of the composition reads the site's link curves: measured
     # and imported ones from the store, the site's figures (labelled so) for the rest
     from .profile.comm import load_links
@@ -290,7 +292,8 @@ def base_of(model):
     return model.base if isinstance(model, CalibratedCostModel) else model
 
 
-def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[str], fit: bool = True):
+def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[str], fit: bool = True,
+                             progress: bool = True):
     from .model.api import AnalyticCostModel
     from .model.routed import RoutedCostModel
     fallback = AnalyticCostModel(site)
@@ -342,12 +345,14 @@ def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, not
         return fallback
     model_path = store_paths(site, store_path).predictor
     t0 = time.perf_counter()
-    print(f"predictor: reusing {model_path} or fitting it on {len(samples):,} samples from {store_path} ...",
-          file=sys.stderr, flush=True)
-    predictor = fit_or_load(samples, model_path, gpus,
-                            progress=lambda line: print(line, file=sys.stderr, flush=True))
-    print(f"predictor: ready in {time.perf_counter() - t0:.1f} s (covers {', '.join(covered)})", file=sys.stderr,
-          flush=True)
+
+    def say(line: str) -> None:
+        if progress:
+            print(line, file=sys.stderr, flush=True)
+
+    say(f"predictor: reusing {model_path} or fitting it on {len(samples):,} samples from {store_path} ...")
+    predictor = fit_or_load(samples, model_path, gpus, progress=say)
+    say(f"predictor: ready in {time.perf_counter() - t0:.1f} s (covers {', '.join(covered)})")
     from .model.compose import layer_query
     for g in covered:
         q = layer_query(job, g, kind="layer", tp=1, micro_batch_size=1, recompute="none", sequence_parallel=False)
@@ -469,7 +474,8 @@ def _prepare(request: PlanRequest) -> _Prepared:
     # rank 0 fits (and saves) the predictor; the others then load what it saved
     if comm is not None and not rank0:
         comm.barrier()
-    cost_model = load_cost_model(site, job, paths.store, analytic=request.analytic, notes=notes)
+    cost_model = load_cost_model(site, job, paths.store, analytic=request.analytic, notes=notes,
+                                 progress=request.progress)
     if comm is not None and rank0:
         comm.barrier()
     from .catalog import precision_notes
@@ -724,7 +730,8 @@ def verify(request: VerifyRequest) -> VerifyResult:
                    for s in searched.ranked[:request.search.top_k]]
         base = base_of(searched.cost_model)
     else:
-        base = base_of(load_cost_model(site, job, store_path, analytic=request.search.analytic, notes=notes))
+        base = base_of(load_cost_model(site, job, store_path, analytic=request.search.analytic, notes=notes,
+                                       progress=request.search.progress))
 
     done = {r.key: r for r in store.e2e_records(site=site.name)}  # the latest run of each key wins
     log_dir = Path(os.path.normpath(site.resolve(site.work_dir))) / "verify"
