@@ -510,7 +510,10 @@ def fit_or_load(samples: Sequence[LayerSample], path: str | Path, site: Any, *, 
                 return p
         except SpecError:
             pass  # stale, foreign or another schema: refit below
-    fresh.fit(samples, site)
+    try:
+        fresh.fit(samples, site)
+    finally:
+        fresh.progress = None  # a caller's callback is not part of the model
     fresh.save(path)
     return fresh
 
