@@ -1256,6 +1256,39 @@ class LayerSample:
         _choice(self.origin, "origin", SAMPLE_ORIGINS)
         _real(self.weight, "weight", 0.0, 1e6)
 
+    @property
+    def transformer_impl(self) -> str:
+        """The transformer layer that was measured (``local`` | ``transformer_engine``), from the
+        provenance; measured samples from before the field was recorded are megatron-core's
+        local spec (the only one profiled then); other samples that do not say: ``unknown``."""
+        try:
+            impl = json.loads(self.provenance or "{}").get("transformer_impl")
+        except (ValueError, AttributeError):
+            impl = None
+        if impl in TRANSFORMER_IMPLS:
+            return impl
+        return "local" if self.origin == "measured" else "unknown"
+
+
+def transformer_impls(samples: Iterable[LayerSample]) -> dict[str, str]:
+    """The one transformer implementation measured per GPU type (layer samples; ``unknown``
+    ones do not count). A GPU type measured with two is refused: predicting from both would
+    mix what runs with what does not."""
+    seen: dict[str, set[str]] = {}
+    for s in samples:
+        if s.point.kind == "layer":
+            seen.setdefault(s.point.gpu_type, set()).add(s.transformer_impl)
+    out = {}
+    for gpu, impls in sorted(seen.items()):
+        known = sorted(impls - {"unknown"})
+        if len(known) > 1:
+            raise SpecError(f"layer samples of {gpu} were measured with {' and '.join(known)} layers; a predictor "
+                            f"fitted on both would mix them: keep the samples of the implementation the "
+                            f"partition trains with (its transformer_impl)", field="transformer_impl",
+                            found=known, allowed="one implementation per GPU type")
+        out[gpu] = known[0] if known else "unknown"
+    return out
+
 
 # --------------------------------------------------------------------------- loading files
 

@@ -59,7 +59,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import SpecError, SystemFailure
-from ..spec import LayerSample
+from ..spec import LayerSample, transformer_impls
 from . import anchors as anchors_mod
 from . import augment as augment_mod
 from . import features
@@ -225,6 +225,7 @@ class Predictor:
         self.data_hash_ = samples_hash(train)
         real = [s for s in train if s.origin != "augmented"]
         derived = [s for s in train if s.origin == "augmented"]
+        self.transformer_impls_ = transformer_impls(real)  # refuses a GPU type measured with two
         if self.augment:
             derived = derived + augment_mod.augment(real, weight=self.augment_weight)
         train = real + derived

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import SpecError, SystemFailure
-from ..spec import BYTES_PER_ELEMENT, LayerSample, ProfilePoint
+from ..spec import BYTES_PER_ELEMENT, TRANSFORMER_IMPLS, LayerSample, ProfilePoint
 
 __all__ = ["RunSettings", "ProfileTask", "PointFailure", "TaskResult", "run_task", "world_size_of",
            "InjectedFailure", "ENV_FAIL", "ENV_FAIL_STATE"]
@@ -100,6 +100,14 @@ class ProfileTask:
     rendezvous_dir: str = ""  # a folder every rank sees (the submitit folder); "" = temp
     measure_device: bool = False  # cpu types: measure TFLOP/s and GB/s
     label: str = ""  # partition name, for provenance
+    # the transformer layer the partition's training runs (render's --transformer-impl):
+    # "transformer_engine" profiles Transformer Engine's layer spec, which needs a GPU and TE
+    transformer_impl: str = "local"
+
+    def __post_init__(self) -> None:
+        if self.transformer_impl not in TRANSFORMER_IMPLS:
+            raise SpecError("not an allowed value", field="transformer_impl", found=self.transformer_impl,
+                            allowed=", ".join(TRANSFORMER_IMPLS))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -403,6 +411,7 @@ def run_task(task: ProfileTask) -> TaskResult:
             "settings": {"warmup": task.settings.warmup, "iters": task.settings.iters,
                          "seed": task.settings.seed, "hidden_dropout": task.settings.hidden_dropout,
                          "memory_cap_bytes": task.memory_cap_bytes},
+            "transformer_impl": _transformer_impl(task),
         }
         with mc.cpu_workarounds():
             for point in task.points:
@@ -487,7 +496,7 @@ def _build(ctx: _Ctx, point: ProfilePoint) -> tuple[Any, Callable[[], Any], Any,
     seq, b, h = sh.seq_length, point.micro_batch_size, sh.hidden_size
     gen = torch.Generator(device="cpu").manual_seed(ctx.task.settings.seed)
     if point.kind == "layer":
-        layer = mc.build_layer(s)
+        layer = _build_layer(s, ctx.common.get("transformer_impl", "local"))
         x = torch.randn(seq, b, h, generator=gen, dtype=torch.float32).to(dev, dtype).requires_grad_(True)
         mask = mc.causal_mask(seq, dev)
         return layer, (lambda: mc.layer_forward(layer, x, mask, recompute=point.recompute)), x, [mask]
@@ -523,6 +532,50 @@ def _build(ctx: _Ctx, point: ProfilePoint) -> tuple[Any, Callable[[], Any], Any,
     x = torch.randn(seq, b, h, generator=gen, dtype=torch.float32).to(dev, dtype).requires_grad_(True)
     labels = torch.randint(0, sh.vocab_size, (seq, b), generator=gen).to(dev)
     return head, (lambda: head(x, labels)), x, [labels]
+
+
+def _transformer_impl(task: ProfileTask) -> str:
+    """The layer implementation this task measures: the partition's. Transformer Engine
+    needs a GPU and an importable ``transformer_engine``; without them the task fails
+    instead of measuring another layer than the one that will train."""
+    if task.transformer_impl == "local":
+        return "local"
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemFailure(f"partition {task.label or task.gpu_type} trains with transformer_engine, which "
+                            f"needs a GPU; none is visible (set transformer_impl: local for it)")
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure means TE cannot run here
+        raise SystemFailure(f"partition {task.label or task.gpu_type} trains with transformer_engine, which does "
+                            f"not import here ({type(e).__name__}: {e}); install it or set "
+                            f"transformer_impl: local") from None
+    return "transformer_engine"
+
+
+def _build_layer(s: Any, impl: str) -> Any:
+    """One transformer layer from megatron-core's local spec, or Transformer Engine's
+    (``get_gpt_layer_with_transformer_engine_spec``, Megatron-LM's default on GPUs)."""
+    from .. import megatron_cpu as mc
+
+    if impl == "local":
+        return mc.build_layer(s)
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+    from megatron.core.transformer.spec_utils import build_module
+
+    spec = get_gpt_layer_with_transformer_engine_spec()
+    return build_module(spec, config=mc.layer_config(s), layer_number=1).to(mc.device_of())
+
+
+def _gpu_memory() -> dict[str, int]:
+    """Allocator peak, reserved peak and what the driver reports, since the last reset."""
+    import torch
+
+    torch.cuda.synchronize()
+    return {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+            "device_footprint_bytes": _gpu_process_footprint()}
 
 
 def _saved_bytes(ctx: _Ctx, module: Any, fwd: Callable[[], Any], excluded: list[Any]) -> tuple[int, Any]:
@@ -634,9 +687,8 @@ def _measure_module(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
         torch.cuda.reset_peak_memory_stats()
         bwd(fwd())
         torch.cuda.synchronize()
-        peak = int(torch.cuda.max_memory_allocated())
-        reserved = int(torch.cuda.max_memory_reserved())
-        footprint = _gpu_process_footprint()
+        m = _gpu_memory()
+        peak, reserved, footprint = m["peak_allocated_bytes"], m["peak_reserved_bytes"], m["device_footprint_bytes"]
     fwd_ms, bwd_ms = ctx.max_over_ranks([fwd_ms, bwd_ms])
     infeasible = peak > cap
     note = f"measured peak {peak} B > cap {cap} B" if infeasible else ""
@@ -653,14 +705,20 @@ def _measure_module(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
                    device_footprint_bytes=int(footprint))
 
 
-_FOOTPRINT_SOURCE = "NVML per-process used memory, else device total - free (exclusive allocation)"
+_FOOTPRINT_SOURCE = "NVML/amdsmi per-process used memory, else device total - free (exclusive allocation)"
+
+
+def _memory_sources(memory: dict[str, int]) -> dict[str, str]:
+    return {"peak_source": "max_memory_allocated", "footprint_source": _FOOTPRINT_SOURCE} if memory else {}
 
 
 def _gpu_process_footprint() -> int:
-    """What the driver reports for this process: NVML per process when available, else
-    the device's used memory (the process's own under an exclusive allocation)."""
+    """What the driver reports for this process: NVML (NVIDIA) or amdsmi (AMD) per process
+    when available, else the device's used memory (the process's own under an exclusive
+    allocation)."""
     import torch
 
+    pid = os.getpid()
     with contextlib.suppress(Exception):
         import pynvml  # type: ignore[import-not-found]
 
@@ -668,8 +726,19 @@ def _gpu_process_footprint() -> int:
         idx = torch.cuda.current_device()
         handle = pynvml.nvmlDeviceGetHandleByIndex(idx)
         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            if p.pid == os.getpid() and p.usedGpuMemory:
+            if p.pid == pid and p.usedGpuMemory:
                 return int(p.usedGpuMemory)
+    with contextlib.suppress(Exception):
+        import amdsmi  # type: ignore[import-not-found]
+
+        amdsmi.amdsmi_init()
+        for handle in amdsmi.amdsmi_get_processor_handles():
+            for proc in amdsmi.amdsmi_get_gpu_process_list(handle):
+                info = proc if isinstance(proc, dict) else amdsmi.amdsmi_get_gpu_process_info(handle, proc)
+                if info.get("pid") == pid:
+                    used = info.get("memory_usage", {}).get("vram_mem") or info.get("mem")
+                    if used:
+                        return int(used)
     free, total = torch.cuda.mem_get_info()
     return int(total - free)
 
@@ -683,6 +752,8 @@ def _measure_optimizer(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
     from .. import megatron_cpu as mc
 
     ctx.set_tp(point.tp)
+    if ctx.clock.cuda:
+        torch.cuda.reset_peak_memory_stats()
     sh = point.shape
     s = mc.LayerSettings(hidden_size=sh.hidden_size, num_attention_heads=sh.num_attention_heads,
                          num_query_groups=sh.num_query_groups, ffn_hidden_size=sh.ffn_hidden_size,
@@ -698,11 +769,13 @@ def _measure_optimizer(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
     times = [ctx.clock.once(opt.step) for _ in range(ctx.task.settings.iters)]
     (ms,) = ctx.max_over_ranks([statistics.median(times)])
     n = sum(p.numel() for p in params)
+    memory = _gpu_memory() if ctx.clock.cuda else {}
     del opt, layer, params
     _free(ctx)
     return _sample(ctx, point, update_ms=ms, extra={"params": n, "optimizer": "Adam",
                                                    "update_ms_per_param": ms / max(n, 1),
-                                                   "update_ms_all": [round(t, 4) for t in times]})
+                                                   "update_ms_all": [round(t, 4) for t in times],
+                                                   **_memory_sources(memory)}, **memory)
 
 
 def _measure_allreduce(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
@@ -715,6 +788,8 @@ def _measure_allreduce(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
     if dtype == torch.bfloat16 and not ctx.clock.cuda:
         dtype = torch.float16  # gloo reduces no bf16; same bytes on the wire
     n = max(1, point.message_bytes // BYTES_PER_ELEMENT[point.precision])
+    if ctx.clock.cuda:
+        torch.cuda.reset_peak_memory_stats()
     t = torch.ones(n, dtype=dtype, device=mc.device_of())
 
     def once() -> None:
@@ -725,9 +800,11 @@ def _measure_allreduce(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
     dist.barrier()
     times = [ctx.clock.once(once) for _ in range(ctx.task.settings.iters)]
     (ms,) = ctx.max_over_ranks([statistics.median(times)])
+    memory = _gpu_memory() if ctx.clock.cuda else {}
     del t
     return _sample(ctx, point, forward_ms=ms, extra={"elements": n, "dtype": str(dtype),
-                                                    "ms_all": [round(x, 4) for x in times]})
+                                                    "ms_all": [round(x, 4) for x in times],
+                                                    **_memory_sources(memory)}, **memory)
 
 
 def _measure_p2p(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
@@ -738,6 +815,8 @@ def _measure_p2p(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
 
     dtype = mc.dtype_of(point.precision)
     n = max(1, point.message_bytes // BYTES_PER_ELEMENT[point.precision])
+    if ctx.clock.cuda:
+        torch.cuda.reset_peak_memory_stats()
     t = torch.ones(n, dtype=dtype, device=mc.device_of())
 
     def ping_pong() -> None:
@@ -753,10 +832,12 @@ def _measure_p2p(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
     dist.barrier()
     times = [ctx.clock.once(ping_pong) / 2 for _ in range(ctx.task.settings.iters)]
     (ms,) = ctx.max_over_ranks([statistics.median(times)])
+    memory = _gpu_memory() if ctx.clock.cuda else {}
     hosts = [None] * ctx.world
     dist.all_gather_object(hosts, socket.gethostname())
     return _sample(ctx, point, forward_ms=ms, extra={"elements": n, "hosts": hosts,
-                                                    "one_way_ms_all": [round(x, 4) for x in times]})
+                                                    "one_way_ms_all": [round(x, 4) for x in times],
+                                                    **_memory_sources(memory)}, **memory)
 
 
 # --------------------------------------------------------------------------- device figures

@@ -50,6 +50,7 @@ from ..profile.runner import ProfileTask, RunSettings, TaskResult, world_size_of
 from ..profile.store import ProfileStore
 from ..spec import LayerSample, Partition, ProfilePoint, Site, TrainJob
 from ..shellsafe import check_partition, check_path, setup_commands
+from .render import transformer_impl_of
 
 __all__ = ["ProfileReport", "Failure", "GpuTypePlan", "PlannedTask", "profile", "plan_tasks", "choose_scheduler",
            "resolve_python", "LEDGER_VERSION"]
@@ -563,7 +564,9 @@ def _run(site: Site, store: ProfileStore, ledger: _Ledger, kind: str, folder: Pa
             run_tasks = [ProfileTask(gpu_type=t.gpu_type, vendor=site.gpu(t.gpu_type).vendor,
                                      memory_cap_bytes=site.gpu(t.gpu_type).memory_bytes, points=t.points,
                                      world_size=t.world_size, nodes=t.nodes, settings=settings,
-                                     rendezvous_dir=str(folder), measure_device=t.measure_device, label=pname)
+                                     rendezvous_dir=str(folder), measure_device=t.measure_device, label=pname,
+                                     transformer_impl=transformer_impl_of(site.partition(pname),
+                                                                          site.gpu(t.gpu_type).vendor))
                          for t in group]
             jobs = _submit(kind, site, folder, group, run_tasks)
             ids = [str(j.job_id) for j in jobs]

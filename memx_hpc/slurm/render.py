@@ -43,7 +43,7 @@ from .groups import GroupBackend, encode_rank_vendors, format_map, group_backend
 
 __all__ = ["SUPPORTED_MEGATRON_VERSIONS", "SbatchOption", "EnvVar", "Component", "LaunchRequest",
            "VendorLaunch", "describe", "render", "render_request", "pipeline_layout", "recompute_args",
-           "process_groups", "rank_vendors", "PROJECT_ENTRY",
+           "process_groups", "rank_vendors", "transformer_impl_of", "PROJECT_ENTRY",
            "check_syntax", "TestOnly", "test_only", "submit", "JobOutcome", "job_states", "wait", "TEMPLATE"]
 
 #: The Megatron-LM versions whose argument names this renderer emits.
@@ -438,7 +438,7 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
         if p.cpus_per_task is not None:  # srun does not inherit it from the allocation (Slurm >= 22.05)
             srun.append(SbatchOption(name="cpus-per-task", value=str(p.cpus_per_task)))
         srun.append(SbatchOption(name="kill-on-bad-exit", value="1"))
-        impl = _transformer_impl(p, vendor)
+        impl = transformer_impl_of(p, vendor)
         comps.append(Component(
             index=ci, partition=pname, vendor=vendor, stages=tuple(idx), first_rank=first_rank, num_ranks=ranks,
             nodes=nodes, tasks_per_node=per_node, first_layer=first_layer_of[idx[0]], num_layers=n_layers,
@@ -536,7 +536,9 @@ def _effective(backend: str, vendor: str) -> tuple[str, ...]:
     return tuple(b.split(":")[-1] for b in backend.split(","))
 
 
-def _transformer_impl(p: Partition, vendor: str) -> str:
+def transformer_impl_of(p: Partition, vendor: str) -> str:
+    """The transformer layer a partition trains with (``--transformer-impl``): its own setting,
+    else Transformer Engine on NVIDIA (Megatron-LM's default there) and the local spec elsewhere."""
     if p.transformer_impl is not None:
         return p.transformer_impl
     return "transformer_engine" if vendor == "nvidia" else "local"

@@ -377,15 +377,17 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         ffn = int((4 * args.hidden_size * 2 / 3) / 64) * 64 if args.swiglu else 4 * args.hidden_size
     import torch.nn.functional as F
 
-    # Flash/fused attention (Megatron-LM's default "auto" on GPUs) keeps no s x s matrices;
-    # on the CPU torch SDPA does the same, but only without attention dropout (with it,
-    # CPU SDPA falls back to a path that stores them). "unfused"/"local" keep megatron-core's
+    # Flash/fused attention (Megatron-LM's default "auto" on GPUs) keeps no s x s matrices.
+    # Transformer Engine's layer brings its own; megatron-core's local layer gets torch SDPA,
+    # as the profiler measures it (without attention dropout: with it, CPU SDPA falls back to
+    # a path that stores the matrices). "unfused"/"local" keep megatron-core's
     # DotProductAttention, which stores them, with dropout.
-    flash_like = on_cpu and args.attention_backend in ("auto", "flash", "fused")
+    use_te = not on_cpu and args.transformer_impl == "transformer_engine"
+    flash_like = not use_te and args.attention_backend in ("auto", "flash", "fused")
     attention_dropout = args.attention_dropout
     if flash_like and attention_dropout > 0:
-        _log(rank, f"--attention-backend {args.attention_backend}: torch SDPA on the CPU, without "
-                   f"attention dropout ({attention_dropout} requested)")
+        _log(rank, f"--attention-backend {args.attention_backend}: torch SDPA in the local layer, without "
+                   f"attention dropout ({attention_dropout} requested), as profiled")
         attention_dropout = 0.0
     config = TransformerConfig(
         num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=ffn,
@@ -418,7 +420,16 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
     vocab = padded_vocab_size(args.vocab_size, tp, args.make_vocab_size_divisible_by)
     pre = ps.is_pipeline_first_stage()
     post = ps.is_pipeline_last_stage()
-    spec = get_gpt_layer_local_spec(normalization=args.normalization)
+    if use_te:
+        try:
+            from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+            spec = get_gpt_layer_with_transformer_engine_spec()
+        except Exception as e:  # noqa: BLE001 - TE missing or broken: say so, do not train another layer
+            _log(rank, f"error: --transformer-impl transformer_engine, but Transformer Engine is not usable here "
+                       f"({type(e).__name__}: {e})")
+            return 1
+    else:
+        spec = get_gpt_layer_local_spec(normalization=args.normalization)
     if flash_like:
         import copy
 
@@ -473,6 +484,7 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         "component": os.environ.get("MEMX_COMPONENT", "-"), "partition": os.environ.get("MEMX_PARTITION", "-"),
         "node": os.environ.get("SLURMD_NODENAME", "-"), "host": socket.gethostname(),
         "attention": "sdpa" if flash_like else "core",
+        "transformer impl": "transformer_engine" if use_te else "local",
         "device": "cpu" if on_cpu else f"cuda:{torch.cuda.current_device()}", "backend": backend,
     })[len(f"[Rank {rank}] "):])
 
@@ -519,6 +531,10 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
                                max_allocated_bytes=torch.cuda.max_memory_allocated(),
                                reserved_bytes=torch.cuda.memory_reserved(),
                                max_reserved_bytes=torch.cuda.max_memory_reserved())
+            free, total = torch.cuda.mem_get_info()
+            # what the driver counts on this device (CUDA context, NCCL buffers, allocator cache)
+            _log(rank, f"device memory used (driver) after iteration {iteration}: {(total - free) / 2**20:.1f} MB "
+                       f"of {total / 2**20:.1f} MB")
         print(line, flush=True)
 
     for iteration in range(start + 1, args.train_iters + 1):

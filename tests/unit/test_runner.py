@@ -119,6 +119,7 @@ def test_layer_activation_bytes_match_korthikanti(one_rank_results):
         prov = json.loads(s.provenance)
         assert prov["torch"] and prov["megatron_core"] and prov["vendor"] == "cpu" and prov["host"]
         assert prov["settings"]["iters"] == 2
+        assert prov["transformer_impl"] == "local" and s.transformer_impl == "local"  # what was measured
     # SwiGLU through Megatron's fused bias-SwiGLU (what Megatron-LM runs by default): 2f + f
     sw = res.samples[len(CASES)]
     want = korthikanti_bytes(s=64, b=2, h=128, a=4, e=4, m=1, recompute="none", attention="sdpa", f=352, swiglu=True)
@@ -223,3 +224,82 @@ def test_cpu_tasks_measure_one_at_a_time_on_a_host(tmp_path, monkeypatch):
         fcntl.flock(held, fcntl.LOCK_UN)
     t.join(5)
     assert entered.is_set()
+
+
+def test_transformer_engine_without_a_gpu_fails_the_task_naming_the_partition(tmp_path):
+    """A partition that trains with Transformer Engine is not profiled with another layer."""
+    task = ProfileTask(gpu_type="cpu-test", vendor="cpu", memory_cap_bytes=2**32, points=(point(),),
+                       settings=RunSettings(warmup=0, iters=1), rendezvous_dir=str(tmp_path), label="gpu_h100",
+                       transformer_impl="transformer_engine")
+    with pytest.raises(AssertionError) as e:
+        run_tasks(tmp_path, [task])
+    assert "partition gpu_h100 trains with transformer_engine" in str(e.value)
+    with pytest.raises(Exception):
+        ProfileTask(gpu_type="x", vendor="cpu", memory_cap_bytes=1, points=(), transformer_impl="te")
+
+
+def test_predictor_refuses_to_mix_transformer_implementations():
+    from memx_hpc.errors import SpecError
+    from memx_hpc.spec import LayerSample, transformer_impls
+
+    def sample(impl, origin="measured"):
+        prov = json.dumps({"transformer_impl": impl}) if impl else "{}"
+        return LayerSample(point=point(), forward_ms=1.0, backward_ms=2.0, activation_bytes=10, origin=origin,
+                           provenance=prov)
+
+    assert transformer_impls([sample("local"), sample(None)]) == {"cpu-test": "local"}
+    assert transformer_impls([sample(None, origin="imported")]) == {"cpu-test": "unknown"}
+    assert transformer_impls([sample("transformer_engine"), sample(None, origin="imported")]) == \
+        {"cpu-test": "transformer_engine"}
+    with pytest.raises(SpecError) as e:
+        transformer_impls([sample("local"), sample("transformer_engine")])
+    assert e.value.field == "transformer_impl" and "cpu-test" in str(e.value)
+    from memx_hpc.catalog import catalog
+    from memx_hpc.model.predictor import Predictor
+
+    with pytest.raises(SpecError):
+        Predictor().fit([sample("local"), sample("transformer_engine")], catalog())
+
+
+def _gpu_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+GPU_SHAPE = LayerShape(hidden_size=1024, num_attention_heads=16, num_query_groups=16, ffn_hidden_size=4096,
+                       seq_length=1024, vocab_size=50257)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_available(), reason="needs a CUDA/ROCm GPU")
+def test_gpu_points_record_allocator_reserved_and_driver_memory(tmp_path):
+    """On a GPU every point -- layers, embedding, head, optimizer, all-reduce -- stores the
+    allocator's peak, the reserved peak and the driver-reported memory of the process,
+    with CUDA-event times, on the layer implementation the partition trains with."""
+    import torch
+
+    try:
+        import transformer_engine  # noqa: F401
+        impl = "transformer_engine"
+    except Exception:  # noqa: BLE001
+        impl = "local"
+    pts = tuple(ProfilePoint(gpu_type="gpu-test", kind=k, shape=GPU_SHAPE, micro_batch_size=2, precision="bf16",
+                             recompute=r, **({"group_size": 1, "message_bytes": 2**24} if k == "allreduce" else {}))
+                for k, r in (("layer", "none"), ("layer", "selective"), ("layer", "full"), ("embedding", "none"),
+                             ("head", "none"), ("optimizer", "none"), ("allreduce", "none")))
+    task = ProfileTask(gpu_type="gpu-test", vendor="amd" if torch.version.hip else "nvidia",
+                       memory_cap_bytes=torch.cuda.get_device_properties(0).total_memory, points=pts,
+                       settings=RunSettings(warmup=2, iters=5), rendezvous_dir=str(tmp_path), transformer_impl=impl)
+    (res,) = run_tasks(tmp_path, [task])
+    assert res.failures == () and len(res.samples) == len(pts)
+    for s in res.samples:
+        assert 0 < s.peak_allocated_bytes <= s.peak_reserved_bytes <= s.device_footprint_bytes, s
+        prov = json.loads(s.provenance)
+        assert prov["backend"] == "nccl" and prov["peak_source"] == "max_memory_allocated"
+    layers = [s for s in res.samples if s.point.kind == "layer"]
+    assert all(s.forward_ms > 0 and s.backward_ms > 0 and s.transformer_impl == impl for s in layers)
+    none, sel, full = layers
+    assert full.activation_bytes < sel.activation_bytes <= none.activation_bytes
