@@ -177,12 +177,17 @@ def test_dispatch_through_submitit_local_executor(tmp_path):
     from memx_hpc.slurm.dispatch import profile
     from memx_hpc.spec import job_from_mapping, site_from_mapping
 
+    # the partition's python through a path with every non-alphanumeric character a path
+    # may hold: submitit writes it into a shell command line, quoted
+    odd = tmp_path / "py=1,a@b+c:d%e_f.g-h"
+    odd.mkdir()
+    (odd / "python").symlink_to(sys.executable)
     site = site_from_mapping({
         "name": "one-cpu", "slurm": {"scheduler": "local"}, "work_dir": str(tmp_path / "runs"),
         "gpu_types": {"cpu-1g": {"vendor": "cpu", "memory_gib": 1, "peak_tflops_bf16": 0.05, "peak_tflops_fp32": 0.1,
                                  "hbm_gbps": 10, "link_gbps": 5, "measured_at_profile_time": True}},
         "partitions": [{"name": "cpu", "gpu_type": "cpu-1g", "nodes": 1, "gpus_per_node": 1,
-                        "python": sys.executable}]})
+                        "python": str(odd / "python"), "setup": ["export MEMX_SETUP_SEEN=1"]}]})
     job = job_from_mapping({"model": {"preset": "tiny-gpt"}, "global_batch_size": 8, "precision": "fp32",
                             "micro_batch_sizes": [1], "recompute_modes": ["none"]})
     store = ProfileStore(tmp_path / "store.h5")
@@ -303,3 +308,46 @@ def test_gpu_points_record_allocator_reserved_and_driver_memory(tmp_path):
     assert all(s.forward_ms > 0 and s.backward_ms > 0 and s.transformer_impl == impl for s in layers)
     none, sel, full = layers
     assert full.activation_bytes < sel.activation_bytes <= none.activation_bytes
+
+
+@pytest.mark.parametrize("key,value", [("python", "touch {marker}; /usr/bin/python3"),
+                                       ("python", "$(touch {marker})"),
+                                       ("container", "img.sif --bind /:/x; touch {marker}"),
+                                       ("setup", ["}}; touch {marker}; f() {{"]),
+                                       ("setup", [":; }}; touch {marker}; f() {{ :"])])
+def test_hostile_partition_values_reach_no_shell_when_profiling(tmp_path, key, value):
+    """Profiling refuses what the site loader refuses, even for a partition object that
+    skipped its own checks; nothing is submitted and nothing runs."""
+    import copy
+
+    from memx_hpc.errors import SpecError
+    from memx_hpc.profile.store import ProfileStore
+    from memx_hpc.shellsafe import setup_commands
+    from memx_hpc.slurm.dispatch import profile
+    from memx_hpc.spec import job_from_mapping, site_from_mapping
+
+    marker = tmp_path / "pwned"
+    value = [v.format(marker=marker) for v in value] if isinstance(value, list) else value.format(marker=marker)
+    doc = {"name": "one-cpu", "slurm": {"scheduler": "local"}, "work_dir": str(tmp_path / "runs"),
+           "partitions": [{"name": "cpu", "gpu_type": "cpu", "nodes": 1, "gpus_per_node": 1,
+                           "python": sys.executable}]}
+    bad = copy.deepcopy(doc)
+    bad["partitions"][0][key] = value
+    with pytest.raises(SpecError) as e:
+        site_from_mapping(bad)
+    assert e.value.field.startswith(f"partitions[0].{key}")
+    site = site_from_mapping(doc)
+    part = copy.copy(site.partitions[0])
+    object.__setattr__(part, key, tuple(value) if isinstance(value, list) else value)  # a forged object
+    object.__setattr__(site, "partitions", (part,))
+    job = job_from_mapping({"model": {"preset": "tiny-gpt"}, "global_batch_size": 8, "precision": "fp32",
+                            "micro_batch_sizes": [1], "recompute_modes": ["none"]})
+    with pytest.raises(SpecError) as e:
+        profile(site, job, ProfileStore(tmp_path / "store.h5"), progress=False)
+    assert e.value.field.startswith(f"partitions[0].{key}")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.sh"))
+    if key == "setup":  # and written anyway, the quoted eval runs nothing of it
+        r = subprocess.run(["bash", "-c", "\n".join(setup_commands(value) + ["echo after"])], capture_output=True,
+                           text=True)
+        assert "syntax error" in r.stderr and "after" in r.stdout
+    assert not marker.exists()
