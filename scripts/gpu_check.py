@@ -27,7 +27,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -114,40 +113,6 @@ def _site(out: Path, dev: dict) -> Path:
     return path
 
 
-def _shims(out: Path) -> Path:
-    """scontrol and srun stand-ins: srun starts each component function once per task, with
-    Slurm's task variables, as one Slurm step would on one node."""
-    b = out / "bin"
-    b.mkdir(exist_ok=True)
-    (b / "scontrol").write_text(textwrap.dedent("""\
-        #!/bin/bash
-        if [ "$2" = hostnames ]; then echo localhost; else echo "NodeName=localhost NodeAddr=127.0.0.1"; fi
-        """))
-    (b / "srun").write_text(textwrap.dedent(f"""\
-        #!{sys.executable}
-        import os, subprocess, sys
-        comps, cur = [], []
-        for a in sys.argv[1:]:
-            if a == ":":
-                comps.append(cur); cur = []
-            else:
-                cur.append(a)
-        comps.append(cur)
-        tasks = []
-        for c in comps:
-            n = int(next(a.split("=", 1)[1] for a in c if a.startswith("--ntasks-per-node=")))
-            tasks += [c[c.index("bash"):]] * n
-        procs = []
-        for rank, argv in enumerate(tasks):
-            env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NTASKS=str(len(tasks)), SLURM_LOCALID=str(rank))
-            procs.append(subprocess.Popen(argv, env=env))
-        sys.exit(max(p.wait() for p in procs))
-        """))
-    for f in b.iterdir():
-        f.chmod(0o755)
-    return b
-
-
 def _driver_mb(text: str) -> float | None:
     vals = [float(x) for x in re.findall(r"device memory used \(driver\) after iteration \d+: ([0-9.]+) MB", text)]
     return max(vals) if vals else None
@@ -191,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     rs.check_syntax(script)
     _say(f"training {iters} iterations of {plan.tp}x{plan.dp}x{plan.pp} (tp x dp x pp), micro-batch "
          f"{plan.micro_batch_size}, recompute {plan.stages[0].recompute.label()}, through {script.name}")
-    env = dict(os.environ, PATH=f"{_shims(out)}:{os.environ['PATH']}", SLURM_JOB_ID=str(40000 + os.getpid() % 9999),
+    from memx_hpc.slurm.standin import write_standins
+
+    env = dict(os.environ, PATH=f"{write_standins(out / 'bin')}:{os.environ['PATH']}", SLURM_JOB_ID=str(40000 + os.getpid() % 9999),
                SLURM_JOB_NODELIST="localhost", PYTHONPATH=str(ROOT))
     t0 = time.monotonic()
     r = subprocess.run(["bash", str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

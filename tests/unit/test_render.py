@@ -259,33 +259,10 @@ def _site_with(tmp: Path, mutate) -> dict:
 
 
 def _fake_bin(tmp: Path) -> Path:
-    """scontrol and srun stand-ins: srun runs each component's function locally, one rank each."""
-    b = tmp / "bin"
-    b.mkdir(exist_ok=True)
-    (b / "scontrol").write_text(textwrap.dedent("""\
-        #!/bin/bash
-        if [ "$2" = hostnames ]; then echo a100n0; else echo "NodeName=a100n0 NodeAddr=127.0.0.1 State=IDLE"; fi
-        """))
-    (b / "srun").write_text(textwrap.dedent(f"""\
-        #!{sys.executable}
-        import os, subprocess, sys
-        comps, cur = [], []
-        for a in sys.argv[1:]:
-            if a == ":":
-                comps.append(cur); cur = []
-            else:
-                cur.append(a)
-        comps.append(cur)
-        rc = 0
-        for rank, c in enumerate(comps):
-            i = c.index("bash")
-            env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NTASKS=str(len(comps)), SLURM_LOCALID="0")
-            rc |= subprocess.run(c[i:], env=env).returncode
-        sys.exit(rc)
-        """))
-    for f in b.iterdir():
-        f.chmod(f.stat().st_mode | stat.S_IXUSR)
-    return b
+    """scontrol and srun stand-ins: srun runs each component's function locally, a process per task."""
+    from memx_hpc.slurm.standin import write_standins
+
+    return write_standins(tmp / "bin", node="a100n0")
 
 
 def _recorder(tmp: Path) -> Path:
