@@ -37,12 +37,14 @@ _TRAINING_NAMES = ("get_args", "get_signal_handler", "get_tokenizer", "get_tenso
                    "get_one_logger", "get_adlr_autoresume", "get_timers")
 
 
+@pytest.fixture(autouse=True)
+def _megatron_lm_source(needs) -> None:
+    needs((MEGATRON_LM / "megatron" / "training" / "arguments.py").is_file(),
+          f"Megatron-LM's source is not at {MEGATRON_LM}", "it is the shared data folder's megatron-lm/")
+
+
 def _megatron_lm():
-    """Megatron-LM's (parse_args, validate_args), or a skip naming what is missing (a fail under CI)."""
-    if not (MEGATRON_LM / "megatron" / "training" / "arguments.py").is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"Megatron-LM's source is missing: {MEGATRON_LM}")
-        pytest.skip(f"Megatron-LM's source is not at {MEGATRON_LM}")
+    """Megatron-LM's (parse_args, validate_args) from the shared source."""
     for mod in ("six", "regex", "pydantic"):
         try:
             importlib.import_module(mod)
