@@ -449,6 +449,29 @@ class _Prepared:
     bands: dict = field(default_factory=dict)
 
 
+def _rank0_first(comm, work):
+    """``work()`` on rank 0 first, then on the other ranks (which reuse what rank 0 saved,
+    e.g. the fitted predictor). When it fails on rank 0 with a user or system fault, every
+    rank stops with that error instead of waiting for rank 0 forever."""
+    from .errors import MemxError
+
+    if comm is None:
+        return work()
+    if comm.Get_rank() == 0:
+        try:
+            out = work()
+        except MemxError as e:
+            comm.bcast((type(e).__name__, str(e)), root=0)
+            raise
+        comm.bcast(None, root=0)
+        return out
+    failure = comm.bcast(None, root=0)
+    if failure is not None:
+        kind, message = failure
+        raise (SpecError if kind == "SpecError" else SystemFailure)(message)
+    return work()
+
+
 def _prepare(request: PlanRequest) -> _Prepared:
     """Everything before a search: specs, options, MPI, profiling, the cost model, the cache."""
     from .search.cache import PredictionCache
@@ -472,12 +495,8 @@ def _prepare(request: PlanRequest) -> _Prepared:
         if failure is not None:  # every rank stops, not only rank 0
             raise SystemFailure(failure)
     # rank 0 fits (and saves) the predictor; the others then load what it saved
-    if comm is not None and not rank0:
-        comm.barrier()
-    cost_model = load_cost_model(site, job, paths.store, analytic=request.analytic, notes=notes,
-                                 progress=request.progress)
-    if comm is not None and rank0:
-        comm.barrier()
+    cost_model = _rank0_first(comm, lambda: load_cost_model(site, job, paths.store, analytic=request.analytic,
+                                                            notes=notes, progress=request.progress))
     from .catalog import precision_notes
     notes += precision_notes(site, job)
     bands = error_bands(cost_model, site, job, paths.store, notes)

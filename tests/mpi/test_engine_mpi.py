@@ -115,3 +115,18 @@ def test_plan_under_mpiexec_stops_every_rank_when_profiling_cannot_run(tmp_path,
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.count(str(store)) >= 2 and "Traceback" not in proc.stderr  # both ranks said why
     assert not (tmp_path / "out").exists()
+
+
+def test_search_under_mpiexec_stops_every_rank_when_the_store_is_unreadable(tmp_path, mpiexec):
+    """Rank 0 loads the cost model first; when the store is not HDF5 every rank exits 2
+    naming it (none waits at the barrier for a rank 0 that has stopped)."""
+    store = tmp_path / "store.h5"
+    store.write_text("not an HDF5 file\n")
+    args = ["-m", "memx_hpc", "search", "--site", str(ROOT / "site_configs" / "local.yaml"),
+            "--job", str(ROOT / "jobs" / "tiny-gpt.yaml"), "--store", str(store), "--out", str(tmp_path / "out"),
+            "--max-stages", "2", "--mpi"]
+    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, *args], capture_output=True, text=True, env=_env(),
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.count(str(store)) >= 2 and "Traceback" not in proc.stderr
+    assert store.read_text() == "not an HDF5 file\n" and not (tmp_path / "out").exists()
