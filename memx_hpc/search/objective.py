@@ -18,6 +18,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from ..errors import SpecError
+from ..model.metrics import ape
 
 WEIGHT_NAMES = ("time", "memory", "balance")
 
@@ -208,7 +209,7 @@ def _held_out_errors(held_out: Sequence) -> dict[str, list[float]]:
             meas = max((v for r, v in meas_by_rank.items() if types.get(r) == g), default=0)
             pred = max((s.peak_bytes for s in h.after.stages if s.gpu_type == g), default=0)
             if meas > 0 and pred > 0:
-                out.setdefault(g, []).append(abs(pred - meas) / meas)
+                out.setdefault(g, []).append(float(ape(pred, meas)) / 100.0)  # as a fraction
     return out
 
 
