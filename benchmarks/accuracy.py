@@ -73,6 +73,8 @@ TEST_MODELS = frozenset({"deepspeedllama_33b", "deepspeedgpt_2.7b", "deepspeedbe
 #: GPU types whose leave-one-out error guided earlier design decisions (features,
 #: hyperparameters): dev by construction.
 TUNED_ON = frozenset({"A6000", "L4", "T4", "P100", "H100-NVL", "A100-80"})
+if TEST_GPU_TYPES & TUNED_ON:  # the test split must never hold a type a decision was tuned on
+    raise SystemExit(f"test GPU types {sorted(TEST_GPU_TYPES & TUNED_ON)} were used in tuning")
 #: The newest generation in the data (Hopper), held out together for the newer-generation row.
 NEWER_GENERATION = ("GH200", "H100-NVL")
 CAT = catalog()
