@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .errors import SpecError
-from .spec import GeneralPlan, GeneralStage, Plan, Recompute, Replica, Stage, _Reader, load_json
+from .spec import GeneralPlan, GeneralStage, Plan, Recompute, Replica, Stage, _build, _Reader, load_json
 
 FORMAT = "memx-plan/1"
 _EXTRA = ("format", "prediction", "job", "site", "rank", "score", "provenance", "note", "role", "objective", "run",
@@ -85,20 +85,20 @@ def plan_from_mapping(data: Any) -> Plan | GeneralPlan:
         for sr in stages:
             reps = []
             for rr in sr.items("replicas", required=True):
-                reps.append(Replica(gpu_type=rr.str("gpu_type"), tp=rr.int("tp", min=1),
-                                    partition=rr.str("partition", None)))
+                reps.append(_build(Replica, rr.path, gpu_type=rr.str("gpu_type"), tp=rr.int("tp", min=1),
+                                   partition=rr.str("partition", None)))
                 rr.finish()
             if not reps:
                 raise SpecError("a stage needs at least one replica", field=sr._p("replicas"))
-            gstages.append(GeneralStage(num_layers=sr.int("num_layers", min=1), replicas=tuple(reps),
-                                        recompute=parse_recompute(sr.raw("recompute", None), sr._p("recompute"))))
+            gstages.append(_build(GeneralStage, sr.path, num_layers=sr.int("num_layers", min=1), replicas=tuple(reps),
+                                  recompute=parse_recompute(sr.raw("recompute", None), sr._p("recompute"))))
             sr.finish()
         r.finish()
-        return GeneralPlan(micro_batch_size=mbs, global_batch_size=gbs, stages=tuple(gstages))
+        return _build(GeneralPlan, "", micro_batch_size=mbs, global_batch_size=gbs, stages=tuple(gstages))
     out = []
     for sr in stages:
-        out.append(Stage(partition=sr.str("partition"), num_layers=sr.int("num_layers", min=1),
-                         recompute=parse_recompute(sr.raw("recompute", None), sr._p("recompute"))))
+        out.append(_build(Stage, sr.path, partition=sr.str("partition"), num_layers=sr.int("num_layers", min=1),
+                          recompute=parse_recompute(sr.raw("recompute", None), sr._p("recompute"))))
         sr.finish()
     tp = r.int("tp", min=1)
     dp = r.int("dp", min=1)

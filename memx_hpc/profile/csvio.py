@@ -141,7 +141,7 @@ def read_csv(path: str | os.PathLike) -> list[LayerSample]:
                     row.setdefault(c.name, c.default)
                 try:
                     json.loads(row["provenance"])
-                except (TypeError, json.JSONDecodeError):
+                except (TypeError, ValueError, RecursionError):
                     raise SpecError("provenance must be JSON text", file=str(p), field=f"line {line_no}: provenance",
                                     found=row["provenance"][:60]) from None
                 try:

@@ -18,6 +18,7 @@ against the parameter counts the files do carry.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import statistics
@@ -27,7 +28,7 @@ from typing import Any
 
 from ..datapaths import SOURCES
 from ..errors import SpecError
-from ..spec import LayerSample, LayerShape, ProfilePoint
+from ..spec import MAX_DOCUMENT_BYTES, LayerSample, LayerShape, ProfilePoint
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +79,32 @@ def _resolve(gpu: str, where: Any, file: Path) -> str:
 
 def _load_json(path: Path) -> Any:
     try:
+        if path.stat().st_size > MAX_DOCUMENT_BYTES:
+            raise SpecError("file too large", file=str(path), allowed=f"at most {MAX_DOCUMENT_BYTES:,} bytes")
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SpecError("file not found", file=str(path)) from None
+    except RecursionError:
+        raise SpecError("nested too deeply", file=str(path)) from None
     except (OSError, ValueError) as e:
         raise SpecError(f"cannot read JSON: {e}", file=str(path)) from None
 
 
+def _checked(fn: Any) -> Any:
+    """Every way a published data file can be malformed (a missing key, text where a number
+    belongs, a negative time the sample refuses) becomes a SpecError naming the file."""
+    @functools.wraps(fn)
+    def run(source: str | Path, *args: Any, **kw: Any) -> Any:
+        try:
+            return fn(source, *args, **kw)
+        except SpecError as e:
+            raise e.with_file(str(source)) from None
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, statistics.StatisticsError) as e:
+            raise SpecError(f"unexpected content ({type(e).__name__}: {str(e)[:120]})", file=str(source)) from None
+    return run
+
+
+@_checked
 def import_sailor(folder: str | Path, *, gpus: Any = None, skipped: list[str] | None = None) -> list[LayerSample]:
     """Samples from a Sailor data folder holding ``profiles/`` and ``llm_info.json``.
 
@@ -211,6 +231,7 @@ def cephalo_raw_points(entry: Any) -> tuple[list[float], list[float]] | None:
     return None
 
 
+@_checked
 def import_cephalo(model_latencies_json: str | Path, *, gpus: Any = None,
                    skipped: list[str] | None = None) -> list[LayerSample]:
     """Samples from Cephalo's ``model_latencies.json``: ``{model: {gpu: {seq: {dtype: entry}}}}``.

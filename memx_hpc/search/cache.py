@@ -12,13 +12,15 @@ writer, a busy timeout makes writers wait instead of failing, and every write is
 transaction of ``INSERT OR REPLACE`` (the same signature always maps to the same
 value, so concurrent writers cannot disagree). Rows carry the identity they were
 computed with; opening the cache with a different identity deletes the others — a
-new predictor invalidates what the old one said.
+new predictor invalidates what the old one said. A row that does not hold two finite
+numbers >= 0 (a damaged or hand-edited file) is a miss: predicted again and replaced.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
@@ -56,6 +58,7 @@ class CacheStats:
     predicted: int = 0
     lookups: int = 0
     invalidated: int = 0
+    damaged: int = 0  # rows of the file that were not two finite numbers >= 0 (predicted again)
     path: str | None = None
 
     @property
@@ -68,6 +71,16 @@ class CacheStats:
         d = asdict(self)
         d["hit_rate"] = self.hit_rate
         return d
+
+
+def _value(t: object, a: object) -> tuple[float, float] | None:
+    """A stored row's (time ms, activation bytes), or None when it is not two finite numbers >= 0
+    (SQLite keeps whatever was written into a REAL column, text included)."""
+    try:
+        v = (float(t), float(a))  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return v if all(math.isfinite(x) and x >= 0 for x in v) else None
 
 
 @dataclass
@@ -135,8 +148,12 @@ class PredictionCache:
                         f"SELECT signature, time_ms, activation_bytes FROM predictions WHERE identity = ? AND "
                         f"signature IN ({','.join('?' * len(part))})", (self.identity, *part)).fetchall()
                     for sig, t, a_ in rows:
-                        out[sig] = (float(t), float(a_))
-                        self._memory[sig] = (float(t), float(a_))
+                        v = _value(t, a_)
+                        if v is None:
+                            self.stats.damaged += 1
+                            continue  # a miss: predicted again and replaced by put_many
+                        out[sig] = v
+                        self._memory[sig] = v
                         self.stats.file_hits += 1
             except sqlite3.Error as e:
                 raise SystemFailure(f"prediction cache {self.path}: {e}") from None
@@ -172,6 +189,8 @@ class PredictionCache:
         try:
             return int(con.execute("SELECT COUNT(*) FROM predictions WHERE identity = ?",
                                    (self.identity,)).fetchone()[0])
+        except sqlite3.Error as e:
+            raise SystemFailure(f"prediction cache {self.path}: {e}") from None
         finally:
             con.close()
 

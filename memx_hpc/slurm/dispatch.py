@@ -48,7 +48,7 @@ from ..errors import SpecError, SystemFailure
 from ..profile.points import estimate_seconds, full_grid, grid_axes, layer_points, minimal_set, missing_points
 from ..profile.runner import ProfileTask, RunSettings, TaskResult, world_size_of
 from ..profile.store import ProfileStore
-from ..spec import LayerSample, Partition, ProfilePoint, Site, TrainJob
+from ..spec import LayerSample, Partition, ProfilePoint, Site, TrainJob, load_json
 from ..shellsafe import check_partition, check_path, setup_commands
 from .render import transformer_impl_of
 
@@ -383,29 +383,71 @@ class _Ledger:
         self.data: dict[str, Any] = {"version": LEDGER_VERSION, "tasks": {}}
 
     def load(self) -> "_Ledger":
-        if self.path.exists():
-            try:
-                data = json.loads(self.path.read_text())
-            except (OSError, json.JSONDecodeError) as e:
-                raise SpecError(f"job ledger is unreadable ({e}); remove it to start afresh", file=str(self.path)) \
-                    from None
-            if data.get("version") != LEDGER_VERSION:
-                raise SpecError("unsupported job ledger version", file=str(self.path), field="version",
-                                found=data.get("version"), allowed=str(LEDGER_VERSION))
-            self.data = data
+        """Read the ledger; one of the wrong shape (damaged, hand-edited) is a fault naming the
+        file and the entry, never a KeyError half way through a run."""
+        if not self.path.exists():
+            return self
+        try:
+            data = load_json(self.path)
+        except SpecError as e:
+            raise SystemFailure(f"job ledger {self.path} is unreadable ({e.detail}); remove it to start "
+                                "afresh (running jobs are then not re-attached)") from None
+        self.data = _check_ledger(data, self.path)
         return self
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise SystemFailure(f"job ledger {self.path}: cannot write it: {e.strerror or e}") from None
 
     @property
     def tasks(self) -> dict[str, dict]:
         return self.data["tasks"]
+
+
+#: What a ledger entry must hold to re-attach to its job, with the type each has.
+_LEDGER_ENTRY = {"job_id": str, "executor": str, "folder": str, "partition": str, "gpu_type": str,
+                 "world_size": int, "nodes": int, "points": list, "point_data": list, "state": str}
+
+
+def _check_ledger(data: Any, path: Path) -> dict:
+    def bad(field: str, what: str, found: Any = None) -> SystemFailure:
+        shown = "" if found is None else f" (found {str(found)[:60]!r})"
+        return SystemFailure(f"job ledger {path}: {field}: {what}{shown}; remove the file to start afresh "
+                             "(running jobs are then not re-attached)")
+
+    if not isinstance(data, dict):
+        raise bad("(top level)", "expected a mapping", type(data).__name__)
+    if data.get("version") != LEDGER_VERSION:
+        raise bad("version", f"unsupported job ledger version (this code writes {LEDGER_VERSION})", data.get("version"))
+    tasks = data.get("tasks")
+    if not isinstance(tasks, dict):
+        raise bad("tasks", "expected a mapping of job id to entry", type(tasks).__name__)
+    for key, rec in tasks.items():
+        if not isinstance(rec, dict):
+            raise bad(f"tasks.{key}", "expected a mapping", type(rec).__name__)
+        if rec.get("state") != "submitted":
+            continue  # finished entries are history: only submitted ones are read back
+        for name, kind in _LEDGER_ENTRY.items():
+            v = rec.get(name)
+            if not isinstance(v, kind) or isinstance(v, bool):
+                raise bad(f"tasks.{key}.{name}", f"expected {kind.__name__}", v)
+        if not all(isinstance(k, str) for k in rec["points"]):
+            raise bad(f"tasks.{key}.points", "expected point keys (strings)")
+        for i, d in enumerate(rec["point_data"]):
+            try:
+                _point_from_dict(d)
+            except (SpecError, TypeError, ValueError, KeyError) as e:
+                raise bad(f"tasks.{key}.point_data[{i}]", f"not a profile point ({e})") from None
+    return data
 
 
 # --------------------------------------------------------------------------- running

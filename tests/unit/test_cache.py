@@ -117,3 +117,20 @@ def test_unwritable_cache_is_a_system_failure(tmp_path):
     with pytest.raises(SystemFailure, match="prediction cache"):
         PredictionCache(identity="x", path=blocker / "sub" / "c.sqlite").open()
     assert json.dumps(PredictionCache(identity="x").stats.to_dict())
+
+
+def test_a_damaged_row_is_a_miss_predicted_again_and_replaced(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "c.sqlite"
+    c = PredictionCache(identity="m1", path=path)
+    c.put_many({"a": (1.0, 2.0), "b": (3.0, 4.0)})
+    con = sqlite3.connect(str(path))
+    con.execute("UPDATE predictions SET time_ms = 'not a number' WHERE signature = 'a'")
+    con.execute("UPDATE predictions SET activation_bytes = -1 WHERE signature = 'b'")
+    con.commit()
+    con.close()
+    fresh = PredictionCache(identity="m1", path=path)
+    assert fresh.get_many(["a", "b"]) == {} and fresh.stats.damaged == 2
+    fresh.put_many({"a": (1.5, 2.0)})
+    assert PredictionCache(identity="m1", path=path).get_many(["a"]) == {"a": (1.5, 2.0)}
