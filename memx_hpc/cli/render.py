@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import SpecError
+    from ..errors import SpecError, SystemFailure
     from ..planfile import check_belongs, load_plan_with_origin
     from ..slurm import render as r
     from ..spec import GeneralPlan, load_job, load_site
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(script, encoding="utf-8")
     except OSError as e:
-        raise SpecError(f"cannot write the script: {e}", field="--out", found=str(out)) from None
+        raise SystemFailure(f"{out}: cannot write the script: {e.strerror or e}") from None
     r.check_syntax(out)
 
     verdict = None

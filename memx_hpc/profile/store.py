@@ -841,6 +841,13 @@ class ProfileStore:
     # ------------------------------------------------------------------ the lock
 
     def _acquire(self) -> None:
+        try:
+            self._try_acquire()
+        except OSError as e:  # no folder, no permission, a read-only file system
+            raise SystemFailure(f"{self.lock_path}: cannot take the profile store's writer lock: "
+                                f"{e.strerror or e}") from None
+
+    def _try_acquire(self) -> None:
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
         me = f"{os.getpid()}@{socket.gethostname()}"
         deadline = time.monotonic() + self.lock_timeout_s
@@ -851,7 +858,7 @@ class ProfileStore:
                 holder = self._holder()
                 if holder is not None and holder[1] == socket.gethostname() and not _pid_alive(holder[0]):
                     warnings.warn(f"breaking the stale lock {self.lock_path} of PID {holder[0]} "
-                                  "(that process no longer runs)", stacklevel=4)
+                                  "(that process no longer runs)", stacklevel=5)
                     with contextlib.suppress(FileNotFoundError):
                         self.lock_path.unlink()
                     continue

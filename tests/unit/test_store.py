@@ -168,7 +168,7 @@ def test_kill_mid_append_never_corrupts(tmp_path):
         import warnings
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            assert st.append([sample(mbs=2**20)]) == 1  # the largest micro-batch a spec allows
+            assert st.append([sample(mbs=2**16)]) == 1  # the largest micro-batch a spec allows
         if any("stale lock" in str(c.message) for c in caught):
             assert str(w.pid) in str(caught[0].message)
         assert not any(".tmp-" in p.name for p in tmp_path.iterdir())

@@ -1,0 +1,339 @@
+"""Hostile inputs and faults, run through the command line.
+
+Each row of the table builds its files in a fresh folder, runs ``memx-hpc`` (``main(argv)``,
+in this process) and asserts the exit code (0 success, 1 bad input, 2 system fault), that
+stderr names the field or the path, that no traceback is printed, and, where a profile
+store is involved, that the store still opens with exactly the samples it held before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from memx_hpc.cli.main import main
+from memx_hpc.profile.csvio import write_csv
+from memx_hpc.profile.store import ProfileStore
+from memx_hpc.spec import LayerSample, LayerShape, ProfilePoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SITE = """\
+name: hostile
+store: store.h5
+partitions:
+  - {name: a, gpu_type: A100-80, nodes: 1, gpus_per_node: 2}
+  - {name: b, gpu_type: V100-32, nodes: 1, gpus_per_node: 2}
+"""
+JOB = """\
+name: tiny
+model: {preset: tiny-gpt}
+global_batch_size: 8
+precision: fp32
+micro_batch_sizes: [1, 2]
+"""
+GPU = """\
+gpu_types:
+  X1:
+    vendor: amd
+    memory_gib: {memory}
+    peak_tflops_bf16: {tflops}
+    peak_tflops_fp32: 10
+    hbm_gbps: {hbm}
+    link_gbps: 100
+    aliases: [{alias}]
+"""
+PLAN = {"format": "memx-plan/1", "tp": 1, "dp": 1, "micro_batch_size": 1, "global_batch_size": 8,
+        "sequence_parallel": False, "stages": [{"partition": "a", "num_layers": 4, "recompute": "none"}]}
+# A place no process can create files in, root included (proc is not a writable file system).
+UNWRITABLE = "/proc/memx-hpc-no-such-dir"
+SHAPE = LayerShape(hidden_size=64, num_attention_heads=4, num_query_groups=4, ffn_hidden_size=256, seq_length=32,
+                   vocab_size=512)
+
+
+def sample(mbs: int = 1, fwd: float = 1.0, gpu: str = "A100-80") -> LayerSample:
+    return LayerSample(point=ProfilePoint(gpu_type=gpu, kind="layer", shape=SHAPE, micro_batch_size=mbs),
+                       forward_ms=fwd, backward_ms=2 * fwd, activation_bytes=1000 * mbs, origin="imported",
+                       source="hostile-test")
+
+
+def w(tmp: Path, name: str, text: str | bytes) -> str:
+    p = tmp / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        p.write_bytes(text)
+    else:
+        p.write_text(text, encoding="utf-8")
+    return str(p)
+
+
+def site(tmp: Path, extra: str = "", *, text: str | None = None) -> str:
+    return w(tmp, "site.yaml", (SITE if text is None else text) + extra)
+
+
+def job(tmp: Path, text: str = JOB) -> str:
+    return w(tmp, "job.yaml", text)
+
+
+def gpu_site(tmp: Path, memory: str = "64", tflops: str = "100", hbm: str = "1000", alias: str = "x1-board") -> str:
+    text = SITE.replace("gpu_type: A100-80", "gpu_type: X1") + GPU.format(memory=memory, tflops=tflops, hbm=hbm,
+                                                                          alias=alias)
+    return site(tmp, text=text)
+
+
+def plan(tmp: Path, text: str) -> str:
+    return w(tmp, "plan.json", text)
+
+
+def csv_rows(tmp: Path, **override: str) -> str:
+    """A one-sample CSV file with some cells replaced by hostile text."""
+    p = tmp / "good.csv"
+    write_csv([sample(mbs=7)], p)
+    header, row = p.read_text(encoding="utf-8").splitlines()[:2]
+    cells = dict(zip(header.split(","), row.split(",")))
+    cells.update(override)
+    return w(tmp, "in.csv", ",".join(cells) + "\n" + ",".join(cells.values()) + "\n")
+
+
+def alias_bomb() -> str:
+    text, prev = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n', "a"
+    for c in "bcdefghi":
+        text += f"{c}: &{c} [" + ",".join([f"*{prev}"] * 9) + "]\n"
+        prev = c
+    return text
+
+
+def searched(tmp: Path) -> list[str]:
+    """Run one analytic search so that the prediction cache exists; return the search argv."""
+    argv = ["search", "--site", site(tmp), "--job", job(tmp), "--analytic", "--top", "1", "--out", str(tmp / "out")]
+    assert main(argv) == 0
+    return argv
+
+
+def damage_cache_rows(tmp: Path) -> list[str]:
+    import sqlite3
+
+    argv = searched(tmp)
+    con = sqlite3.connect(str(tmp / "store.cache.sqlite"))
+    con.execute("UPDATE predictions SET time_ms = 'fast' WHERE rowid IN (SELECT rowid FROM predictions LIMIT 3)")
+    con.commit()
+    con.close()
+    return argv
+
+
+def cache_rows_are_numbers(tmp: Path) -> None:
+    import sqlite3
+
+    con = sqlite3.connect(str(tmp / "store.cache.sqlite"))
+    kinds = {r[0] for r in con.execute("SELECT typeof(time_ms) FROM predictions")}
+    con.close()
+    assert kinds == {"real"}, kinds  # the damaged rows were predicted again and replaced
+
+
+def ledger(tmp: Path, text: str) -> list[str]:
+    w(tmp, "store.h5.jobs.json", text)
+    return ["profile", "--site", site(tmp), "--job", job(tmp), "--no-progress"]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: Callable[[Path], list[str]]
+    code: int
+    needles: tuple[str, ...]  # each must appear in stderr ("{tmp}" is the case's folder)
+    store: bool = False  # the case's folder holds a store of 3 samples that must come out intact
+    check: Callable[[Path], None] | None = None
+
+
+def V(kind: str, path: str) -> list[str]:
+    return ["validate", f"--{kind}", path]
+
+
+CASES = [
+    # ---------------------------------------------------------------- documents: size, depth, aliases, keys
+    Case("yaml-duplicate-key", lambda t: V("site", site(t, "name: other\n")), 1, ("site.yaml", "name", "given twice")),
+    Case("yaml-duplicate-key-nested", lambda t: V("job", job(t, JOB.replace("precision: fp32", "precision: fp32\n"
+                                                                              "precision: bf16"))),
+         1, ("job.yaml", "precision", "given twice")),
+    Case("yaml-alias-bomb", lambda t: V("site", site(t, text=alias_bomb())), 1, ("site.yaml", "aliases expand")),
+    Case("yaml-deep-nesting", lambda t: V("site", site(t, text="a: " + "[" * 5000 + "]" * 5000)), 1,
+         ("site.yaml", "nested deeper")),
+    Case("yaml-5001-digit-integer", lambda t: V("job", job(t, JOB.replace("8", "9" * 5001, 1))), 1,
+         ("job.yaml", "global_batch_size", "5,001 digits")),
+    Case("yaml-not-utf8", lambda t: V("site", w(t, "site.yaml", b"name: \xff\xfe\n")), 1, ("site.yaml", "UTF-8")),
+    Case("yaml-is-a-folder", lambda t: V("site", str((t / "dir.yaml").mkdir() or t / "dir.yaml")), 1,
+         ("dir.yaml", "folder")),
+    Case("yaml-too-large", lambda t: V("site", w(t, "site.yaml", "#" * (9 * 2**20))), 1, ("site.yaml", "too large")),
+    Case("yaml-empty", lambda t: V("site", site(t, text="")), 1, ("site.yaml", "expected a site mapping")),
+    # ---------------------------------------------------------------- physical ranges
+    Case("gpu-memory-1e300", lambda t: V("site", gpu_site(t, memory="1.0e+300")), 1,
+         ("site.yaml", "gpu_types.X1.memory_gib")),
+    Case("gpu-memory-1e-300", lambda t: V("site", gpu_site(t, memory="1.0e-300")), 1,
+         ("site.yaml", "gpu_types.X1.memory_gib")),
+    Case("gpu-negative-bandwidth", lambda t: V("site", gpu_site(t, hbm="-5")), 1, ("gpu_types.X1.hbm_gbps",)),
+    Case("gpu-zero-tflops", lambda t: V("site", gpu_site(t, tflops="0")), 1, ("gpu_types.X1.peak_tflops_bf16",)),
+    Case("partition-nodes-10e30", lambda t: V("site", site(t, text=SITE.replace("nodes: 1", "nodes: " + "1" + "0" * 30, 1))),
+         1, ("partitions[0].nodes",)),
+    Case("partition-zero-bandwidth", lambda t: V("site", site(t, text=SITE.replace("gpus_per_node: 2}",
+                                                                                    "gpus_per_node: 2, inter_node_gbps: 0}", 1))),
+         1, ("partitions[0].inter_node_gbps",)),
+    Case("too-many-partitions", lambda t: V("site", site(t, text="name: wide\npartitions:\n" + "".join(
+        f"  - {{name: p{i}, gpu_type: T4, nodes: 1, gpus_per_node: 1}}\n" for i in range(65)))), 1,
+        ("partitions", "at most 64")),
+    Case("job-batch-2^64", lambda t: V("job", job(t, JOB.replace("global_batch_size: 8", f"global_batch_size: {2**64}"))),
+         1, ("job.yaml", "global_batch_size")),
+    Case("job-train-iters-10e30", lambda t: V("job", job(t, JOB + "train_iters: 1" + "0" * 30 + "\n")), 1,
+         ("train_iters",)),
+    Case("job-65-micro-batch-sizes", lambda t: V("job", job(t, JOB.replace("global_batch_size: 8", "global_batch_size: 55440")
+                                                             .replace("[1, 2]", str([d for d in range(1, 55441) if 55440 % d == 0][:65])))),
+         1, ("micro_batch_sizes", "at most 64")),
+    Case("model-hidden-2^40", lambda t: V("job", job(t, JOB.replace("{preset: tiny-gpt}", "{preset: tiny-gpt, hidden_size: "
+                                                                    f"{2**40}}}"))), 1, ("model.hidden_size",)),
+    # ---------------------------------------------------------------- names used as folder and file names
+    Case("job-name-traversal", lambda t: V("job", job(t, JOB.replace("name: tiny", "name: x/../../.."))), 1,
+         ("job.yaml", "name", "not a safe name")),
+    Case("job-name-option", lambda t: V("job", job(t, JOB.replace("name: tiny", "name: -rf"))), 1, ("name",)),
+    Case("job-name-nul", lambda t: V("job", job(t, JOB.replace("name: tiny", 'name: "a\\0b"'))), 1, ("name",)),
+    Case("job-name-traversal-search", lambda t: ["search", "--site", site(t), "--analytic", "--job",
+                                                 job(t, JOB.replace("name: tiny", "name: ../../escape"))],
+         1, ("name", "not a safe name"), check=lambda t: not (t.parent / "escape").exists() or pytest.fail("escaped")),
+    Case("partition-name-dotdot", lambda t: V("site", site(t, text=SITE.replace("name: a,", "name: ..,"))), 1,
+         ("partitions[0].name",)),
+    Case("gpu-type-name-slash", lambda t: V("site", site(t, text=SITE.replace("gpu_type: A100-80", "gpu_type: a/b")
+                                                         + GPU.replace("X1:", "a/b:").format(memory=8, tflops=1, hbm=1,
+                                                                                             alias="ab"))), 1,
+         ("gpu_types.a/b.name", "not a safe name")),
+    # ---------------------------------------------------------------- GPU alias collisions
+    Case("gpu-alias-names-catalog-type", lambda t: V("site", gpu_site(t, alias="A100")), 1,
+         ("gpu_types.X1.aliases[0]", "A100-80")),
+    Case("gpu-alias-names-site-type", lambda t: V("site", site(t, text=SITE.replace("gpu_type: A100-80", "gpu_type: X1")
+                                                               + GPU.format(memory=8, tflops=1, hbm=1, alias="X2")
+                                                               + GPU.replace("gpu_types:\n", "").replace("X1:", "X2:")
+                                                               .format(memory=80, tflops=1, hbm=1, alias="x2-board"))),
+         1, ("gpu_types.X", "X2")),
+    # ---------------------------------------------------------------- plan files (JSON)
+    Case("plan-json-duplicate-key", lambda t: ["render", "--site", site(t), "--job", job(t), "--no-test-only", "--plan",
+                                               plan(t, json.dumps(PLAN)[:-1] + ', "tp": 2}')], 1,
+         ("plan.json", "tp", "given twice")),
+    Case("plan-json-deep", lambda t: ["render", "--site", site(t), "--job", job(t), "--plan",
+                                      plan(t, "[" * 100000 + "]" * 100000)], 1, ("plan.json", "nested deeper")),
+    Case("plan-json-nan", lambda t: ["render", "--site", site(t), "--job", job(t), "--plan",
+                                     plan(t, json.dumps(PLAN).replace('"tp": 1', '"tp": NaN'))], 1, ("plan.json", "NaN")),
+    Case("plan-json-5001-digits", lambda t: ["predict", "--site", site(t), "--job", job(t), "--analytic", "--plan",
+                                             plan(t, json.dumps(PLAN).replace('"global_batch_size": 8',
+                                                                              '"global_batch_size": ' + "9" * 5001))],
+         1, ("plan.json", "digits")),
+    Case("plan-stage-partition-traversal", lambda t: ["predict", "--site", site(t), "--job", job(t), "--analytic", "--plan",
+                                                      plan(t, json.dumps(PLAN).replace('"partition": "a"',
+                                                                                       '"partition": "../a"'))],
+         1, ("plan.json", "stages[0].partition")),
+    # ---------------------------------------------------------------- the search space
+    Case("search-space-30-partitions", lambda t: ["search", "--analytic", "--job", job(t), "--site", site(t, text=(
+        "name: wide\nstore: store.h5\npartitions:\n" + "".join(
+            f"  - {{name: p{i}, gpu_type: A100-80, nodes: 2, gpus_per_node: 4}}\n" for i in range(30))))],
+         1, ("search space", "--layer-granularity", "--max-stages", "--tp", "--micro-batch-sizes", "fewer partitions")),
+    # ---------------------------------------------------------------- imports
+    Case("csv-negative-time", lambda t: ["profile", "--store", str(t / "store.h5"), "import", "--format", "csv",
+                                         csv_rows(t, forward_ms="-3.5")], 1, ("in.csv", "forward_ms"), store=True),
+    Case("csv-text-for-a-number", lambda t: ["profile", "--store", str(t / "store.h5"), "import", "--format", "csv",
+                                             csv_rows(t, backward_ms="fast")], 1, ("in.csv", "backward_ms"), store=True),
+    Case("csv-gpu-name-slash", lambda t: ["profile", "--store", str(t / "store.h5"), "import", "--format", "csv",
+                                          csv_rows(t, gpu_type="../A100")], 1, ("in.csv", "gpu_type"), store=True),
+    Case("csv-5001-digit-bytes", lambda t: ["profile", "--store", str(t / "store.h5"), "import", "--format", "csv",
+                                            csv_rows(t, activation_bytes="9" * 5001)], 1, ("in.csv", "activation_bytes"),
+         store=True),
+    Case("cephalo-negative-time", lambda t: ["profile", "--store", str(t / "store.h5"), "import", "--format", "cephalo",
+                                             w(t, "model_latencies.json", json.dumps({"deepspeedgpt_test": {"a100x80": {
+                                                 "512": {"float16": [[1.0, 0.1], [2.0, 0.2], [1.1, -2.0], [2.2, 4.1]]}}}}))],
+         1, ("model_latencies.json", "forward_ms"), store=True),
+    # ---------------------------------------------------------------- the profile store
+    Case("store-is-a-folder", lambda t: ["profile", "--store", str((t / "s.h5").mkdir() or t / "s.h5"), "ls"], 2,
+         ("{tmp}/s.h5", "folder")),
+    Case("store-random-bytes", lambda t: ["profile", "--store", w(t, "s.h5", os.urandom(4096)), "ls"], 2,
+         ("{tmp}/s.h5",)),
+    Case("store-unwritable", lambda t: ["profile", "--store", f"{UNWRITABLE}/s.h5", "import", "--format", "csv",
+                                        csv_rows(t)], 2, (UNWRITABLE,)),
+    Case("store-locked", lambda t: (w(t, "store.h5.lock", f"{os.getpid()}@{socket.gethostname()}\n") and
+                                    ["profile", "--store", str(t / "store.h5"), "import", "--format", "csv",
+                                     csv_rows(t, micro_batch_size="9")]), 2, ("store locked by PID", "store.h5"),
+         store=True),
+    # ---------------------------------------------------------------- the predictor file
+    Case("predictor-random-bytes-is-refit", lambda t: (w(t, "p.ubj", os.urandom(2048)) and
+                                                       ["fit", "--site", site(t), "--no-cv", "--out", str(t / "p.ubj")]),
+         0, (), store=True, check=lambda t: (t / "p.ubj").stat().st_size > 2048 or pytest.fail("not refit")),
+    Case("predictor-path-is-a-folder", lambda t: ["fit", "--site", site(t), "--no-cv", "--out",
+                                                  str((t / "p.ubj").mkdir() or t / "p.ubj")],
+         2, ("{tmp}/p.ubj",), store=True),
+    Case("predictor-unwritable", lambda t: ["fit", "--site", site(t), "--no-cv", "--out", f"{UNWRITABLE}/p.ubj"], 2,
+         (UNWRITABLE,), store=True),
+    # ---------------------------------------------------------------- the prediction cache
+    Case("cache-row-with-text-is-predicted-again", damage_cache_rows, 0, (), check=cache_rows_are_numbers),
+    Case("cache-path-is-a-folder", lambda t: ["search", "--analytic", "--job", job(t), "--site",
+                                              site(t, f"cache: {(t / 'c.sqlite').mkdir() or t / 'c.sqlite'}\n")],
+         2, ("{tmp}/c.sqlite",)),
+    Case("cache-not-sqlite", lambda t: ["search", "--analytic", "--job", job(t), "--site",
+                                        site(t, f"cache: {w(t, 'c.sqlite', os.urandom(8192))}\n")],
+         2, ("{tmp}/c.sqlite",)),
+    # ---------------------------------------------------------------- output folders
+    Case("search-out-under-a-file", lambda t: ["search", "--site", site(t), "--job", job(t), "--analytic", "--out",
+                                               w(t, "file.txt", "x") + "/sub"], 2, ("{tmp}/file.txt",)),
+    Case("search-out-unwritable", lambda t: ["search", "--site", site(t), "--job", job(t), "--analytic", "--out",
+                                             f"{UNWRITABLE}/out"], 2, (UNWRITABLE,)),
+    Case("render-out-under-a-file", lambda t: ["render", "--site", site(t), "--job", job(t), "--no-test-only",
+                                               "--plan", plan(t, json.dumps(PLAN)), "--out",
+                                               w(t, "file.txt", "x") + "/job.sbatch"], 2, ("{tmp}/file.txt",)),
+    # ---------------------------------------------------------------- the job ledger
+    Case("ledger-wrong-shape", lambda t: ledger(t, json.dumps({"version": 1, "tasks": {"17": {"state": "submitted"}}})),
+         2, ("job ledger", "store.h5.jobs.json", "tasks.17")),
+    Case("ledger-not-json", lambda t: ledger(t, "{not json"), 2, ("job ledger", "store.h5.jobs.json")),
+    Case("ledger-a-list", lambda t: ledger(t, "[1, 2]"), 2, ("job ledger", "store.h5.jobs.json")),
+    # ---------------------------------------------------------------- extreme but allowed figures stay finite
+    Case("predict-smallest-device", lambda t: ["predict", "--analytic", "--site",
+                                               gpu_site(t, memory=str(2**-10), tflops="1.0e-6", hbm="1.0e-6"),
+                                               "--job", job(t), "--plan", plan(t, json.dumps(PLAN))], 0, ()),
+    Case("predict-largest-device", lambda t: ["predict", "--analytic", "--site",
+                                              gpu_site(t, memory=str(2**20), tflops="1.0e+6", hbm="1.0e+6"),
+                                              "--job", job(t), "--plan", plan(t, json.dumps(PLAN))], 0, ()),
+    Case("predict-batch-beyond-bound", lambda t: ["predict", "--analytic", "--site", site(t), "--job",
+                                                  job(t, JOB.replace("global_batch_size: 8", f"global_batch_size: {2**16 + 2}")),
+                                                  "--plan", plan(t, json.dumps({**PLAN, "global_batch_size": 2**16 + 2}))],
+         1, ("job.yaml", "global_batch_size")),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_input_or_fault(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MEMX_STORE", raising=False)
+    store = ProfileStore(tmp_path / "store.h5")
+    if case.store:
+        assert store.append([sample(1), sample(2, fwd=1.8), sample(4, fwd=3.1)]) == 3
+        before = store.content_hash()
+    argv = case.argv(tmp_path)
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == case.code, f"exit {code}, expected {case.code}: {err}"
+    assert "Traceback" not in err
+    for needle in case.needles:
+        assert needle.replace("{tmp}", str(tmp_path)) in err, f"{needle!r} not in: {err}"
+    if case.code:
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("memx-hpc ") and "error:" in last  # ends on one line a person can act on
+    if case.store:
+        again = ProfileStore(tmp_path / "store.h5")
+        assert again.content_hash() == before and len(again.samples()) == 3
+        assert not (tmp_path / "store.h5.lock").exists() or case.id == "store-locked"
+    if case.check:
+        case.check(tmp_path)
+
+
+def test_the_table_is_large_enough():
+    assert len(CASES) >= 40
+    assert {c.code for c in CASES} == {0, 1, 2}
