@@ -743,6 +743,9 @@ class Site:
             if p.stand_in_for is not None and vendor != "cpu":
                 raise SpecError("only CPU partitions stand in for another vendor", field=f"partitions[{i}].stand_in_for",
                                 found=p.stand_in_for)
+            if p.transformer_impl == "transformer_engine" and vendor == "cpu":
+                raise SpecError("Transformer Engine needs a GPU; CPU partitions train megatron-core's local layer",
+                                field=f"partitions[{i}].transformer_impl", found=p.transformer_impl, allowed="local")
         for i, link in enumerate(self.links):
             if not isinstance(link, Link):
                 raise SpecError("expected a link", field=f"links[{i}]", found=_short(link))

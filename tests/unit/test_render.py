@@ -500,3 +500,21 @@ def test_cli_render_bad_plan_names_field(tmp_path: Path, capsys: pytest.CaptureF
                "--no-test-only"])
     err = capsys.readouterr().err
     assert rc == 1 and "stages[0].partition" in err and "Traceback" not in err
+
+
+def test_launch_fields_are_checked_where_the_site_is_loaded(tmp_path: Path) -> None:
+    """validate (the loader) refuses what render and profiling would: a CPU partition set to
+    Transformer Engine, a GPU partition standing in for a vendor, unknown choices."""
+    cases = [({"transformer_impl": "transformer_engine"}, "partitions[0].transformer_impl"),
+             ({"transformer_impl": "te"}, "partitions[0].transformer_impl"),
+             ({"stand_in_for": "cpu"}, "partitions[0].stand_in_for"),
+             ({"module_purge": "yes"}, "partitions[0].module_purge")]
+    for change, field in cases:
+        with pytest.raises(SpecError) as e:
+            site_from_mapping(_site_with(tmp_path, lambda d: d["partitions"][0].update(change)))
+        assert e.value.field == field, (change, e.value)
+    cross = load_site(CROSS)
+    with pytest.raises(SpecError) as e:
+        dataclasses.replace(cross, partitions=(dataclasses.replace(cross.partitions[0], stand_in_for="amd"),
+                                               *cross.partitions[1:]))
+    assert e.value.field == "partitions[0].stand_in_for"
