@@ -4,7 +4,9 @@ Layout (schema version :data:`SCHEMA_VERSION`)::
 
     /                       attrs: schema_version, format = "memx-profile-store"
     /gpu/<GPU type>/        attrs: gpu_type, device_figures (JSON, "" when none)
-        <column>            one 1-D dataset per column of :data:`COLUMNS`, all the same length
+        <column>            one 1-D dataset per number column of :data:`COLUMNS`; a text
+                            column is <column>.utf8 (its rows' UTF-8 bytes, concatenated)
+                            and <column>.end (where each row's bytes end), schema 4
     /e2e/                   end-to-end measurements of whole plans (schema 2 on)
         <column>            one 1-D dataset per column of :data:`E2E_COLUMNS`
 
@@ -28,7 +30,7 @@ a lock file ``<store>.lock`` holds ``PID@host`` of the writer. A second writer
 gets :class:`StoreLocked` ("store locked by PID ..."); a lock left by a process
 that no longer runs on this host is broken with a warning.
 
-Appending (schema 3). Every table is a set of resizable, chunked 1-D datasets
+Appending (schema 3 and 4). Every table is a set of resizable, chunked 1-D datasets
 (:data:`CHUNK_ROWS` rows a chunk) plus a ``committed_rows`` attribute on its group. An
 append writes the new rows past the committed count, flushes, and only then raises
 ``committed_rows`` and flushes again; readers read the first ``committed_rows`` rows
@@ -37,8 +39,10 @@ and nothing else. So an append costs the same at the 10,000th sample as at the f
 rows it was appending: rows past the committed count are overwritten by the next
 append. Each sample table also keeps ``row_sha256`` (the digest of each row, the one
 :meth:`ProfileStore.content_hash` is built from), so duplicate checks need not decode rows.
-Version 1 and 2 files (whole datasets, rewritten per append) are read as they are and
-turned into version 3 by their first write, which builds the new file next to the old
+Text columns are bytes plus end offsets (schema 4), not HDF5 variable-length strings,
+whose heap blocks each in-place append would leave behind (4 KB a call).
+Version 1 to 3 files (version 1 and 2: whole datasets, rewritten per append) are read as
+they are and turned into the current version by their first write, which builds the new file next to the old
 one and moves it over it with ``os.replace``.
 
 Reading takes no lock: a reader sees the committed rows of the moment it opens the file.
@@ -65,9 +69,12 @@ from ..spec import SAMPLE_KINDS, SAMPLE_ORIGINS, LayerSample, LayerShape, Profil
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "COLUMNS", "E2E_COLUMNS", "E2ERecord", "ProfileStore",
            "StoreLocked", "sample_to_row", "row_to_sample", "record_to_row", "row_to_record", "records_hash"]
 
-SCHEMA_VERSION = 3
-#: Versions this code reads: 1 (layer samples only), 2 (adds ``/e2e``), 3 (appendable tables).
-READABLE_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+#: Versions this code reads: 1 (layer samples only), 2 (adds ``/e2e``), 3 (appendable tables),
+#: 4 (text as UTF-8 bytes and end offsets, so appends do not leave HDF5 heap blocks behind).
+READABLE_VERSIONS = (1, 2, 3, 4)
+#: Bytes per HDF5 chunk of a text column's UTF-8 data (schema 4).
+CHUNK_BYTES = 1 << 16
 #: Rows per HDF5 chunk of an appendable table (schema 3).
 CHUNK_ROWS = 1024
 _COMMITTED = "committed_rows"
@@ -336,10 +343,13 @@ def _check_format(f: Any, path: Path) -> int:
 
 
 def _read_columns(g: Any, columns: tuple[Column, ...], version: int, where: str) -> dict[str, Any]:
-    """The committed rows of a table, column by column (schema 3: ``committed_rows``; older: all)."""
+    """The committed rows of a table, column by column (schema 3 on: ``committed_rows``; older: all)."""
     n = int(g.attrs[_COMMITTED]) if version >= 3 else None
     cols = {}
     for c in columns:
+        if c.kind == "str" and version >= 4:
+            cols[c.name] = _read_text(g, c.name, n or 0, where)
+            continue
         if c.name not in g:
             raise SystemFailure(f"{where} lacks column {c.name!r}")
         ds = g[c.name]
@@ -348,6 +358,22 @@ def _read_columns(g: Any, columns: tuple[Column, ...], version: int, where: str)
         sel = slice(0, n) if n is not None else slice(None)
         cols[c.name] = ds.asstr()[sel] if c.kind == "str" else ds[sel]
     return cols
+
+
+def _read_text(g: Any, name: str, n: int, where: str) -> list[str]:
+    if f"{name}.utf8" not in g or f"{name}.end" not in g:
+        raise SystemFailure(f"{where} lacks column {name!r}")
+    ends = g[f"{name}.end"][:n].tolist() if n else []
+    if len(ends) < n:
+        raise SystemFailure(f"{where}: column {name!r} holds {len(ends)} rows, {n} were committed")
+    raw = g[f"{name}.utf8"][:ends[-1]].tobytes() if ends else b""
+    if len(raw) < (ends[-1] if ends else 0):
+        raise SystemFailure(f"{where}: column {name!r} holds fewer bytes than its rows need")
+    out, start = [], 0
+    for end in ends:
+        out.append(raw[start:end].decode("utf-8"))
+        start = end
+    return out
 
 
 def _h5_dtype(c: Column) -> Any:
@@ -359,8 +385,14 @@ def _h5_dtype(c: Column) -> Any:
 
 def _new_table(g: Any, columns: tuple[Column, ...], *, digests: bool = False) -> Any:
     """Empty resizable chunked datasets for ``columns`` in group ``g`` (not yet committed)."""
+    import numpy as np
+
     for c in columns:
-        g.create_dataset(c.name, shape=(0,), maxshape=(None,), chunks=(CHUNK_ROWS,), dtype=_h5_dtype(c))
+        if c.kind == "str":
+            g.create_dataset(f"{c.name}.utf8", shape=(0,), maxshape=(None,), chunks=(CHUNK_BYTES,), dtype=np.uint8)
+            g.create_dataset(f"{c.name}.end", shape=(0,), maxshape=(None,), chunks=(CHUNK_ROWS,), dtype=np.int64)
+        else:
+            g.create_dataset(c.name, shape=(0,), maxshape=(None,), chunks=(CHUNK_ROWS,), dtype=_h5_dtype(c))
     if digests:
         g.create_dataset(_DIGESTS, shape=(0,), maxshape=(None,), chunks=(CHUNK_ROWS,), dtype="S32")
     return g
@@ -391,10 +423,21 @@ def _append_rows(g: Any, columns: tuple[Column, ...], rows: list[dict[str, Any]]
     if not k:
         return n
     for c in columns:
+        vals = [r[c.name] for r in rows]
+        if c.kind == "str":
+            ends, data = g[f"{c.name}.end"], g[f"{c.name}.utf8"]
+            start = int(ends[n - 1]) if n else 0
+            blobs = [v.encode("utf-8") for v in vals]
+            blob = b"".join(blobs)
+            data.resize((start + len(blob),))
+            if blob:
+                data[start:start + len(blob)] = np.frombuffer(blob, dtype=np.uint8)
+            ends.resize((n + k,))
+            ends[n:n + k] = start + np.cumsum([len(b) for b in blobs], dtype=np.int64)
+            continue
         ds = g[c.name]
         ds.resize((n + k,))
-        vals = [r[c.name] for r in rows]
-        ds[n:n + k] = np.array(vals, dtype=object) if c.kind == "str" else np.array(vals, dtype=_h5_dtype(c))
+        ds[n:n + k] = np.array(vals, dtype=_h5_dtype(c))
     if digests is not None:
         ds = g[_DIGESTS]
         ds.resize((n + k,))

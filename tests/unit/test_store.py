@@ -57,9 +57,10 @@ def test_file_layout_has_schema_version_and_unit_columns(tmp_path):
         assert int(f.attrs["schema_version"]) == SCHEMA_VERSION
         g = f["gpu/cpu-4g"]
         for col in ("forward_ms", "backward_ms", "activation_bytes", "peak_allocated_bytes",
-                    "device_footprint_bytes", "origin", "provenance"):
+                    "device_footprint_bytes", "origin.end", "provenance.end"):
             assert col in g and g[col].shape == (1,)
-        assert json.loads(g["provenance"].asstr()[0])["host"] == "h"
+        # text: the rows' UTF-8 bytes and where each ends
+        assert json.loads(g["provenance.utf8"][:g["provenance.end"][0]].tobytes().decode())["host"] == "h"
 
 
 def test_dedupe_and_order_independent_hash(tmp_path):
@@ -226,9 +227,10 @@ def test_e2e_records_round_trip_filter_and_dedupe(tmp_path):
     from memx_hpc.profile.store import records_hash
     assert records_hash(recs) == b.e2e_hash()
     with h5py.File(tmp_path / "s.h5", "r") as f:
-        assert int(f.attrs["schema_version"]) == SCHEMA_VERSION == 3
+        assert int(f.attrs["schema_version"]) == SCHEMA_VERSION == 4
         assert f["e2e/iteration_ms"].shape == (3,)
-        assert json.loads(f["e2e/plan_json"].asstr()[0])["micro_batch_size"] == 2
+        first = f["e2e/plan_json.utf8"][:f["e2e/plan_json.end"][0]].tobytes().decode()
+        assert json.loads(first)["micro_batch_size"] == 2
 
 
 def test_e2e_bad_records_are_refused_by_field(tmp_path):
@@ -252,11 +254,12 @@ def test_version_1_files_still_open_and_upgrade_on_write(tmp_path):
     store without e2e records; its samples and their hash are unchanged; the next write makes it
     the current version (appendable tables)."""
     path = tmp_path / "v1.h5"
-    st = ProfileStore(path)
     batch = [sample(mbs=m) for m in (1, 2)] + [sample(gpu="A100-80", origin="imported")]
-    st.append(batch)
-    h = st.content_hash()
-    with h5py.File(path, "r+") as f:  # make it exactly the version-1 layout
+    ref = ProfileStore(tmp_path / "ref.h5")
+    ref.append(batch)
+    h = ref.content_hash()
+    _write_version_2(path, batch)
+    with h5py.File(path, "r+") as f:  # the version-1 layout: version 2 without the e2e table
         del f["e2e"]
         f.attrs["schema_version"] = 1
     v1 = ProfileStore(path)
@@ -264,15 +267,15 @@ def test_version_1_files_still_open_and_upgrade_on_write(tmp_path):
     assert v1.e2e_records() == [] and v1.content_hash() == h
     assert v1.append_e2e([e2e()]) == 1
     with h5py.File(path, "r") as f:
-        assert int(f.attrs["schema_version"]) == SCHEMA_VERSION == 3
+        assert int(f.attrs["schema_version"]) == SCHEMA_VERSION == 4
         assert f["gpu/A100-80/forward_ms"].maxshape == (None,)  # resizable: later appends go in place
     v2 = ProfileStore(path)
     assert len(v2.samples()) == 3 and len(v2.e2e_records()) == 1 and v2.content_hash() == h
     with h5py.File(path, "r+") as f:
-        f.attrs["schema_version"] = 4
+        f.attrs["schema_version"] = 5
     with pytest.raises(SpecError) as e:
         ProfileStore(path).samples()
-    assert e.value.field == "schema_version" and "1, 2, 3" in str(e.value)
+    assert e.value.field == "schema_version" and "1, 2, 3, 4" in str(e.value)
 
 
 def test_e2e_writer_lock_is_the_store_lock(tmp_path):
@@ -348,7 +351,8 @@ def test_rows_past_the_committed_count_are_invisible_and_overwritten(tmp_path):
     with h5py.File(path, "r+") as f:  # rows written, count not raised: a torn append
         g = f["gpu/cpu-4g"]
         for name in g:
-            g[name].resize((2,))
+            ds = g[name]
+            ds.resize((ds.shape[0] + (7 if name.endswith(".utf8") else 1),))  # bytes of text, or a row
         g["forward_ms"][1] = 99.0
     assert [s.point.micro_batch_size for s in ProfileStore(path).samples()] == [1]
     assert ProfileStore(path).append([sample(mbs=2)]) == 1
