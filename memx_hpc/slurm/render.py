@@ -419,6 +419,7 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
         env += [_env(k, v, f"{pfield}.env.{k}") for k, v in p.env]
         env += comm_env
         if cross_vendor:
+            _check_cross_vendor_env(p, site, vendor, pfield, pp)
             env += [EnvVar(name="MEMX_RANK_VENDORS", value=encode_rank_vendors(rank_vendors(plan, site))),
                     EnvVar(name="MEMX_CROSS_VENDOR_BACKEND", value=site.pipeline_comm_backend)]
         if p.cpus_per_task is not None:
@@ -494,6 +495,29 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
         summary=summary, tp=tp, pp=pp, dp=dp, world_size=plan.world_size, layout=layout,
         components=tuple(comps), common_args=tuple(common), groups=groups, cross_vendor=cross_vendor,
         preflight_code=_preflight_source(), extra_args=tuple(extra))
+
+
+#: the UCX transport that moves GPU memory, per vendor
+_UCX_GPU_TRANSPORT = {"nvidia": "cuda_copy", "amd": "rocm_copy"}
+
+
+def _check_cross_vendor_env(p: Partition, site: Site, vendor: str, pfield: str, pp: int) -> None:
+    """What megatron-core and UCX need on a component of a cross-vendor plan: UCX_TLS (when
+    given) names the transport that moves this vendor's GPU memory; no
+    CUDA_DEVICE_MAX_CONNECTIONS=1 beside a UCC pipeline (megatron-core asserts it)."""
+    exported = [(k, v, f"{pfield}.env.{k}") for k, v in p.env]
+    exported += [(k, v, f"pipeline_comm.env.{k}") for k, v in site.pipeline_comm_env]  # exported after
+    last = {k: (v, field) for k, v, field in exported}
+    if "UCX_TLS" in last and vendor in _UCX_GPU_TRANSPORT:
+        value, field = last["UCX_TLS"]
+        tls = [t.strip() for t in value.split(",")]
+        need = _UCX_GPU_TRANSPORT[vendor]
+        if need not in tls and "all" not in tls and "^" not in value:
+            raise SpecError(f"UCX cannot move {vendor.upper()} GPU memory without {need}: add it (groups that span "
+                            f"vendors run on UCC over UCX)", field=field, found=value, allowed=f"a list with {need}")
+    if pp > 1 and last.get(_SERIAL_CONNECTIONS, ("",))[0] == "1":
+        raise SpecError("a UCC pipeline needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (megatron-core asserts it); leave it "
+                        "unset for cross-vendor plans", field=last[_SERIAL_CONNECTIONS][1], found="1")
 
 
 def _preflight_source() -> str:

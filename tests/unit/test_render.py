@@ -518,3 +518,24 @@ def test_launch_fields_are_checked_where_the_site_is_loaded(tmp_path: Path) -> N
         dataclasses.replace(cross, partitions=(dataclasses.replace(cross.partitions[0], stand_in_for="amd"),
                                                *cross.partitions[1:]))
     assert e.value.field == "partitions[0].stand_in_for"
+
+
+def test_cross_vendor_environment_that_megatron_core_or_ucx_would_refuse_is_refused() -> None:
+    site, job = load_site(CROSS), load_job(ROOT / "jobs" / "llama2-7b.yaml")
+    plan = load_plan(GOLDEN / "plans" / "cross-vendor-llama2-7b.json")
+
+    def with_env(i: int, **env: str):
+        parts = list(site.partitions)
+        parts[i] = dataclasses.replace(parts[i], env=tuple({**dict(parts[i].env), **env}.items()))
+        return dataclasses.replace(site, partitions=tuple(parts))
+
+    with pytest.raises(SpecError) as e:
+        describe(plan, with_env(1, UCX_TLS="rc,sm,self"), job)
+    assert e.value.field == "partitions[1].env.UCX_TLS" and "rocm_copy" in str(e.value)
+    with pytest.raises(SpecError) as e:
+        describe(plan, with_env(0, CUDA_DEVICE_MAX_CONNECTIONS="1"), job)
+    assert e.value.field == "partitions[0].env.CUDA_DEVICE_MAX_CONNECTIONS"
+    describe(plan, with_env(1, UCX_TLS="all"), job)  # UCX's default: every transport
+    # one vendor: neither applies (Megatron-LM's own entry wants CUDA_DEVICE_MAX_CONNECTIONS=1)
+    describe(_plan(("gpu_a100", 16), ("gpu_v100", 16), gbs=64), with_env(0, UCX_TLS="rc"),
+             load_job(ROOT / "jobs" / "gpt3-2.7b.yaml"))

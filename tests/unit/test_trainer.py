@@ -97,7 +97,15 @@ def test_cross_vendor_pipeline_trains_on_explicit_groups() -> None:
             "--pipeline-model-parallel-layout", "Et*3|tL", "--pipeline-model-parallel-comm-backend", "ucc"]
     r0, r1 = _launch(argv, 2, extra_env={"MEMX_RANK_VENDORS": "nvidia*1,amd*1", "MEMX_CROSS_VENDOR_BACKEND": "ucc"})
     assert r0.returncode == 0 and r1.returncode == 0, (r0.stdout[-3000:], r1.stdout[-3000:])
-    assert parse_log(r0.stdout + r1.stdout).iterations_done == 2
+    log = parse_log(r0.stdout + r1.stdout)
+    assert log.iterations_done == 2
+    # the same job on megatron-core's own groups (one vendor): the same losses, so the
+    # explicit groups carry what parallel_state's would (tied-embedding sync included)
+    p0, p1 = _launch(argv, 2)
+    assert p0.returncode == 0 and p1.returncode == 0, (p0.stdout[-3000:], p1.stdout[-3000:])
+    plain = parse_log(p0.stdout + p1.stdout)
+    assert "process group pp: gloo x1 (inside one vendor (cpu))" in p0.stdout
+    assert [i.lm_loss for i in log.iterations] == pytest.approx([i.lm_loss for i in plain.iterations], rel=1e-6)
     assert "process group pp: ucc x1 (spans vendors" in r0.stdout
     assert "process group mp: gloo x1 (spans vendors, cold" in r0.stdout
     assert "process group embd: ucc x1" in r0.stdout and "[gloo on the CPU]" in r0.stdout
