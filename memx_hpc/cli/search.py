@@ -209,11 +209,11 @@ def print_report(result, site, job, provenance, notes, files, *, stream=None, ob
     print("numbers from (expected peak-memory error):", file=out)
     for g, v in provenance.items():
         b = (bands or {}).get(g)
-        print(f"  {g}: {PROVENANCE_WORDS.get(v, v)}" + (f"; +-{b.fraction:.0%} ({b.source})" if b else ""),
+        print(f"  {g}: {PROVENANCE_WORDS.get(v, v)}" + (f"; +-{b.fraction:.0%} ({b.short_source()})" if b else ""),
               file=out)
     if bands:
         print("  (the recommended plan widens each GPU's predicted peak by its type's error; a plan whose widened "
-              "peak exceeds the memory may run out)", file=out)
+              "peak exceeds the memory may run out; the benchmark lines: summary.json, memory_error)", file=out)
     c = st.cache
     sp = st.space
     print(f"searched {st.plans:,} plans ({st.feasible:,} fit in memory, {result.risk_feasible:,} also with the "

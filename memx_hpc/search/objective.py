@@ -151,6 +151,11 @@ class MemoryErrorBand:
     def label(self) -> str:
         return f"+-{self.fraction:.0%} ({self.basis})"
 
+    def short_source(self) -> str:
+        """The source in a few words: the statistic and the script (the full line is in ``source``)."""
+        stat, _, where = self.source.partition(": ")
+        return f"{stat.split(' (')[0]}, {where.split(',')[0]}" if where else stat
+
 
 def _error_table() -> dict:
     from importlib import resources
