@@ -26,12 +26,14 @@ from pathlib import Path
 
 import pytest
 
+from memx_hpc.datapaths import shared_data
 from memx_hpc.planfile import load_plan
 from memx_hpc.slurm.render import describe, render
 from memx_hpc.spec import load_job, load_site
 
 ROOT = Path(__file__).resolve().parents[2]
-MEGATRON_LM = ROOT.parent / "shared" / "data" / "megatron-lm"
+DATA = shared_data(required=False) or ROOT.parent / "shared" / "data"  # $MEMX_SHARED_DATA or ../shared/data
+MEGATRON_LM = DATA / "megatron-lm"
 GOLDEN = ROOT / "tests" / "golden"
 _TRAINING_NAMES = ("get_args", "get_signal_handler", "get_tokenizer", "get_tensorboard_writer", "get_wandb_writer",
                    "get_one_logger", "get_adlr_autoresume", "get_timers")
@@ -177,7 +179,7 @@ def searched_plans(tmp_path_factory):
     empty store (datasheet figures), the cross-vendor site with the shared Sailor and Cephalo
     profiles imported, for the Llama-2-7B and GPT-3 2.7B jobs."""
     tmp = tmp_path_factory.mktemp("searched")
-    data = ROOT.parent / "shared" / "data"
+    data = DATA
     store = tmp / "imported.h5"
     _cli("profile", "import", "--store", str(store), "--format", "sailor", str(data / "sailor"))
     _cli("profile", "import", "--store", str(store), "--format", "cephalo", str(data / "cephalo" / "model_latencies.json"))
