@@ -61,7 +61,8 @@ def _bash_n(text: str) -> str | None:
         r = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:  # no bash: the quoted eval still keeps it contained
         return None if isinstance(e, OSError) else "bash -n did not answer"
-    return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["syntax error"])[-1]
+    lines = [ln.split(": ", 2)[-1] for ln in r.stderr.strip().splitlines()] or ["syntax error"]
+    return None if r.returncode == 0 else lines[0]
 
 
 def check_setup_line(line: str, field: str) -> str:
