@@ -273,10 +273,14 @@ def _read_text(path: str | os.PathLike) -> str:
         raise SpecError(f"cannot read file: {e.strerror or e}", file=str(path)) from None
 
 
-def parse_yaml(text: str) -> Any:
-    """Parse YAML text with the bounded safe loader (SpecError on anything refused)."""
+def _check_size(text: str) -> None:
     if len(text) > MAX_DOCUMENT_BYTES:
         raise SpecError("document too large", allowed=f"at most {MAX_DOCUMENT_BYTES:,} bytes")
+
+
+def parse_yaml(text: str) -> Any:
+    """Parse YAML text with the bounded safe loader (SpecError on anything refused)."""
+    _check_size(text)
     loader = None
     try:
         loader = _BoundedLoader(text)
@@ -298,11 +302,7 @@ def parse_yaml(text: str) -> Any:
 
 def load_yaml(path: str | os.PathLike) -> Any:
     """Read a YAML file with the bounded safe loader, turning every failure into a SpecError."""
-    text = _read_text(path)
-    try:
-        return parse_yaml(text)
-    except SpecError as e:
-        raise e.with_file(str(path)) from None
+    return _wrap_file(lambda: parse_yaml(_read_text(path)), str(path))
 
 
 def _json_pairs(pairs: list[tuple[str, Any]]) -> dict:
@@ -338,8 +338,7 @@ def _json_depth(data: Any) -> int:
 
 def parse_json(text: str) -> Any:
     """Parse JSON text: duplicate keys, NaN/Infinity, huge integers and deep nesting are refused."""
-    if len(text) > MAX_DOCUMENT_BYTES:
-        raise SpecError("document too large", allowed=f"at most {MAX_DOCUMENT_BYTES:,} bytes")
+    _check_size(text)
     try:
         data = json.loads(text, object_pairs_hook=_json_pairs, parse_int=_json_int, parse_constant=_json_constant)
     except json.JSONDecodeError as e:
@@ -355,11 +354,7 @@ def parse_json(text: str) -> Any:
 
 def load_json(path: str | os.PathLike) -> Any:
     """Read a JSON file (bounded as :func:`parse_json`), naming the file in every error."""
-    text = _read_text(path)
-    try:
-        return parse_json(text)
-    except SpecError as e:
-        raise e.with_file(str(path)) from None
+    return _wrap_file(lambda: parse_json(_read_text(path)), str(path))
 
 
 class _Reader:
@@ -835,6 +830,17 @@ class Site:
 # --------------------------------------------------------------------------- model and job
 
 
+def _check_shape(obj: Any) -> None:
+    """The ranges of the shape fields a ModelSpec and a LayerShape share."""
+    _whole(obj.hidden_size, "hidden_size", 1, MAX_HIDDEN)
+    _whole(obj.num_attention_heads, "num_attention_heads", 1, MAX_HEADS)
+    _whole(obj.num_query_groups, "num_query_groups", 1, MAX_HEADS)
+    _whole(obj.ffn_hidden_size, "ffn_hidden_size", 1, 4 * MAX_HIDDEN)
+    _whole(obj.vocab_size, "vocab_size", 1, MAX_VOCAB)
+    _whole(obj.seq_length, "seq_length", 1, MAX_SEQ_LENGTH)
+    _choice(obj.activation, "activation", ACTIVATIONS)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A GPT-style decoder. ``ffn_hidden_size`` is the per-branch width (SwiGLU has two)."""
@@ -856,13 +862,7 @@ class ModelSpec:
     def __post_init__(self) -> None:
         _text(self.name, "name")
         _whole(self.num_layers, "num_layers", 1, MAX_LAYERS)
-        _whole(self.hidden_size, "hidden_size", 1, MAX_HIDDEN)
-        _whole(self.num_attention_heads, "num_attention_heads", 1, MAX_HEADS)
-        _whole(self.num_query_groups, "num_query_groups", 1, MAX_HEADS)
-        _whole(self.ffn_hidden_size, "ffn_hidden_size", 1, 4 * MAX_HIDDEN)
-        _whole(self.vocab_size, "vocab_size", 1, MAX_VOCAB)
-        _whole(self.seq_length, "seq_length", 1, MAX_SEQ_LENGTH)
-        _choice(self.activation, "activation", ACTIVATIONS)
+        _check_shape(self)
         _choice(self.position_embedding, "position_embedding", ("learned", "rope"))
         _choice(self.normalization, "normalization", ("layernorm", "rmsnorm"))
         for name in ("tied_embeddings", "add_bias_linear"):
@@ -1050,6 +1050,16 @@ class Stage:
             raise SpecError("expected a recompute setting", field="recompute", found=_short(self.recompute))
 
 
+def _check_batches_and_stages(plan: Any) -> None:
+    """What a Plan and a GeneralPlan share: the batch sizes and a bounded, non-empty pipeline."""
+    _whole(plan.global_batch_size, "global_batch_size", 1, MAX_GLOBAL_BATCH)
+    _whole(plan.micro_batch_size, "micro_batch_size", 1, plan.global_batch_size)
+    if not plan.stages:
+        raise SpecError("a plan needs at least one stage", field="stages", found=[])
+    if len(plan.stages) > MAX_LAYERS:
+        raise SpecError(f"{len(plan.stages)} stages", field="stages", allowed=f"at most {MAX_LAYERS}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """A configuration Megatron-LM can run: uniform TP, DP and micro-batch; ordered stages.
@@ -1068,12 +1078,7 @@ class Plan:
     def __post_init__(self) -> None:
         _whole(self.tp, "tp", 1, 1 << 16)
         _whole(self.dp, "dp", 1, MAX_NODES * MAX_GPUS_PER_NODE)
-        _whole(self.global_batch_size, "global_batch_size", 1, MAX_GLOBAL_BATCH)
-        _whole(self.micro_batch_size, "micro_batch_size", 1, self.global_batch_size)
-        if not self.stages:
-            raise SpecError("a plan needs at least one stage", field="stages", found=[])
-        if len(self.stages) > MAX_LAYERS:
-            raise SpecError(f"{len(self.stages)} stages", field="stages", allowed=f"at most {MAX_LAYERS}")
+        _check_batches_and_stages(self)
         if self.global_batch_size % (self.micro_batch_size * self.dp):
             raise SpecError("global_batch_size must be a multiple of micro_batch_size * dp", field="global_batch_size",
                             found=(self.global_batch_size, self.micro_batch_size, self.dp))
@@ -1146,12 +1151,7 @@ class GeneralPlan:
     stages: tuple[GeneralStage, ...]
 
     def __post_init__(self) -> None:
-        _whole(self.global_batch_size, "global_batch_size", 1, MAX_GLOBAL_BATCH)
-        _whole(self.micro_batch_size, "micro_batch_size", 1, self.global_batch_size)
-        if not self.stages:
-            raise SpecError("a plan needs at least one stage", field="stages", found=[])
-        if len(self.stages) > MAX_LAYERS:
-            raise SpecError(f"{len(self.stages)} stages", field="stages", allowed=f"at most {MAX_LAYERS}")
+        _check_batches_and_stages(self)
 
 
 # --------------------------------------------------------------------------- profiling
@@ -1170,13 +1170,7 @@ class LayerShape:
     activation: str = "gelu"
 
     def __post_init__(self) -> None:
-        _whole(self.hidden_size, "hidden_size", 1, MAX_HIDDEN)
-        _whole(self.num_attention_heads, "num_attention_heads", 1, MAX_HEADS)
-        _whole(self.num_query_groups, "num_query_groups", 1, MAX_HEADS)
-        _whole(self.ffn_hidden_size, "ffn_hidden_size", 1, 4 * MAX_HIDDEN)
-        _whole(self.seq_length, "seq_length", 1, MAX_SEQ_LENGTH)
-        _whole(self.vocab_size, "vocab_size", 1, MAX_VOCAB)
-        _choice(self.activation, "activation", ACTIVATIONS)
+        _check_shape(self)
 
     @staticmethod
     def of(model: ModelSpec) -> "LayerShape":
