@@ -337,3 +337,25 @@ def test_hostile_input_or_fault(case: Case, tmp_path: Path, capsys: pytest.Captu
 def test_the_table_is_large_enough():
     assert len(CASES) >= 40
     assert {c.code for c in CASES} == {0, 1, 2}
+
+
+def test_two_writers_of_one_predictor_file(tmp_path: Path, monkeypatch) -> None:
+    """Two fits finishing at once each replace whole files: no lost temporary file, a loadable result."""
+    import subprocess
+    import sys
+
+    from memx_hpc.model.predictor import Predictor
+
+    monkeypatch.chdir(tmp_path)
+    ProfileStore(tmp_path / "store.h5").append([sample(1), sample(2, fwd=1.8), sample(4, fwd=3.1)])
+    assert main(["fit", "--site", site(tmp_path), "--no-cv", "--out", str(tmp_path / "p.ubj")]) == 0
+    code = ("import sys\nfrom memx_hpc.model.predictor import Predictor\np = Predictor.load(sys.argv[1])\n"
+            "for _ in range(10):\n    p.save(sys.argv[2])\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "p.ubj"), str(tmp_path / "q.ubj")],
+                              cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for pr in procs:
+        _, err = pr.communicate(timeout=300)
+        assert pr.returncode == 0, err
+    Predictor.load(tmp_path / "q.ubj")
+    assert not list(tmp_path.glob("*.tmp.ubj"))
