@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from ..errors import SpecError, SystemFailure
 from ..profile.comm import COMM_SIZES_BYTES, CommJob, comm_jobs, write_comm_curves
+from ..shellsafe import setup_commands
 from .dispatch import resolve_python
 from .render import submit, wait
 
@@ -62,11 +63,13 @@ def render_comm_script(job: CommJob, site: Any, *, task_file: Path, out_file: Pa
     cmds = []
     for part_name in job.partitions:
         part = site.partition(part_name)
-        body = list(part.setup) + [f"export {k}={q(v)}" for k, v in part.env]
+        # each setup line through ``eval`` and one command per line, so a setup line ending in a
+        # comment (or any other checked line) cannot swallow the commands after it
+        body = setup_commands(part.setup) + [f"export {k}={q(v)}" for k, v in part.env]
         body.append(f"export PYTHONPATH={q(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}")
         body.append(f"exec {q(resolve_python(site, part))} -m memx_hpc.profile.comm worker --task {q(str(task_file))} "
                     f"--out {q(str(out_file))}")
-        cmds.append(f"bash -c {q('; '.join(body))}")
+        cmds.append(f"bash -c {q(chr(10).join(body))}")
     lines.append("srun " + " : ".join(cmds))
     return "\n".join(lines) + "\n"
 

@@ -52,6 +52,25 @@ def test_scripts_are_valid_bash_and_a_hetjob_for_a_pair(tmp_path):
         assert subprocess.run(["bash", "-n", str(f)], capture_output=True).returncode == 0
 
 
+def test_a_setup_line_ending_in_a_comment_does_not_swallow_the_worker(tmp_path):
+    # each component runs ``bash -c BODY``; BODY must still reach its exec when a (valid)
+    # setup line ends in a comment: the component's commands are run here for real, with
+    # /bin/echo standing in for the partition's Python
+    import shlex
+    site = Site(name="s", partitions=(
+        Partition(name="a", gpu_type="A100-80", nodes=1, gpus_per_node=2, python="/bin/echo",
+                  setup=("export MARK=1  # site comment",)),))
+    job = {j.name: j for j in comm_jobs(site)}["intra-a"]
+    text = render_comm_script(job, site, task_file=tmp_path / "t.json", out_file=tmp_path / "o.json",
+                              log_dir=tmp_path)
+    assert text.count("\nsrun ") == 1, text
+    argv = shlex.split(text[text.index("\nsrun ") + 1:])[1:]  # the step's command may span lines
+    assert argv[:2] == ["bash", "-c"]
+    run = subprocess.run(argv[:3], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    assert "-m memx_hpc.profile.comm worker --task" in run.stdout
+
+
 def _curve(times, partitions=("a",), scope="inter", source="run 1") -> dict:
     c = CommCurve(kind="p2p", scope=scope, gpu_types=("A100-80",), partitions=partitions, provenance="measured",
                   source=source, form="points", sizes_bytes=(1e6, 1e8), times_ms=tuple(times))
