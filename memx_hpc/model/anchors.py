@@ -215,7 +215,7 @@ class Anchors:
                 self.by_chip[(g.chip_id, q.kind)].append(ser)
                 self.by_shape[(q.kind, key[3], _cfg(q))].append(ser)
             ser.by_tp.setdefault(q.tp, []).append([float(q.micro_batch_size), rt, rm, math.log(max(c["flops"], 1.0)),
-                                                   math.log(roof)])
+                                                   math.log(roof), c["compute_ms"], c["memory_ms"], c["comm_ms"]])
             self.gpu_names.add(g.name)
             self.chip_of[g.name] = g.chip_id
         for ser in series.values():
@@ -237,16 +237,65 @@ class Anchors:
         return self
 
     def datasheet(self, q: LayerQuery, g: Any) -> float:
-        """Log ratio to the roofline for a chip with no measurement: the achieved efficiency
-        of every measured chip as a function of the size of the work *relative to the
-        GPU* -- its time at datasheet peaks (compute + memory-bound kernels) -- pooled over
-        the measured chips (same kind, precision class, preferably the same attention
-        kernel), non-increasing and slope-guarded as in :func:`efficiency_curve`. A faster
-        part runs a given layer in less time at peak, so it lands lower on the curve: a
-        newer generation is not assumed to reach the fraction of peak an older one did on
-        the same layer. NaN when nothing of this kind was measured."""
+        """Log ratio to the roofline for a chip with no measurement, from the roofline's own
+        parts with costs learned on every measured chip (:meth:`_parts_fit`): ``t = a *
+        compute_ms + b * memory_ms + c * comm_ms + d``. ``a`` is the inverse achieved
+        fraction of the datasheet matrix rate, ``b`` the cost of the memory-bound kernels
+        per analytic byte-time (unfused elementwise kernels move several times the bytes the
+        formula counts, at below-peak bandwidth), ``d`` the fixed per-layer cost (kernel
+        launches). A part with little bandwidth per FLOP (L4, T4) so runs a layer at a
+        lower fraction of its matrix peak than one with much (V100, A100) -- the pooled
+        ratio-to-roofline curve it replaces could not tell them apart. Falls back to that
+        curve where too few points were measured. Never below the roofline (``r >= 0``);
+        NaN when nothing of this kind was measured."""
+        fit = self._parts_fit(q.kind, _PRECISION_CLASS[q.precision], q.attention)
+        if fit is not None:
+            c = roofline_components(q, g)
+            roof = c["compute_ms"] + c["memory_ms"] + c["comm_ms"]
+            t = float(fit @ np.array([c["compute_ms"], c["memory_ms"], c["comm_ms"], 1.0]))
+            return max(math.log(t / roof), 0.0) if t > 0 and roof > 0 else 0.0
         y = self._pool(q.kind, _PRECISION_CLASS[q.precision], q.attention, self._peak_time(q, g))
         return math.nan if math.isnan(y) else max(y, 0.0)
+
+    #: Fewest measured chips and points behind a parts fit (else the pooled curve answers).
+    MIN_PARTS_CHIPS, MIN_PARTS_POINTS = 2, 8
+
+    def _parts_fit(self, kind: str, pc: str, attention: str) -> np.ndarray | None:
+        """Non-negative ``(a, b, c, d)`` with ``t ~ a*compute_ms + b*memory_ms + c*comm_ms + d``
+        over every measured chip's points of this kind and precision class (the query's
+        attention kernel where any chip ran it), least squares in relative error with each
+        chip weighted equally in total (a chip with many points does not decide for the
+        others; reweighted to least absolute relative error). Non-negative costs keep the time
+        monotone in every part of the work. None
+        when fewer than :attr:`MIN_PARTS_CHIPS` chips / :attr:`MIN_PARTS_POINTS` points."""
+        key = ("parts", kind, pc, attention)
+        cache = self.__dict__.setdefault("_curves", {})
+        if key in cache:
+            return cache[key]
+        pts = [(chip, s.cfg[1], r) for (chip, k), sers in self.by_chip.items() if k == kind
+               for s in sers if _PRECISION_CLASS[s.cfg[0]] == pc for _, r in s.points() if not math.isnan(r[1])]
+        same = [p for p in pts if p[1] == attention] or pts
+        chips = [p[0] for p in same]
+        if len(set(chips)) < self.MIN_PARTS_CHIPS or len(same) < self.MIN_PARTS_POINTS:
+            cache[key] = None
+            return None
+        from scipy.optimize import nnls
+        X = np.array([[r[5], r[6], r[7], 1.0] for _, _, r in same])
+        t = np.exp(np.array([r[1] + r[4] for _, _, r in same]))
+        n = defaultdict(int)
+        for c in chips:
+            n[c] += 1
+        w = 1.0 / (t * np.sqrt(np.array([n[c] for c in chips], float)))
+        coef, _ = nnls(X * w[:, None], t * w)
+        for _ in range(5):
+            # iteratively reweighted toward least *absolute* relative error (the APE that is
+            # scored), so a cluster whose times do not follow its chip's datasheet (Sailor's
+            # RTX-2080 and Titan-RTX run OPT-350 in the same time) does not drag the costs
+            rel = np.abs(X @ coef - t) / t
+            v = w / np.sqrt(np.maximum(rel, 0.02))
+            coef, _ = nnls(X * v[:, None], t * v)
+        cache[key] = coef if np.any(coef[:3] > 0) else None
+        return cache[key]
 
     @staticmethod
     def _peak_time(q: LayerQuery, g: Any) -> float:

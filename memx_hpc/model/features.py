@@ -64,9 +64,10 @@ def query_of(sample: LayerSample) -> LayerQuery:
 def _gpu_row(gpu: GpuType, precision: str) -> list[float]:
     peak = gpu.peak_tflops(precision)
     # Matrix units: a part whose half-precision peak is well above its fp32 peak has tensor
-    # cores / matrix cores for it (P40 / P100 do not, V100 onwards do).
+    # cores / matrix cores for it (P40 / P100 do not, V100 onwards do; GeForce Ampere's
+    # fp32-accumulate tensor rate is only 2x its doubled fp32 rate)
     # (and only for a precision they run natively: bf16 on a V100 has no units).
-    matrix = 1.0 if precision != "fp32" and gpu.peak_tflops(precision) > 2.5 * gpu.peak_tflops_fp32 else 0.0
+    matrix = 1.0 if precision != "fp32" and gpu.peak_tflops(precision) > 1.5 * gpu.peak_tflops_fp32 else 0.0
     return [math.log(peak), math.log(gpu.hbm_gbps), math.log(gpu.link_gbps),
             math.log(peak * 1e3 / gpu.hbm_gbps), matrix, math.log(gpu.memory_gib)]
 
