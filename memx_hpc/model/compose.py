@@ -5,6 +5,8 @@ rest under the stage's base mode ``none`` or ``selective``), from the cost model
 per-layer answers ``t`` (forward+backward ms per micro-batch) and ``a`` (activation
 bytes kept per in-flight micro-batch):
 
+* each layer's time is at least its host-dispatch floor (:mod:`memx_hpc.model.host`:
+  eager operators x host cost per operator; ``max(device, host)``);
 * time per micro-batch ``T_i = k_i t_full + (n_i - k_i) t_base`` + embedding (first
   stage) + output layer and loss (last stage), split into forward and backward with
   :func:`memx_hpc.model.api.forward_fraction`;
@@ -55,6 +57,7 @@ from ..errors import SpecError
 from ..spec import BYTES_PER_ELEMENT, GeneralPlan, LayerShape, Plan, Site, TrainJob
 from . import analytic
 from .api import LayerQuery, forward_fraction
+from .host import HOST_US_PER_OP, host_bound, host_us_per_op
 from .schedule import pipeline_finish_batch
 
 # Codes of the per-layer recompute mode used by the vectorised cost composition.
@@ -392,8 +395,10 @@ class Composer:
 
     def __init__(self, space: PlanSpace, predictions: Predictions, *, overhead_bytes: Mapping[str, int],
                  options: CostOptions | None = None, memory_error: Mapping[str, float] | None = None,
-                 links=None, memory_scale: Mapping[str, float] | None = None) -> None:
+                 links=None, memory_scale: Mapping[str, float] | None = None,
+                 host_us_per_op: float = HOST_US_PER_OP) -> None:
         self.space = space
+        self._host_us = float(host_us_per_op)
         self.options = options or CostOptions()
         site, job = space.site, space.job
         self.site, self.job = site, job
@@ -525,6 +530,7 @@ class Composer:
                 v = predictions.get(q)
                 if v is None:
                     continue
+                v = tuple(host_bound([q], [v], self._host_us)[0])
                 if j < 3:
                     self._ctx_t[c, j], self._ctx_a[c, j] = v
                 elif j == 3:
@@ -539,6 +545,7 @@ class Composer:
             vals = [predictions[q] for q in qs]
         except KeyError as e:  # pragma: no cover - the engine predicts every context first
             raise RuntimeError(f"no prediction for {e.args[0]}") from None
+        vals = host_bound(qs, vals, self._host_us)
         t = [v[0] for v in vals]
         a = [v[1] for v in vals]
         return t[0:3] + a[0:3] + [t[3], a[3], t[4], a[4], float(overhead[gpu]),
@@ -622,7 +629,7 @@ class _Replica:
 def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micro_batch_size: int,
                   stages: Sequence[tuple[int, str, int | None, Sequence[_Replica]]], dp_per_stage: Sequence[int],
                   link_ms: Sequence[float], sync_of, tied_ms: float, sequence_parallel: bool,
-                  options: CostOptions, memory_scale=None) -> Prediction:
+                  options: CostOptions, memory_scale=None, host_us: float = HOST_US_PER_OP) -> Prediction:
     """The scalar composition shared by :func:`predict_plan` and :func:`predict_general`.
 
     ``stages``: per stage (layers, base mode of the layers not fully recomputed, number of
@@ -650,7 +657,7 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
                 queries.append(layer_query(job, r.gpu_type, kind=kind, tp=r.tp, micro_batch_size=mbs,
                                            recompute=mode, sequence_parallel=sp))
             rows.append(row)
-    vals = np.asarray(model_predict(queries), dtype=np.float64).reshape(len(queries), 2)
+    vals = host_bound(queries, np.asarray(model_predict(queries), dtype=np.float64).reshape(len(queries), 2), host_us)
     limit = _limit(site)
     per: list[dict] = []
     j = 0
@@ -780,7 +787,7 @@ def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: 
                          link_ms=link_ms, sync_of=sync_of, tied_ms=tied_sync_ms(lm, job, plan.tp, plan.pp, names[0],
                                                                                 names[-1]),
                          sequence_parallel=plan.sequence_parallel, options=options or CostOptions(),
-                         memory_scale=memory_scale_of(cost_model, site))
+                         memory_scale=memory_scale_of(cost_model, site), host_us=host_us_per_op(cost_model))
 
 
 def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
@@ -873,7 +880,7 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
                          dp_per_stage=[len(s.replicas) for s in plan.stages], link_ms=link_ms, sync_of=sync_of,
                          tied_ms=tied_sync_ms(lm, job, first.tp, len(stages), first.partition, lastp.partition),
                          sequence_parallel=False, options=options or CostOptions(),
-                         memory_scale=memory_scale_of(cost_model, site))
+                         memory_scale=memory_scale_of(cost_model, site), host_us=host_us_per_op(cost_model))
 
 
 def _known(site: Site, name: str) -> bool:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from memx_hpc.errors import SpecError
-from memx_hpc.model import analytic
+from memx_hpc.model import analytic, host
 from memx_hpc.model.compose import (Composer, CostOptions, p2p_bytes, predict_general, predict_plan, required_queries,
                                   stage_layout, sync_ms_per_param)
 from memx_hpc.model.links import SITE_LATENCY_US
@@ -264,3 +264,66 @@ def test_bad_plans_are_spec_errors():
     with pytest.raises(SpecError, match="unknown GPU type"):
         predict_general(GeneralPlan(micro_batch_size=1, global_batch_size=8, stages=(
             GeneralStage(num_layers=4, replicas=(Replica(gpu_type="Z9000", tp=1),)),)), site, job, model)
+
+
+# --------------------------------------------------------------------------- the host-dispatch floor
+
+
+def test_operator_counts_follow_the_schedule():
+    # recompute runs the forward again; tensor parallelism adds its collectives
+    assert host.layer_ops("full", 1) == 2 * host.FORWARD_OPS + host.BACKWARD_OPS
+    assert host.layer_ops("none", 1) < host.layer_ops("selective", 1) < host.layer_ops("full", 1)
+    assert host.layer_ops("full", 2) == host.layer_ops("full", 1) + 6
+    assert host.layer_host_ms("none", 1, us_per_op=10.0) == pytest.approx(host.layer_ops("none", 1) * 0.01)
+
+
+def test_floor_raises_only_layers_below_it():
+    job = job_for_model(small_model(), 4)
+    from memx_hpc.model.compose import context_queries
+    qs = context_queries(job, "A100-80", 1, 1, False)  # none, selective, full, embedding, head
+    vals = np.array([[0.01, 1.0], [50.0, 2.0], [0.02, 3.0], [0.001, 4.0], [0.002, 5.0]])
+    out = host.host_bound(qs, vals)
+    assert out[0, 0] == pytest.approx(host.layer_host_ms("none", 1))
+    assert out[1, 0] == 50.0  # above its floor: the device time stands
+    assert out[2, 0] == pytest.approx(host.layer_host_ms("full", 1))
+    assert out[3, 0] == 0.001 and out[4, 0] == 0.002  # embedding and head untouched
+    assert (out[:, 1] == vals[:, 1]).all()  # bytes untouched
+    assert vals[0, 0] == 0.01  # the input is not modified
+
+
+def test_host_bound_plans_split_host_work_across_pipeline_stages():
+    """With device work far below the floor, the iteration is the host's: tensor parallelism
+    does not shorten it, pipeline stages (one process each) do."""
+    site = two_partition_site()
+    job = job_for_model(small_model(4), 8, precision="bf16")
+    tiny = LinearModel(scale=1e-4)
+
+    def plan(tp, pp):
+        return Plan(tp=tp, dp=1, micro_batch_size=1, global_batch_size=8,
+                    stages=tuple(Stage(partition="pA", num_layers=4 // pp, recompute=Recompute(mode="full"))
+                                 for _ in range(pp)))
+
+    t11 = predict_plan(plan(1, 1), site, job, tiny)
+    t21 = predict_plan(plan(2, 1), site, job, tiny)
+    t12 = predict_plan(plan(1, 2), site, job, tiny)
+    floor = host.layer_host_ms("full", 1)
+    assert t11.stages[0].time_ms >= 4 * floor
+    assert t21.iteration_ms >= t11.iteration_ms  # TP: same host work, plus its collectives
+    assert t12.iteration_ms < 0.75 * t11.iteration_ms  # two processes dispatch half the layers each
+
+
+def test_vectorised_composition_applies_the_same_floor():
+    site = two_partition_site(memory_safety_margin=0.3)
+    job = job_for_model(small_model(6), 16, recompute_modes=("none", "full"), attention="core")
+    space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=3, recompute_spread=None))
+    model = LinearModel(scale=1e-3)  # layers of 0.01-0.03 ms: every one at its floor
+    _, cost = _composed(space, model, None)
+    rng = np.random.default_rng(1)
+    checked = 0
+    for i in sorted(rng.choice(len(space), 200, replace=False)):
+        pred = predict_plan(space.plan_at(int(i)), site, job, model)
+        assert pred.feasible == cost.feasible[i]
+        if pred.feasible:
+            checked += 1
+            assert pred.iteration_ms == pytest.approx(cost.iteration_ms[i], rel=1e-12)
+    assert checked > 0
