@@ -508,6 +508,9 @@ class GpuType:
     #: the silicon this type is a board/memory variant of (V100-16 and V100-32 are one
     #: chip): variants share layer times and differ only in memory. Empty: its own chip.
     chip: str = ""
+    #: board (module) power limit in W as the datasheet states it; 0: not known. Peak
+    #: FLOP/s per W says how far the datasheet peak is beyond what the power cap sustains.
+    tdp_w: float = 0.0
 
     def __post_init__(self) -> None:
         _safe_name(self.name, "name")
@@ -532,6 +535,8 @@ class GpuType:
             _choice(v, f"precisions[{i}]", PRECISIONS)
         if self.chip != "":
             _safe_name(self.chip, "chip")
+        if self.tdp_w != 0.0:
+            _real(self.tdp_w, "tdp_w", 1.0, 100_000.0)
 
     def native(self, precision: str) -> bool:
         """Whether the part's matrix units run ``precision`` (bf16 on a V100 does not)."""
@@ -570,6 +575,7 @@ class GpuType:
             measured_at_profile_time=r.bool("measured_at_profile_time", False),
             precisions=r.str_list("precisions") or PRECISIONS,
             chip=r.str("chip", ""),
+            tdp_w=r.float("tdp_w", 0.0, min=0.0),
         )
         r.finish()
         return g

@@ -215,7 +215,8 @@ class Anchors:
                 self.by_chip[(g.chip_id, q.kind)].append(ser)
                 self.by_shape[(q.kind, key[3], _cfg(q))].append(ser)
             ser.by_tp.setdefault(q.tp, []).append([float(q.micro_batch_size), rt, rm, math.log(max(c["flops"], 1.0)),
-                                                   math.log(roof), c["compute_ms"], c["memory_ms"], c["comm_ms"]])
+                                                   math.log(roof), c["compute_ms"], c["memory_ms"], c["comm_ms"],
+                                                   _flops_per_watt(q, g)])
             self.gpu_names.add(g.name)
             self.chip_of[g.name] = g.chip_id
         for ser in series.values():
@@ -238,21 +239,25 @@ class Anchors:
 
     def datasheet(self, q: LayerQuery, g: Any) -> float:
         """Log ratio to the roofline for a chip with no measurement, from the roofline's own
-        parts with costs learned on every measured chip (:meth:`_parts_fit`): ``t = a *
-        compute_ms + b * memory_ms + c * comm_ms + d``. ``a`` is the inverse achieved
-        fraction of the datasheet matrix rate, ``b`` the cost of the memory-bound kernels
-        per analytic byte-time (unfused elementwise kernels move several times the bytes the
-        formula counts, at below-peak bandwidth), ``d`` the fixed per-layer cost (kernel
-        launches). A part with little bandwidth per FLOP (L4, T4) so runs a layer at a
+        parts with costs learned on every measured chip (:meth:`_parts_fit`): ``t = (a0 + a1
+        * F) * compute_ms + b * memory_ms + c * comm_ms + d``. ``a0 + a1 * F`` is the inverse
+        achieved fraction of the datasheet matrix rate, larger on a part whose rated peak
+        per W of board power (``F``) lies far beyond what its power cap sustains; ``b`` the
+        cost of the memory-bound kernels per analytic byte-time (unfused elementwise
+        kernels move several times the bytes the formula counts, at below-peak bandwidth);
+        ``d`` the fixed per-layer cost (kernel launches). A part with little bandwidth per FLOP (L4, T4) so runs a layer at a
         lower fraction of its matrix peak than one with much (V100, A100) -- the pooled
         ratio-to-roofline curve it replaces could not tell them apart. Falls back to that
         curve where too few points were measured. Never below the roofline (``r >= 0``);
         NaN when nothing of this kind was measured."""
         fit = self._parts_fit(q.kind, _PRECISION_CLASS[q.precision], q.attention)
         if fit is not None:
+            coef, fpw_median = fit
             c = roofline_components(q, g)
             roof = c["compute_ms"] + c["memory_ms"] + c["comm_ms"]
-            t = float(fit @ np.array([c["compute_ms"], c["memory_ms"], c["comm_ms"], 1.0]))
+            fpw = _flops_per_watt(q, g)
+            t = float(coef @ _parts_row(c["compute_ms"], c["memory_ms"], c["comm_ms"],
+                                        fpw_median if math.isnan(fpw) else fpw))
             return max(math.log(t / roof), 0.0) if t > 0 and roof > 0 else 0.0
         y = self._pool(q.kind, _PRECISION_CLASS[q.precision], q.attention, self._peak_time(q, g))
         return math.nan if math.isnan(y) else max(y, 0.0)
@@ -260,8 +265,11 @@ class Anchors:
     #: Fewest measured chips and points behind a parts fit (else the pooled curve answers).
     MIN_PARTS_CHIPS, MIN_PARTS_POINTS = 2, 8
 
-    def _parts_fit(self, kind: str, pc: str, attention: str) -> np.ndarray | None:
-        """Non-negative ``(a, b, c, d)`` with ``t ~ a*compute_ms + b*memory_ms + c*comm_ms + d``
+    def _parts_fit(self, kind: str, pc: str, attention: str) -> tuple[np.ndarray, float] | None:
+        """Non-negative ``(a0, a1, b, c, d)`` with ``t ~ (a0 + a1*F)*compute_ms + b*memory_ms +
+        c*comm_ms + d``, ``F`` the part's peak TFLOP/s per W of board power (a part rated far
+        beyond what its power cap sustains -- T4, L4, H100-NVL -- runs its matrix units at a
+        lower clock; a part whose power is not known gets the measured parts' median ``F``),
         over every measured chip's points of this kind and precision class (the query's
         attention kernel where any chip ran it), least squares in relative error with each
         chip weighted equally in total (a chip with many points does not decide for the
@@ -280,7 +288,9 @@ class Anchors:
             cache[key] = None
             return None
         from scipy.optimize import nnls
-        X = np.array([[r[5], r[6], r[7], 1.0] for _, _, r in same])
+        fpws = [r[8] for _, _, r in same if not math.isnan(r[8])]
+        fpw_median = float(np.median(fpws)) if fpws else 0.0
+        X = np.array([_parts_row(r[5], r[6], r[7], fpw_median if math.isnan(r[8]) else r[8]) for _, _, r in same])
         t = np.exp(np.array([r[1] + r[4] for _, _, r in same]))
         n = defaultdict(int)
         for c in chips:
@@ -294,7 +304,7 @@ class Anchors:
             rel = np.abs(X @ coef - t) / t
             v = w / np.sqrt(np.maximum(rel, 0.02))
             coef, _ = nnls(X * v[:, None], t * v)
-        cache[key] = coef if np.any(coef[:3] > 0) else None
+        cache[key] = (coef, fpw_median) if np.any(coef[:4] > 0) else None
         return cache[key]
 
     @staticmethod
@@ -480,6 +490,17 @@ class Anchors:
         if math.isnan(y):
             return math.nan, math.nan, None
         return max(y, 0.0), math.nan, "extrapolated"
+
+
+def _flops_per_watt(q: LayerQuery, g: Any) -> float:
+    """Peak TFLOP/s (in ``q``'s precision) per W of board power; NaN when the power is not known."""
+    tdp = float(getattr(g, "tdp_w", 0.0) or 0.0)
+    return g.peak_tflops(q.precision) / tdp if tdp > 0 else math.nan
+
+
+def _parts_row(compute_ms: float, memory_ms: float, comm_ms: float, fpw: float) -> np.ndarray:
+    """The regressors of :meth:`Anchors._parts_fit` for one point."""
+    return np.array([compute_ms, compute_ms * fpw, memory_ms, comm_ms, 1.0])
 
 
 def _tp_step(cand: list[_Series], near: int, q: LayerQuery) -> Any:

@@ -112,6 +112,8 @@ SITE_CASES = [
                           "hbm_gbps": 1, "link_gbps": 1, "aliases": ["A100"]}}, "gpu_types.X1.aliases[0]"),
     ("gpu_types", {"X1": {"vendor": "amd", "memory_gib": 1e300, "peak_tflops_bf16": 1, "peak_tflops_fp32": 1,
                           "hbm_gbps": 1, "link_gbps": 1}}, "gpu_types.X1.memory_gib"),
+    ("gpu_types", {"X1": {"vendor": "amd", "memory_gib": 16, "peak_tflops_bf16": 1, "peak_tflops_fp32": 1,
+                          "hbm_gbps": 1, "link_gbps": 1, "tdp_w": -300}}, "gpu_types.X1.tdp_w"),
     ("partitions.0.nodes", 10**50, "partitions[0].nodes"),
     ("partitions.0.name", "../x", "partitions[0].name"),
     ("partitions", [{"name": f"p{i}", "gpu_type": "T4", "nodes": 1, "gpus_per_node": 1} for i in range(65)],
