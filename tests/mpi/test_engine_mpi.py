@@ -102,19 +102,25 @@ def test_mpi_flag_without_launcher_is_a_system_error(tmp_path):
     assert proc.returncode == 2 and "mpiexec" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_plan_under_mpiexec_stops_every_rank_when_profiling_cannot_run(tmp_path, mpiexec):
-    """Rank 0 profiles; when the store is locked every rank exits 2 (none waits for rank 0 forever)."""
-    import socket
-    store = tmp_path / "store.h5"
-    Path(str(store) + ".lock").write_text(f"{os.getpid()}@{socket.gethostname()}\n")  # this live process holds it
-    args = ["-m", "memx_hpc", "plan", "--site", str(ROOT / "site_configs" / "local.yaml"),
-            "--job", str(ROOT / "jobs" / "tiny-gpt.yaml"), "--store", str(store), "--out", str(tmp_path / "out"),
+def _two_ranks_stop_on_a_fault(mpiexec: str, command: str, store: Path, out: Path) -> None:
+    """``command`` on the local site under ``mpiexec -n 2`` exits 2 on every rank, each
+    naming ``store``, without a traceback, and writes no plans."""
+    args = ["-m", "memx_hpc", command, "--site", str(ROOT / "site_configs" / "local.yaml"),
+            "--job", str(ROOT / "jobs" / "tiny-gpt.yaml"), "--store", str(store), "--out", str(out),
             "--max-stages", "2", "--mpi"]
     proc = subprocess.run([mpiexec, "-n", "2", sys.executable, *args], capture_output=True, text=True, env=_env(),
                           timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.count(str(store)) >= 2 and "Traceback" not in proc.stderr  # both ranks said why
-    assert not (tmp_path / "out").exists()
+    assert not out.exists()
+
+
+def test_plan_under_mpiexec_stops_every_rank_when_profiling_cannot_run(tmp_path, mpiexec):
+    """Rank 0 profiles; when the store is locked every rank exits 2 (none waits for rank 0 forever)."""
+    import socket
+    store = tmp_path / "store.h5"
+    Path(str(store) + ".lock").write_text(f"{os.getpid()}@{socket.gethostname()}\n")  # this live process holds it
+    _two_ranks_stop_on_a_fault(mpiexec, "plan", store, tmp_path / "out")
 
 
 def test_search_under_mpiexec_stops_every_rank_when_the_store_is_unreadable(tmp_path, mpiexec):
@@ -122,11 +128,5 @@ def test_search_under_mpiexec_stops_every_rank_when_the_store_is_unreadable(tmp_
     naming it (none waits at the barrier for a rank 0 that has stopped)."""
     store = tmp_path / "store.h5"
     store.write_text("not an HDF5 file\n")
-    args = ["-m", "memx_hpc", "search", "--site", str(ROOT / "site_configs" / "local.yaml"),
-            "--job", str(ROOT / "jobs" / "tiny-gpt.yaml"), "--store", str(store), "--out", str(tmp_path / "out"),
-            "--max-stages", "2", "--mpi"]
-    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, *args], capture_output=True, text=True, env=_env(),
-                          timeout=120)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert proc.stderr.count(str(store)) >= 2 and "Traceback" not in proc.stderr
-    assert store.read_text() == "not an HDF5 file\n" and not (tmp_path / "out").exists()
+    _two_ranks_stop_on_a_fault(mpiexec, "search", store, tmp_path / "out")
+    assert store.read_text() == "not an HDF5 file\n"
