@@ -61,7 +61,9 @@ def _executor(folder: Path, partition: str, **params: Any) -> submitit.AutoExecu
     ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
     ex.update_parameters(
         slurm_partition=partition,
-        timeout_min=2,
+        # submitit asks Slurm for USR2 90 s before the limit: with 2 min that came 30 s into
+        # the job, before a slow (loaded) Python had installed submitit's handler
+        timeout_min=10,
         nodes=1,
         tasks_per_node=1,
         cpus_per_task=1,
