@@ -26,10 +26,11 @@ query ``q`` gets ``t_q = exp(r(q)) * roofline(q)`` with ``r(q)``:
   to tensor parallelism). A chip that never ran the kernel gets the pooled curve plus its
   offset from it (``r = f(x) + offset[chip]``, fitted by backfitting).
 
-A chip never measured gets ``f(x)`` with the median chip's offset (:meth:`Anchors.datasheet`):
-a faster part runs a layer in less time at peak, so it lands lower on the curve -- a newer
-generation is not assumed to reach the fraction of peak an older one reached on the same
-layer.
+A chip never measured gets the roofline's own parts with costs learned on every measured
+chip (:meth:`Anchors.datasheet`): ``(a0 + a1 F) * compute + b * memory-bound kernels + c *
+TP collectives + d``, ``F`` the part's rated peak per W of board power -- a part with little
+bandwidth per FLOP, or rated far beyond what its power cap sustains, runs at a lower
+fraction of its peak; a newer generation is not assumed to reach peak.
 
 Types of one chip (``chip:`` in the GPU catalog: V100-16 and V100-32) share each other's
 points when a type has none of its own; the ratio to each type's own roofline carries the

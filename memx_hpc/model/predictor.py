@@ -328,9 +328,9 @@ class Predictor:
                 if not math.isnan(rm):
                     raw[i, 1] = rm
                 if h is None:
-                    # a chip never measured: the efficiency of the measured chips at the same
-                    # size of work relative to the GPU (anchors.datasheet); the booster only
-                    # where nothing of this kind and precision class was measured at all
+                    # a chip never measured: the roofline's parts at the costs the measured
+                    # chips show (anchors.datasheet); the booster only where nothing of this
+                    # kind and precision class was measured at all
                     y = anchors.datasheet(q, g)
                     if not math.isnan(y):
                         raw[i, 0] = y
