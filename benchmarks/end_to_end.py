@@ -43,7 +43,14 @@ used what the importer infers for Sailor's profiles (Megatron-DeepSpeed, fp16, u
 attention, GPT-2's vocabulary: memx_hpc.profile.importers), Adam without a distributed
 optimizer, GH200 nodes of 4 GPUs with 25 GB/s per GPU between nodes (Slingshot
 200 Gb/s per GH200); the vTrain runs used fp16, Adam without ZeRO, A100-40 GPUs with
-NVLink, a 50,257-token vocabulary and FFN 4h.
+NVLink, a 50,257-token vocabulary and FFN 4h. The vTrain plans are predicted with the
+default attention kernel (``sdpa``), so their A100 layers come from Cephalo's A100 series;
+vTrain's own model code (github.com/VIA-Research/vTrain, src/model/gpt_modeling.py) runs
+Megatron's unfused core attention (baddbmm, fused scale-mask-softmax, bmm), whose only
+A100 anchors here are Sailor's profiles (sequence 2048) -- and those reach a third to a
+half of the efficiency over the roofline that vTrain's runs reach (asked with ``core``,
+the dev time MAPE is ~136 %, every plan predicted 1.5-4.5x too slow): the two A100 sources
+disagree, and which one matches a site is what profiling it settles.
 
 Run from the repository root:  .venv/bin/python benchmarks/end_to_end.py
 """
@@ -395,7 +402,8 @@ def main() -> None:
     goals(sailor, vtrain)
     print("\nAssumptions (not in the files): Sailor runs as the importer infers for its profiles (fp16, unfused "
           "attention, GPT-2 vocabulary), Adam, no distributed optimizer, 4 GH200 per node, 25 GB/s per GPU between "
-          "nodes where no curve is used; vTrain runs fp16, Adam, no ZeRO, A100-40 NVLink, vocabulary 50,257.")
+          "nodes where no curve is used; vTrain runs fp16, Adam, no ZeRO, A100-40 NVLink, vocabulary 50,257, "
+          "predicted with the default sdpa attention (vTrain ran unfused core attention; see the module docstring).")
 
 
 if __name__ == "__main__":
