@@ -28,6 +28,7 @@ from ..errors import SpecError, SystemFailure
 from ..model.api import LayerQuery
 from ..model.compose import (MODE_NAMES, Composer, CostOptions, Prediction, context_queries, link_model_for,
                              memory_scale_of, predict_plan, required_queries)
+from ..model.host import host_us_per_op
 from ..spec import Plan
 from .cache import CacheStats, PredictionCache, signature
 from .objective import TIME_NOISE, Weights, log_score, risk_utilisation, tie_key
@@ -351,7 +352,8 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
     scale_of = memory_scale_of(cost_model, space.site)
     composer = Composer(space, predictions, overhead_bytes=overhead, options=options.cost,
                         memory_error=options.memory_error, links=link_model_for(space.site, cost_model),
-                        memory_scale={g: float(scale_of(g)) for g in gpus})
+                        memory_scale={g: float(scale_of(g)) for g in gpus},
+                        host_us_per_op=host_us_per_op(cost_model))
     start, stop = space.rank_range(rank, size)
     keeper = _Keeper(k=options.top_k * _SPARE, noise=options.time_noise)
     sp = space.options.sequence_parallel

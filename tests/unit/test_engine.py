@@ -382,3 +382,32 @@ def test_top_k_lists_each_runnable_plan_once():
     assert len(set(tplans)) == len(tplans)
     scores = [s.score for s in res.top]
     assert scores == sorted(scores)
+
+
+class HostBoundModel(LinearModel):
+    """Layers of microseconds and a measured host cost per operator: every layer sits at its
+    host-dispatch floor (memx_hpc.model.host), which the search must compose as the
+    one-plan path does."""
+
+    T = {"A100-80": 0.01, "V100-32": 0.02}
+    host_us_per_op = 100.0
+
+
+def test_search_composes_the_cost_models_host_floor():
+    site, job, space = setup()
+    model = HostBoundModel(tag="host")
+    rows = brute(space, model, TIME_ONLY)
+    r = search(space, model, options=SearchOptions(top_k=3, weights=TIME_ONLY))
+    best = min(t for _, _, t, _ in rows)
+    assert r.time_top[0].prediction.iteration_ms == pytest.approx(best, rel=1e-9)
+    # the composed times (the Pareto front's) are the scalar path's, floor included
+    front = {(t, u) for _, _, t, u in rows
+             if not any(t2 <= t and u2 <= u and (t2 < t or u2 < u) for _, _, t2, u2 in rows)}
+    got = sorted((p.iteration_ms, p.max_utilisation) for p in r.pareto)
+    assert len(got) == len(front) and np.allclose(got, sorted(front), rtol=1e-12)
+    # the floor is the model's 100 us per operator, not the prior's
+    from memx_hpc.model import host
+    s = r.time_top[0].prediction.stages[0]
+    per_layer = host.layer_host_ms("none", s.tp, 100.0)
+    assert s.time_ms >= s.num_layers * per_layer - 1e-9
+    assert per_layer > host.layer_host_ms("full", s.tp)  # far above the prior's floor
