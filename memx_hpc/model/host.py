@@ -22,14 +22,15 @@ attention):
 * full recompute (activation checkpointing) runs the forward a second time inside the
   backward; selective recompute repeats only the attention core, a few operators.
 
-The cost per operator is a prior from published facts: a bare CUDA kernel launch takes
-about 5 us of host time (NVIDIA, CUDA C++ Best Practices Guide, "asynchronous launch"
-overheads; Lustig & Martonosi measure 5-10 us), and PyTorch's eager dispatcher and
-autograd add about as much again per operator, more from Python module code (He,
-"Making Deep Learning Go Brrrr From First Principles", 2022: overhead-bound below a few
-hundred microseconds of work per operator) -- :data:`HOST_US_PER_OP`, 20 us. The profiler
-measures it where it runs (a tiny layer's time is pure host); a cost model that carries
-``host_us_per_op`` overrides the prior.
+The cost per operator is a prior: a bare CUDA kernel launch costs the host a few
+microseconds, and PyTorch's eager dispatcher, autograd bookkeeping and the Python module
+code around each operator add more (He, "Making Deep Learning Go Brrrr From First
+Principles", 2022, on overhead-bound execution: with small operators the time goes to
+Python and the framework, not to the GPU) -- :data:`HOST_US_PER_OP`, 20 us, i.e. 3.2 ms for a
+fully recomputed layer. Megatron-DeepSpeed layers on A100 (vTrain's published runs, the
+development split of benchmarks/end_to_end.py) never take less than 3.3-3.6 ms per
+micro-batch whatever their shape. A cost model that carries ``host_us_per_op`` (a value
+measured on the site: a tiny layer's time is pure host) overrides the prior.
 """
 
 from __future__ import annotations
