@@ -21,10 +21,11 @@ query ``q`` gets ``t_q = exp(r(q)) * roofline(q)`` with ``r(q)``:
   (larger work runs at least as efficiently; pool-adjacent-violators) with a slope guard
   so that more work never takes less time -- ``interpolated`` inside the measured range;
   beyond it the curve's end follows the trend of a curve pooled over every measured chip
-  (never a tree's flat edge; ``extrapolated``). At a TP that kernel never ran, the TP step
-  of the chip's nearest-shaped series that ran both TPs is added (small layers lose more
-  to tensor parallelism). A chip that never ran the kernel gets the pooled curve plus its
-  offset from it (``r = f(x) + offset[chip]``, fitted by backfitting).
+  (never a tree's flat edge; ``extrapolated``). At a TP that kernel never ran on the chip,
+  one rank does 1/TP of the work (compute and memory-bound parts) at the efficiency the
+  chip's curve gives for work of that smaller size, plus the TP collectives
+  (:meth:`Anchors._tp_physical`): small shares run less efficiently. A chip that never
+  ran the kernel gets the pooled curve plus its offset from it (``r = f(x) + offset[chip]``, fitted by backfitting).
 
 A chip never measured gets the roofline's own parts with costs learned on every measured
 chip (:meth:`Anchors.datasheet`): ``(a0 + a1 F) * compute + b * memory-bound kernels + c *
@@ -468,14 +469,13 @@ class Anchors:
         if own:
             lt = math.log(q.tp)
             near = min({tp for tp, _ in own}, key=lambda t: (abs(math.log(t) - lt), t))
-            step = _tp_step(cand, near, q) if near != q.tp else None
-            # the points moved to the query's TP by the step at their own micro-batch, before
-            # the curve is fitted (so the answer stays monotone in the work)
-            xs, ys = efficiency_curve(np.array([r[4] for tp, r in own if tp == near]),
-                                      np.array([r[1] + (step(r[0]) if step else 0.0) for tp, r in own if tp == near]))
+            pts = [r for tp, r in own if tp == near]
+            if near != q.tp:
+                return self._tp_physical(pts, q, g, pc)
+            xs, ys = efficiency_curve(np.array([r[4] for r in pts]), np.array([r[1] for r in pts]))
             if xs[0] <= x <= xs[-1]:
                 y = _interp(list(xs), list(ys), x)[0]
-                return max(y, 0.0), math.nan, "interpolated" if near == q.tp else "extrapolated"
+                return max(y, 0.0), math.nan, "interpolated"
             edge, yedge = (xs[0], ys[0]) if x < xs[0] else (xs[-1], ys[-1])
             trend = self._pool(q.kind, pc, q.attention, x) - self._pool(q.kind, pc, q.attention, edge)
             y = yedge + (0.0 if math.isnan(trend) else trend)
@@ -493,6 +493,36 @@ class Anchors:
         return max(y, 0.0), math.nan, "extrapolated"
 
 
+    def _tp_physical(self, pts: list[list[float]], q: LayerQuery, g: Any, pc: str) -> tuple[float, float, str]:
+        """A TP this chip never ran the query's kernel at: one rank does ``1/tp`` of the
+        layer's work (the roofline's compute and memory-bound parts per rank) at the
+        efficiency the chip reaches for work of *that* size, plus the layer's TP
+        collectives (two all-reduces of ``s*b*h`` forward, two backward, ring over the
+        GPU's link figure: the roofline's ``comm_ms``). The efficiency is the chip's own
+        curve over the log per-rank work time (non-increasing, slope-guarded) from its
+        points at the nearest measured TP, each with its own collectives taken out first;
+        below or above their range the curve's end follows the pooled curve's trend. So a
+        smaller per-rank share runs less efficiently, the time is monotone in the work,
+        never below the roofline, and more TP is slower only where the collectives outweigh
+        the work they split."""
+        work = np.array([r[5] + r[6] for r in pts])
+        meas = np.exp(np.array([r[1] + r[4] for r in pts]))
+        own_work = np.maximum(meas - np.array([r[7] for r in pts]), work)
+        xs, ys = efficiency_curve(np.log(work), np.log(own_work / work))
+        c = roofline_components(q, g)
+        w = c["compute_ms"] + c["memory_ms"]
+        roof = w + c["comm_ms"]
+        xw = math.log(max(w, 1e-12))
+        if xs[0] <= xw <= xs[-1]:
+            y = _interp(list(xs), list(ys), xw)[0]
+        else:
+            edge, yedge = (xs[0], ys[0]) if xw < xs[0] else (xs[-1], ys[-1])
+            trend = self._pool(q.kind, pc, q.attention, xw) - self._pool(q.kind, pc, q.attention, edge)
+            y = yedge + (0.0 if math.isnan(trend) else trend)
+        t = math.exp(max(y, 0.0)) * w + c["comm_ms"]
+        return max(math.log(t / roof), 0.0), math.nan, "extrapolated"
+
+
 def _flops_per_watt(q: LayerQuery, g: Any) -> float:
     """Peak TFLOP/s (in ``q``'s precision) per W of board power; NaN when the power is not known."""
     tdp = float(getattr(g, "tdp_w", 0.0) or 0.0)
@@ -502,36 +532,6 @@ def _flops_per_watt(q: LayerQuery, g: Any) -> float:
 def _parts_row(compute_ms: float, memory_ms: float, comm_ms: float, fpw: float) -> np.ndarray:
     """The regressors of :meth:`Anchors._parts_fit` for one point."""
     return np.array([compute_ms, compute_ms * fpw, memory_ms, comm_ms, 1.0])
-
-
-def _tp_step(cand: list[_Series], near: int, q: LayerQuery) -> Any:
-    """The change of this chip's efficiency from TP ``near`` to the query's TP (or the
-    nearest TP measured beside ``near``) as a function of the micro-batch, read off its
-    measured series closest in shape (log hidden + log sequence; any attention kernel) that
-    ran both TPs: small layers lose much more to tensor parallelism than large ones, and
-    the efficiency curve of one TP cannot say so. None when no series ran two TPs."""
-    lt = math.log(q.tp)
-    best, best_d = None, math.inf
-    for s in cand:
-        if near not in s.by_tp or len(s.by_tp) < 2:
-            continue
-        target = min((t for t in s.by_tp if t != near), key=lambda t: (abs(math.log(t) - lt), t))
-        if abs(math.log(target) - lt) >= abs(math.log(near) - lt):
-            continue  # that series' other TPs lie on the wrong side
-        d = (abs(math.log(s.shape.hidden_size / q.shape.hidden_size))
-             + abs(math.log(s.shape.seq_length / q.shape.seq_length)))
-        if d < best_d:
-            best, best_d = (s, target), d
-    if best is None:
-        return None
-    s, target = best
-    curves = [([math.log(r[0]) for r in s.by_tp[t]], [r[1] for r in s.by_tp[t]]) for t in (target, near)]
-
-    def step(mbs: float) -> float:
-        a, b = (_interp(xs, ys, math.log(mbs))[0] for xs, ys in curves)
-        return 0.0 if math.isnan(a) or math.isnan(b) else a - b
-
-    return step
 
 
 class _FlopsOnlyGpu:

@@ -288,3 +288,38 @@ def test_less_tensor_sharding_never_faster_where_nothing_was_measured(broad, q):
     t = broad.predict(pair)[:, 0]
     if roof[1] >= roof[0]:
         assert t[1] >= t[0] * (1 - 1e-9)
+
+
+def test_tensor_parallel_shares_are_the_work_per_rank_plus_collectives(fitted):
+    """A100-40 ran the sdpa kernel at TP 1 only (Cephalo): at TP t a rank does 1/t of the
+    layer at the efficiency the chip reaches at TP 1 for work that size, plus the layer's TP
+    all-reduces -- not a TP ratio carried over from another kernel's series. So TP t at
+    micro-batch 8 sits between the TP 1 layer of the same compute per rank (micro-batch
+    8/t) and that layer scaled by the larger per-rank work (sharding leaves the norms
+    unsplit), each plus the collectives; and it is faster than TP 1 for a layer this large."""
+    from memx_hpc.model.api import resolve_gpu, roofline_components
+    from memx_hpc.spec import LayerShape
+    shape = LayerShape(hidden_size=2048, num_attention_heads=16, num_query_groups=16, ffn_hidden_size=8192,
+                       seq_length=1024, vocab_size=50257)
+    g = resolve_gpu(CAT, "A100-40")
+
+    def q(tp, mbs, recompute):
+        return LayerQuery(gpu_type="A100-40", kind="layer", shape=shape, tp=tp, micro_batch_size=mbs,
+                          recompute=recompute, precision="fp16", attention="sdpa")
+
+    def work(x):
+        c = roofline_components(x, g)
+        return c["compute_ms"] + c["memory_ms"], c["comm_ms"]
+
+    for recompute in ("none", "full"):
+        qs = [q(1, 8, recompute)] + [q(tp, 8, recompute) for tp in (2, 4, 8)]
+        same = [q(1, 8 // tp, recompute) for tp in (2, 4, 8)]
+        t = fitted.predict(qs + same)[:, 0]
+        assert fitted.explain(qs)[1:] == ["extrapolated"] * 3
+        assert np.all(t >= AnalyticCostModel(CAT).predict(qs + same)[:, 0] * (1 - 1e-9))
+        for i, tp in enumerate((2, 4, 8)):
+            (w, comm), (w1, _) = work(qs[i + 1]), work(same[i])
+            assert comm > 0 and w >= w1
+            lo, hi = t[4 + i] + comm, t[4 + i] * w / w1 + comm
+            assert lo * (1 - 1e-6) <= t[i + 1] <= hi * (1 + 1e-6), (recompute, tp, lo, t[i + 1], hi)
+            assert t[i + 1] < t[i], (recompute, tp, t)  # more sharding helps a layer this large
