@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import pickle
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -181,7 +182,10 @@ def test_dispatch_through_submitit_local_executor(tmp_path):
     # may hold: submitit writes it into a shell command line, quoted
     odd = tmp_path / "py=1,a@b+c:d%e_f.g-h"
     odd.mkdir()
-    (odd / "python").symlink_to(sys.executable)
+    # a wrapper, not a symlink: a symlinked venv interpreter outside its venv finds no
+    # pyvenv.cfg and starts as the base Python, without the venv's packages
+    (odd / "python").write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    (odd / "python").chmod(0o755)
     site = site_from_mapping({
         "name": "one-cpu", "slurm": {"scheduler": "local"}, "work_dir": str(tmp_path / "runs"),
         "gpu_types": {"cpu-1g": {"vendor": "cpu", "memory_gib": 1, "peak_tflops_bf16": 0.05, "peak_tflops_fp32": 0.1,
