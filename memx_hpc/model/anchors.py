@@ -12,8 +12,12 @@ query ``q`` gets ``t_q = exp(r(q)) * roofline(q)`` with ``r(q)``:
   other 16-bit precision (fp16 for bf16: one set of units, the roofline of each): ``r``
   interpolated linearly in log micro-batch at each measured TP, then linearly in log TP
   (log-log interpolation of time: the roofline is linear in the micro-batch); beyond the
-  measured range the nearest measured ratio is held, i.e. the nearest point scaled by
-  the roofline ratio of the work (FLOPs, bytes and TP collectives);
+  measured micro-batches the nearest measured ratio is held, i.e. the nearest point scaled
+  by the roofline ratio of the work (FLOPs, bytes and TP collectives); beyond the measured
+  TPs a layer is 1/TP of the work at the efficiency the series reaches for work of that
+  size, plus the TP collectives (:meth:`Anchors._tp_physical`; on Sailor's data-centre
+  GPUs, the largest TP of each series held out: 8.6 % against 13.8 % for the held ratio,
+  ``tests/accuracy/test_accuracy.py``);
 * **work** — the shape was never measured on this chip (in this precision class): with
   the chip's own points of the query's attention kernel at the nearest measured TP, their
   efficiency curve over ``x``, the log roofline of the work (the time it takes at the
@@ -390,6 +394,15 @@ class Anchors:
         if exact_cfg or same_shape:
             ser = (exact_cfg or same_shape)[0]
             rt, rm, inside, exact = self._series(ser, q)
+            if q.kind == "layer" and not (min(ser.by_tp) <= q.tp <= max(ser.by_tp)):
+                # beyond the TPs this shape ran: 1/TP of the work at the efficiency this
+                # series reaches for work of that size, plus the collectives
+                lt = math.log(q.tp)
+                near = min(ser.by_tp, key=lambda t: (abs(math.log(t) - lt), t))
+                pts = [r for r in ser.by_tp[near] if not math.isnan(r[1])]
+                if pts:
+                    rt = self._tp_physical(pts, q, g, pc)[0]
+                return rt, rm if exact_cfg else math.nan, "extrapolated"
             if not exact_cfg:
                 # another recompute mode / sequence parallelism of the same shape: its
                 # efficiency, the roofline carries the extra work; the memory is another
