@@ -13,6 +13,7 @@ baseline) and :class:`memx_hpc.model.predictor.Predictor` (XGBoost, fitted on sa
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -269,6 +270,23 @@ def with_store_figures(site: Any, store: Any) -> Any:
     """``site`` with the figures ``store`` measured for its profile-time-measured types."""
     names = set(store.gpu_types())
     return MeasuredFigures(site, {n: store.device_figures(n) for n in names})
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """SHA-256 of the code and data every prediction is computed from: the sources of
+    ``memx_hpc/model`` and the catalog/preset data. Identities that feed the signature
+    cache or a saved predictor include it, so a new version of the package never answers
+    from numbers an older one computed (a saved model's identity alone does not change
+    when the code that turns it into predictions does)."""
+    from importlib import resources
+
+    h = hashlib.sha256()
+    for pkg in ("memx_hpc.model", "memx_hpc.data"):
+        for entry in sorted(resources.files(pkg).iterdir(), key=lambda e: e.name):
+            if entry.name.endswith((".py", ".yaml")) and entry.is_file():
+                h.update(entry.name.encode() + b"\0" + entry.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def _digest(obj: Any) -> str:

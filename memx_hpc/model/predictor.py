@@ -63,7 +63,7 @@ from ..spec import LayerSample, transformer_impls
 from . import anchors as anchors_mod
 from . import augment as augment_mod
 from . import features
-from .api import PROVENANCES, QUERY_KINDS, LayerQuery, default_overhead_bytes, resolve_gpu
+from .api import PROVENANCES, QUERY_KINDS, LayerQuery, code_fingerprint, default_overhead_bytes, resolve_gpu
 from .metrics import ape  # noqa: F401 (error_summary below; importers of predictor.ape keep working)
 
 MODEL_FORMAT = "memx-predictor"
@@ -244,7 +244,8 @@ class Predictor:
         self.overhead_ = self._overhead_table(train, site_or_catalog)
         self.identity = hashlib.sha256(json.dumps(
             {"format": MODEL_FORMAT, "version": MODEL_FORMAT_VERSION, "schema": features.FEATURE_SCHEMA_VERSION,
-             "features": list(self.feature_names_), "data": self.data_hash_, "settings": self._settings()},
+             "features": list(self.feature_names_), "data": self.data_hash_, "settings": self._settings(),
+             "code": code_fingerprint()},
             sort_keys=True).encode()).hexdigest()
         return self
 
@@ -389,6 +390,7 @@ class Predictor:
         return {"format": MODEL_FORMAT, "version": MODEL_FORMAT_VERSION,
                 "feature_schema_version": features.FEATURE_SCHEMA_VERSION, "feature_names": list(self.feature_names_),
                 "data_hash": self.data_hash_, "settings": self._settings(), "identity": self.identity,
+                "code": code_fingerprint(),
                 "has_memory": self.has_memory_, "n_samples": self.n_samples_, "provenance": self.provenance_,
                 "overhead": self.overhead_, "global_boosters": len(self.boosters_),
                 "present": [b is not None for b in self.boosters_],
@@ -458,6 +460,10 @@ class Predictor:
             raise SpecError("predictor was fitted with another feature schema; refit it (memx-hpc fit)",
                             file=str(path), found=meta.get("feature_schema_version"),
                             allowed=str(features.FEATURE_SCHEMA_VERSION))
+        if meta.get("code") != code_fingerprint():
+            raise SpecError("predictor was fitted by another version of memx-hpc's prediction code; refit it "
+                            "(memx-hpc fit)", file=str(path), found=str(meta.get("code"))[:12],
+                            allowed=code_fingerprint()[:12])
         if expected_data_hash is not None and meta["data_hash"] != expected_data_hash:
             raise SpecError("predictor is stale: it was fitted on other data than the store holds now; "
                             "refit it (memx-hpc fit)", file=str(path), found=meta["data_hash"][:12],

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..errors import SystemFailure
-from ..model.api import LayerQuery
+from ..model.api import LayerQuery, code_fingerprint
 
 SCHEMA = 1
 
@@ -97,6 +97,10 @@ class PredictionCache:
     stats: CacheStats = field(default_factory=CacheStats)
     _memory: dict[str, tuple[float, float]] = field(default_factory=dict, repr=False)
     _opened: bool = field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # rows computed by another version of the prediction code are other rows
+        self.identity = hashlib.sha256(f"{self.identity}:{code_fingerprint()}".encode()).hexdigest()
 
     def _connect(self) -> sqlite3.Connection:
         assert self.path is not None

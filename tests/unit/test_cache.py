@@ -69,6 +69,20 @@ def test_misses_are_predicted_once_and_persist(tmp_path):
     assert model.rows == 6 and c2.stats.file_hits == 6 and c2.stats.hit_rate == 1.0 and len(c2) == 6
 
 
+def test_rows_of_other_prediction_code_are_not_served(tmp_path, monkeypatch):
+    # the same cost-model identity under a new version of the prediction code: the rows an
+    # older version computed are dropped, not answered
+    import memx_hpc.search.cache as cache_mod
+    path = tmp_path / "cache.sqlite"
+    model = CountingModel()
+    predict_with_cache(model, [q(tp=1), q(tp=2)], PredictionCache(identity=model.identity, path=path))
+    assert model.rows == 2
+    monkeypatch.setattr(cache_mod, "code_fingerprint", lambda: "another version")
+    newer = PredictionCache(identity=model.identity, path=path)
+    predict_with_cache(model, [q(tp=1), q(tp=2)], newer)
+    assert model.rows == 4 and newer.stats.invalidated == 2 and newer.stats.file_hits == 0
+
+
 def test_new_predictor_identity_invalidates(tmp_path):
     path = tmp_path / "cache.sqlite"
     old = PredictionCache(identity="old", path=path)

@@ -130,6 +130,20 @@ def test_fit_or_load_reuses_and_refits(sailor, tmp_path):
     assert os.stat(path).st_mtime_ns != stamp
 
 
+def test_a_predictor_saved_by_other_prediction_code_is_refitted(sailor, tmp_path, monkeypatch):
+    # the saved boosters and anchors are data, but the code that turns them into numbers
+    # changes between versions: a file from another version must not be reused as is
+    import memx_hpc.model.predictor as predictor_mod
+    path = tmp_path / "m.ubj"
+    a = fit_or_load(sailor, path, CAT, n_estimators=40)
+    stamp = os.stat(path).st_mtime_ns
+    monkeypatch.setattr(predictor_mod, "code_fingerprint", lambda: "another version")
+    with pytest.raises(SpecError, match="another version of memx-hpc's prediction code"):
+        Predictor.load(path, site=CAT)
+    b = fit_or_load(sailor, path, CAT, n_estimators=40)
+    assert b.identity != a.identity and os.stat(path).st_mtime_ns != stamp
+
+
 def test_two_single_output_models_and_no_memory_data(sailor, cephalo_small, tmp_path):
     two = Predictor(dual_output=False, n_estimators=60).fit(sailor, CAT)
     q = [query_of(s) for s in sailor[:10]]
