@@ -256,7 +256,7 @@ def load_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[
                                      progress=progress)
     # every p2p and collective of the composition reads the site's link curves: measured
     # and imported ones from the store, the site's figures (labelled so) for the rest
-    from .profile.comm import load_links
+    from .model.links import load_links
     model.links = load_links(site, store_path if store_path.is_file() else None)
     fallback = [r["link"] + " " + r["scope"] for r in model.links.describe() if r["provenance"] == "site-figure"]
     if fallback:

@@ -23,13 +23,11 @@ import sys
 from typing import Union
 
 from ..errors import SpecError, SystemFailure
+from ..params import check_tp as _check_tp, kv_hidden as _kv_hidden, norm_params as _norm_params
+from ..params import layer_params, padded_vocab_size  # noqa: F401  (part of this module's API too)
 from ..spec import BYTES_PER_ELEMENT, RECOMPUTE_MODES, GpuType, LayerShape, ModelSpec
 
 ShapeLike = Union[ModelSpec, LayerShape]
-
-#: Megatron-LM's ``--make-vocab-size-divisible-by`` default (megatron/training/arguments.py);
-#: the vocabulary is padded to a multiple of this times TP (``_vocab_size_with_padding``).
-VOCAB_DIVISIBLE_BY = 128
 
 #: Bytes per parameter of the optimizer states: Adam keeps fp32 first and second moments,
 #: Megatron's SGD keeps one fp32 momentum buffer.
@@ -41,17 +39,6 @@ ATTENTION_KINDS = ("sdpa", "core")
 # --------------------------------------------------------------------------- helpers
 
 
-def _check_tp(tp: int, *, heads: int | None = None, groups: int | None = None) -> None:
-    if not isinstance(tp, int) or tp < 1:
-        raise SpecError("tensor-parallel degree must be a whole number >= 1", field="tp", found=tp)
-    if heads is not None and heads % tp:
-        raise SpecError(f"num_attention_heads {heads} is not divisible by the tensor-parallel degree",
-                        field="tp", found=tp, allowed="divisors of num_attention_heads")
-    if groups is not None and groups % tp and tp % groups:
-        raise SpecError(f"num_query_groups {groups} and the tensor-parallel degree do not divide",
-                        field="tp", found=tp)
-
-
 def _bytes_per_element(precision: str) -> int:
     try:
         return BYTES_PER_ELEMENT[precision]
@@ -60,58 +47,7 @@ def _bytes_per_element(precision: str) -> int:
                         allowed=", ".join(BYTES_PER_ELEMENT)) from None
 
 
-def _kv_hidden(shape: ShapeLike) -> int:
-    """Width of K (or V): query groups times head size (GQA; equal to h without GQA)."""
-    return shape.num_query_groups * (shape.hidden_size // shape.num_attention_heads)
-
-
-def _mlp_branches(shape: ShapeLike) -> int:
-    """SwiGLU's first linear layer has two branches (gate and up); GeLU's one."""
-    return 2 if shape.activation == "swiglu" else 1
-
-
-def _norm_params(model: ModelSpec) -> int:
-    """LayerNorm has weight and bias; RMSNorm only a weight."""
-    return 2 * model.hidden_size if model.normalization == "layernorm" else model.hidden_size
-
-
-def padded_vocab_size(vocab_size: int, tp: int = 1, divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
-    """The embedding rows Megatron-LM allocates for a job of vocabulary ``vocab_size`` as
-    memx-hpc launches it: the scripts pass ``--tokenizer-type NullTokenizer --vocab-size V``,
-    whose tokenizer adds one end-of-document token (``_NullTokenizer.vocab_size`` is V + 1),
-    and ``_vocab_size_with_padding`` rounds that up to a multiple of
-    ``make_vocab_size_divisible_by * tp`` (megatron/training/tokenizer/tokenizer.py). For
-    tiny-gpt (V = 1,024) that is 1,152 rows, not 1,024; for GPT-2's 50,257 it is 50,304 as
-    with the real tokenizer. The one rule for the cost model, the profiler and the trainer.
-    """
-    multiple = divisible_by * tp
-    return int(math.ceil((vocab_size + 1) / multiple) * multiple)
-
-
 # --------------------------------------------------------------------------- parameters
-
-
-def layer_params(model: ModelSpec, tp: int = 1) -> int:
-    """Parameters of one transformer layer held by one TP rank.
-
-    Megatron-core's GPT layer (local or Transformer Engine spec, same counts):
-    ``linear_qkv`` is column-parallel, ``h x (h + 2·g·d)`` (GQA: K and V have ``g``
-    heads); ``linear_proj`` row-parallel ``h x h``; ``linear_fc1`` column-parallel
-    ``h x f`` per branch (SwiGLU: 2 branches); ``linear_fc2`` row-parallel ``f x h``.
-    Column-parallel biases are split over TP, row-parallel biases are replicated
-    (``RowParallelLinear`` adds its bias after the all-reduce). The two norms are
-    replicated. Biases exist when ``add_bias_linear`` (megatron-core also has
-    ``add_qkv_bias``, which the model spec does not use).
-    """
-    _check_tp(tp, heads=model.num_attention_heads, groups=model.num_query_groups)
-    h, f = model.hidden_size, model.ffn_hidden_size
-    qkv_out = h + 2 * _kv_hidden(model)
-    fc1_out = _mlp_branches(model) * f
-    weights = (h * qkv_out + h * h + h * fc1_out + f * h) // tp
-    biases = 0
-    if model.add_bias_linear:
-        biases = (qkv_out + fc1_out) // tp + 2 * h  # column-parallel split; proj and fc2 replicated
-    return weights + biases + 2 * _norm_params(model)
 
 
 def embedding_params(model: ModelSpec, tp: int = 1) -> int:

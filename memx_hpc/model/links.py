@@ -45,143 +45,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
-from ..errors import SpecError
+from ..profile.comm import import_sailor_network, read_comm_curves
+from ..records import COMM_KINDS, COMM_SCOPES, CURVE_PROVENANCES, SITE_LATENCY_US, CommCurve
 
 __all__ = ["COMM_KINDS", "COMM_SCOPES", "CURVE_PROVENANCES", "CommCurve", "LinkModel", "LinkCost",
-           "import_sailor_network", "ring_allreduce_ms", "SITE_LATENCY_US"]
-
-COMM_KINDS = ("p2p", "allreduce")
-COMM_SCOPES = ("intra", "inter", "cross")  # inside a node; between nodes of a partition; between partitions
-CURVE_PROVENANCES = ("measured", "imported", "site-figure")
-#: Start-up latency of one message when only a bandwidth figure is known (microseconds):
-#: NCCL's own latency model uses a few us per hop inside a node and ~5-20 us over the
-#: network (NCCL ``src/graph/tuning.cc``, base latencies of the Simple protocol); the
-#: larger value per scope keeps an unmeasured link from looking too fast.
-SITE_LATENCY_US = {"intra": 10.0, "inter": 25.0, "cross": 50.0}
-_MB = 1e6
-
-
-@dataclass(frozen=True, kw_only=True)
-class CommCurve:
-    """Time of one p2p message or collective as a function of its size.
-
-    ``form``: ``points`` (measured sizes and times, interpolated linearly; latency +
-    bandwidth line below the smallest size; the last segment's slope above the largest),
-    ``sailor`` (Sailor's bandwidth polynomial, see the module docstring) or ``alpha-beta``
-    (``latency_us`` + bytes / ``gbps``). ``streams``: how many GPUs of a node send at once
-    in the measurement (the curve is of the whole message they share). ``group_size``:
-    ranks of a measured all-reduce. ``partitions``: the partitions it was measured on
-    (one for intra / inter, two for cross); empty for a GPU type's imported curve.
-    """
-
-    kind: str
-    scope: str
-    gpu_types: tuple[str, ...]
-    provenance: str
-    source: str
-    form: str
-    partitions: tuple[str, ...] = ()
-    streams: int = 1
-    group_size: int = 2
-    sizes_bytes: tuple[float, ...] = ()
-    times_ms: tuple[float, ...] = ()
-    coeffs: tuple[float, ...] = ()
-    max_bytes_per_s: float = 0.0
-    latency_us: float = 0.0
-    gbps: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in COMM_KINDS:
-            raise SpecError("unknown communication kind", field="kind", found=self.kind, allowed=", ".join(COMM_KINDS))
-        if self.scope not in COMM_SCOPES:
-            raise SpecError("unknown link scope", field="scope", found=self.scope, allowed=", ".join(COMM_SCOPES))
-        if self.provenance not in CURVE_PROVENANCES:
-            raise SpecError("unknown curve provenance", field="provenance", found=self.provenance,
-                            allowed=", ".join(CURVE_PROVENANCES))
-        if self.form == "points":
-            if len(self.sizes_bytes) < 2 or len(self.sizes_bytes) != len(self.times_ms):
-                raise SpecError("a measured curve needs at least two (size, time) points", field="sizes_bytes",
-                                found=len(self.sizes_bytes))
-            if any(t <= 0 or not math.isfinite(t) for t in self.times_ms):
-                raise SpecError("measured times must be positive", field="times_ms", found=self.times_ms)
-        elif self.form == "sailor":
-            if len(self.coeffs) < 1 or self.max_bytes_per_s <= 0:
-                raise SpecError("Sailor curve needs coefficients and a positive maximum bandwidth", field="coeffs",
-                                found=(self.coeffs, self.max_bytes_per_s))
-        elif self.form == "alpha-beta":
-            if self.gbps <= 0:
-                raise SpecError("bandwidth must be positive", field="gbps", found=self.gbps)
-        else:
-            raise SpecError("unknown curve form", field="form", found=self.form,
-                            allowed="points, sailor, alpha-beta")
-        if self.streams < 1:
-            raise SpecError("streams must be >= 1", field="streams", found=self.streams)
-
-    # ------------------------------------------------------------------ evaluation
-
-    def time_ms(self, nbytes: float) -> float:
-        """Milliseconds for a message (or collective buffer) of ``nbytes``."""
-        x = float(nbytes)
-        if x <= 0:
-            return 0.0
-        if self.form == "alpha-beta":
-            return self.latency_us * 1e-3 + x / (self.gbps * 1e6)
-        if self.form == "sailor":
-            if x < _MB:
-                t1, t2 = self._sailor_ms(_MB), self._sailor_ms(2 * _MB)
-                beta = max(t2 - t1, 1e-12) / _MB  # ms per byte
-                alpha = max(t1 - beta * _MB, 0.0)
-                return alpha + beta * x
-            return self._sailor_ms(x)
-        return self._points_ms(x)
-
-    def _sailor_bw_gbs(self, x: float) -> float:
-        c = np.asarray(self.coeffs, dtype=np.float64)
-        lx = math.log2(x / _MB)
-        if len(c) == 3 and c[0] < 0:  # concave: the fit bends down past its vertex, bandwidth does not
-            lx = min(lx, -c[1] / (2 * c[0]))
-        bw = float(np.polyval(c, max(lx, 0.0)))
-        cap = self.max_bytes_per_s / 1e9
-        return min(max(bw, cap * 1e-3), cap)
-
-    def _sailor_ms(self, x: float) -> float:
-        return (x / 1e9) / self._sailor_bw_gbs(x) * 1e3
-
-    def _points_ms(self, x: float) -> float:
-        s = np.asarray(self.sizes_bytes, dtype=np.float64)
-        t = np.maximum.accumulate(np.asarray(self.times_ms, dtype=np.float64)[np.argsort(s)])  # never faster when larger
-        s = np.sort(s)
-        if x <= s[0]:
-            # the latency + bandwidth line through the two smallest points, never below
-            # the smallest point's own bandwidth
-            beta = max((t[1] - t[0]) / max(s[1] - s[0], 1.0), 0.0)
-            return float(max(t[0] - beta * (s[0] - x), t[0] * x / s[0]))
-        if x >= s[-1]:
-            slope = (t[-1] - t[-2]) / max(s[-1] - s[-2], 1.0)
-            slope = max(slope, t[-1] / s[-1] * 0.5)  # the achieved bandwidth at most doubles beyond
-            return float(t[-1] + slope * (x - s[-1]))
-        return float(np.interp(x, s, t))
-
-    def bandwidth_gbps(self, nbytes: float) -> float:
-        """Achieved GB/s at ``nbytes`` (algorithm bandwidth: bytes / time)."""
-        t = self.time_ms(nbytes)
-        return nbytes / (t * 1e6) if t > 0 else math.inf
-
-    def label(self) -> str:
-        where = "/".join(self.partitions) if self.partitions else "/".join(self.gpu_types)
-        return f"{self.provenance} {self.kind} {self.scope} {where} x{self.streams} ({self.source})"
-
-    def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-        return asdict(self)
-
+           "import_sailor_network", "load_links", "ring_allreduce_ms", "SITE_LATENCY_US"]
 
 def ring_allreduce_ms(p2p_ms, nbytes: float, n: int) -> float:
     """Ring all-reduce of ``nbytes`` over ``n`` ranks from a p2p time function:
@@ -190,49 +62,6 @@ def ring_allreduce_ms(p2p_ms, nbytes: float, n: int) -> float:
     if n <= 1 or nbytes <= 0:
         return 0.0
     return 2.0 * (n - 1) * p2p_ms(nbytes / n)
-
-
-# --------------------------------------------------------------------------- Sailor's curves
-
-
-def import_sailor_network(folder: str | Path, *, catalog: Any = None) -> list[CommCurve]:
-    """Sailor's published network curves (``network_coeffs_all_homo.json``, whose
-    ``intra`` part ``intra_node_bandwidths.json`` repeats) as :class:`CommCurve` objects.
-
-    GPU names resolve through the catalog (``GH-96`` -> ``GH200``); a name the catalog
-    does not know is kept as written. Raises SpecError naming the file when it is
-    missing or malformed.
-    """
-    from ..catalog import catalog as default_catalog
-    cat = catalog or default_catalog()
-    folder = Path(folder)
-    path = folder / "network_coeffs_all_homo.json"
-    if not path.is_file():
-        raise SpecError("Sailor's network coefficients are missing", field=str(path), found="no such file")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise SpecError(f"cannot read Sailor's network coefficients: {e}", field=str(path)) from None
-    src = "Sailor (ETH Zurich), MIT licence: " + path.name
-    out: list[CommCurve] = []
-    for scope in ("intra", "inter"):
-        for gpu, per_count in sorted((data.get(scope) or {}).items()):
-            try:
-                name = cat.get(gpu).name
-            except SpecError:
-                name = gpu
-            for count, entry in sorted(per_count.items(), key=lambda kv: int(kv[0])):
-                try:
-                    coeffs, max_bps = entry
-                    k = int(count)
-                    curve = CommCurve(kind="p2p", scope=scope, gpu_types=(name,), provenance="imported",
-                                      source=f"{src} [{scope}][{gpu}][{count}]", form="sailor",
-                                      streams=max(1, k // 2) if scope == "intra" else k,
-                                      coeffs=tuple(float(c) for c in coeffs), max_bytes_per_s=float(max_bps))
-                except (TypeError, ValueError) as e:
-                    raise SpecError(f"malformed entry: {e}", field=f"{path}: {scope}.{gpu}.{count}") from None
-                out.append(curve)
-    return out
 
 
 # --------------------------------------------------------------------------- the site's links
@@ -402,3 +231,8 @@ def _site_links(site: Any) -> Any:
     except AttributeError:
         return None
 
+
+def load_links(site: Any, store_path: str | Path | None) -> LinkModel:
+    """The site's links: the store's curves (measured and imported), the site's figures for the rest."""
+    curves = read_comm_curves(store_path) if store_path else []
+    return LinkModel(site, curves)

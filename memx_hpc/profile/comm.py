@@ -42,11 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import SystemFailure
-from ..model.links import CommCurve, LinkModel
+from ..errors import SpecError, SystemFailure
+from ..records import CommCurve
 
 __all__ = ["COMM_SIZES_BYTES", "CommJob", "comm_jobs", "run_comm_job", "read_comm_rows", "read_comm_curves",
-           "write_comm_curves", "import_sailor_comm", "load_links", "curve_key"]
+           "write_comm_curves", "import_sailor_comm", "import_sailor_network", "curve_key"]
 
 COMM_SIZES_BYTES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26, 2**28)
 GROUP = "comm"
@@ -269,15 +269,51 @@ def write_comm_curves(store_path: str | os.PathLike, rows: Sequence[dict]) -> in
 
 def import_sailor_comm(folder: str | os.PathLike) -> list[dict]:
     """Sailor's published network curves as ``/comm`` rows (origin ``imported``)."""
-    from ..model.links import import_sailor_network
     return [{"curve": c.to_dict(), "provenance": {"source": c.source, "origin": "imported"}}
             for c in import_sailor_network(Path(folder))]
 
 
-def load_links(site: Any, store_path: str | os.PathLike | None) -> LinkModel:
-    """The site's links: the store's curves (measured and imported), the site's figures for the rest."""
-    curves = read_comm_curves(store_path) if store_path else []
-    return LinkModel(site, curves)
+# --------------------------------------------------------------------------- Sailor's curves
+
+
+def import_sailor_network(folder: str | Path, *, catalog: Any = None) -> list[CommCurve]:
+    """Sailor's published network curves (``network_coeffs_all_homo.json``, whose
+    ``intra`` part ``intra_node_bandwidths.json`` repeats) as :class:`CommCurve` objects.
+
+    GPU names resolve through the catalog (``GH-96`` -> ``GH200``); a name the catalog
+    does not know is kept as written. Raises SpecError naming the file when it is
+    missing or malformed.
+    """
+    from ..catalog import catalog as default_catalog
+    cat = catalog or default_catalog()
+    folder = Path(folder)
+    path = folder / "network_coeffs_all_homo.json"
+    if not path.is_file():
+        raise SpecError("Sailor's network coefficients are missing", field=str(path), found="no such file")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SpecError(f"cannot read Sailor's network coefficients: {e}", field=str(path)) from None
+    src = "Sailor (ETH Zurich), MIT licence: " + path.name
+    out: list[CommCurve] = []
+    for scope in ("intra", "inter"):
+        for gpu, per_count in sorted((data.get(scope) or {}).items()):
+            try:
+                name = cat.get(gpu).name
+            except SpecError:
+                name = gpu
+            for count, entry in sorted(per_count.items(), key=lambda kv: int(kv[0])):
+                try:
+                    coeffs, max_bps = entry
+                    k = int(count)
+                    curve = CommCurve(kind="p2p", scope=scope, gpu_types=(name,), provenance="imported",
+                                      source=f"{src} [{scope}][{gpu}][{count}]", form="sailor",
+                                      streams=max(1, k // 2) if scope == "intra" else k,
+                                      coeffs=tuple(float(c) for c in coeffs), max_bytes_per_s=float(max_bps))
+                except (TypeError, ValueError) as e:
+                    raise SpecError(f"malformed entry: {e}", field=f"{path}: {scope}.{gpu}.{count}") from None
+                out.append(curve)
+    return out
 
 
 # --------------------------------------------------------------------------- command line

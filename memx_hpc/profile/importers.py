@@ -247,7 +247,7 @@ def import_cephalo(model_latencies_json: str | Path, *, gpus: Any = None,
     stats = _load_json(stats_path) if stats_path.is_file() else {}
     if not isinstance(data, dict):
         raise SpecError("expected {model: {gpu: {seq_len: {dtype: [...]}}}}", file=str(path), found=type(data).__name__)
-    from ..model.analytic import layer_params
+    from ..params import layer_params
     from ..spec import ModelSpec
 
     def note(msg: str) -> None:

@@ -501,7 +501,7 @@ def _build(ctx: _Ctx, point: ProfilePoint) -> tuple[Any, Callable[[], Any], Any,
         mask = mc.causal_mask(seq, dev)
         return layer, (lambda: mc.layer_forward(layer, x, mask, recompute=point.recompute)), x, [mask]
     cfg = mc.layer_config(s)
-    from ..model.analytic import padded_vocab_size
+    from ..params import padded_vocab_size
 
     vocab = padded_vocab_size(sh.vocab_size, point.tp)  # the rows the trainer allocates
     if point.kind == "embedding":

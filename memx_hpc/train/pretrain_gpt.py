@@ -415,7 +415,7 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         gradient_accumulation_fusion=False,
         deallocate_pipeline_outputs=True,
     )
-    from ..model.analytic import padded_vocab_size
+    from ..params import padded_vocab_size
 
     vocab = padded_vocab_size(args.vocab_size, tp, args.make_vocab_size_divisible_by)
     pre = ps.is_pipeline_first_stage()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from memx_hpc.profile.comm import comm_jobs, load_links, read_comm_rows
+from memx_hpc.model.links import load_links
+from memx_hpc.profile.comm import comm_jobs, read_comm_rows
 from memx_hpc.slurm.comm import profile_comm
 from memx_hpc.spec import load_site
 
