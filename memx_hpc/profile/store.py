@@ -58,12 +58,12 @@ import os
 import socket
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ..errors import SpecError, SystemFailure
-from ..records import RECORD_FORMAT, E2ERecord, records_hash  # noqa: F401 (re-exported)
+from ..records import E2ERecord, records_hash  # noqa: F401 (re-exported)
 from ..spec import SAMPLE_KINDS, SAMPLE_ORIGINS, LayerSample, LayerShape, ProfilePoint
 
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "COLUMNS", "E2E_COLUMNS", "E2ERecord", "ProfileStore",
@@ -894,16 +894,25 @@ class ProfileStore:
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
         me = f"{os.getpid()}@{socket.gethostname()}"
         deadline = time.monotonic() + self.lock_timeout_s
+        # The lock appears with its holder already written: the PID goes into a file of this
+        # process's own, which is then hard-linked to the lock name (atomic, fails when the lock
+        # exists; also on NFS). A writer killed at any moment leaves either no lock or one that
+        # names its dead PID, never an empty lock that nobody can tell from one being created.
+        mine = self.lock_path.with_name(f"{self.lock_path.name}.{os.getpid()}")
         while True:
             try:
-                fd = os.open(self.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                created = self._create_lock(mine, me)
             except FileExistsError:
+                created = False
+            if not created:
                 holder = self._holder()
                 if holder is not None and holder[1] == socket.gethostname() and not _pid_alive(holder[0]):
                     warnings.warn(f"breaking the stale lock {self.lock_path} of PID {holder[0]} "
                                   "(that process no longer runs)", stacklevel=5)
                     with contextlib.suppress(FileNotFoundError):
                         self.lock_path.unlink()
+                    with contextlib.suppress(FileNotFoundError):  # its own file, if it died before removing it
+                        self.lock_path.with_name(f"{self.lock_path.name}.{holder[0]}").unlink()
                     continue
                 if time.monotonic() < deadline:
                     time.sleep(0.1)
@@ -911,11 +920,30 @@ class ProfileStore:
                 who = f"PID {holder[0]} on {holder[1]}" if holder else "a process starting to write"
                 raise StoreLocked(f"store locked by {who}: {self.path} is being written; wait for it to finish, "
                                   f"or remove {self.lock_path} if that process is gone")
+            return
+
+    def _create_lock(self, mine: Path, me: str) -> bool:
+        """Create the lock holding ``me``; False when another holder has it (FileExistsError
+        may also come through from the fallback)."""
+        with open(mine, "w") as fh:
+            fh.write(me + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(mine, self.lock_path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: create-exclusive, then write
+            fd = os.open(self.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             with os.fdopen(fd, "w") as fh:
                 fh.write(me + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
-            return
+            return True
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                mine.unlink()
 
     def _holder(self) -> tuple[int, str] | None:
         """(PID, host) from the lock file; None while it is being created or is unreadable."""

@@ -177,6 +177,38 @@ def test_kill_mid_append_never_corrupts(tmp_path):
     assert len(counts) >= 2  # the kills landed at different moments
 
 
+def test_the_lock_names_its_holder_from_the_first_moment(tmp_path, monkeypatch):
+    # the lock is created by linking a file that already holds the PID, so no reader ever
+    # sees an empty lock (a writer killed between create and write used to leave one that
+    # blocked every later writer); a dead holder's lock and its own file are both removed
+    import socket
+    import memx_hpc.profile.store as store_mod
+    path = tmp_path / "s.h5"
+    st = ProfileStore(path)
+    seen = []
+    real_link = os.link
+
+    def link(src, dst):
+        seen.append(Path(src).read_text().strip())
+        real_link(src, dst)
+        seen.append(Path(dst).read_text().strip())
+
+    monkeypatch.setattr(store_mod.os, "link", link)
+    assert st.append([sample(mbs=1)]) == 1
+    me = f"{os.getpid()}@{socket.gethostname()}"
+    assert seen == [me, me]
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    lock = path.with_name(path.name + ".lock")
+    lock.write_text(f"{dead}@{socket.gethostname()}\n")
+    own = path.with_name(f"{path.name}.lock.{dead}")
+    own.write_text(f"{dead}@{socket.gethostname()}\n")
+    with pytest.warns(UserWarning, match="stale lock"):
+        assert st.append([sample(mbs=2)]) == 1
+    assert not lock.exists() and not own.exists()
+    assert not list(tmp_path.glob("s.h5.lock*"))
+
+
 # --------------------------------------------------------------------------- end-to-end records
 
 
