@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if not pred.feasible:
         print(f"DOES NOT FIT: {pred.reason}")
     else:
-        print(f"with each GPU type's expected peak-memory error ("
+        print("with each GPU type's expected peak-memory error ("
               + ", ".join(f"{g} +{bands[g].fraction:.0%}" for g in gpus if g in bands)
               + f"): fullest GPU at {risk:.0%} of its memory"
               + (": fits" if risk <= 1.0 else ": MAY RUN OUT OF MEMORY (inside the error band)"))

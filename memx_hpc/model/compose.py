@@ -47,7 +47,6 @@ formulas; the tests check that they agree).
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 

@@ -46,7 +46,6 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import SpecError
-from ..model.compose import MODE_FULL, MODE_NAMES, MODE_NONE, MODE_SELECTIVE  # noqa: F401 (the codes live there)
 from ..spec import Plan, Recompute, Site, Stage, TrainJob
 
 
@@ -372,7 +371,6 @@ class PlanSpace:
         t = self._level_tables.get(structure)
         if t is not None:
             return t
-        R = len(self.levels)
         per_group = []
         for s in structure:
             # combinations_with_replacement gives non-decreasing tuples; reversed -> non-increasing

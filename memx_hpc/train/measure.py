@@ -20,9 +20,8 @@ import hashlib
 import json
 import os
 import socket
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from ..errors import SpecError, SystemFailure
 from ..planfile import plan_to_dict
