@@ -16,11 +16,13 @@ name suggested.
 from __future__ import annotations
 
 import difflib
+import errno
 import json
 import math
 import numbers
 import os
 import re
+import stat
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -255,18 +257,80 @@ def _check_expansion(root: Any) -> None:
     walk(root)
 
 
-def _read_text(path: str | os.PathLike) -> str:
-    p = Path(path)
+class NotARegularFile(OSError):
+    """A path that names a FIFO, a device, a socket or a folder where a file was expected."""
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular_file(path: str | os.PathLike, *, follow_links: bool = True) -> int:
+    """A descriptor open for reading on the regular file ``path``.
+
+    The size a stat reports is 0 for FIFOs and character devices, so a bound on it lets
+    ``/dev/zero`` grow a read without end, and a FIFO blocks the reader forever. The file is
+    opened without blocking and checked to be a regular file on the open descriptor (no swap
+    between check and read). Raises :class:`NotARegularFile` (an OSError) for anything else;
+    ``follow_links=False`` refuses a symbolic link too.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow_links:
+        flags |= os.O_NOFOLLOW
     try:
-        if p.is_dir():
-            raise SpecError("is a folder, not a file", file=str(path))
-        size = p.stat().st_size
-        if size > MAX_DOCUMENT_BYTES:
-            raise SpecError(f"file of {size:,} bytes is too large", file=str(path),
-                            allowed=f"at most {MAX_DOCUMENT_BYTES:,} bytes")
-        return p.read_text(encoding="utf-8")
+        fd = os.open(path, flags)
+    except OSError as e:
+        if not follow_links and e.errno == errno.ELOOP:
+            raise NotARegularFile(errno.ELOOP, "is a symbolic link, not a regular file", str(path)) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = _kind_of(mode)
+        raise NotARegularFile(errno.EISDIR if kind == "a folder" else errno.EINVAL,
+                              f"is {kind}, not a regular file", str(path))
+    return fd
+
+
+def read_regular_file(path: str | os.PathLike, limit_bytes: int, *, follow_links: bool = True) -> bytes:
+    """At most ``limit_bytes + 1`` bytes of the regular file ``path`` (see
+    :func:`open_regular_file`); more than ``limit_bytes`` means too large: the caller says so."""
+    fd = open_regular_file(path, follow_links=follow_links)
+    try:
+        chunks, left = [], limit_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _read_text(path: str | os.PathLike) -> str:
+    try:
+        data = read_regular_file(path, MAX_DOCUMENT_BYTES)
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise SpecError("file is too large", file=str(path), allowed=f"at most {MAX_DOCUMENT_BYTES:,} bytes")
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise SpecError("file not found", file=str(path)) from None
+    except IsADirectoryError:
+        raise SpecError("is a folder, not a file", file=str(path)) from None
+    except NotARegularFile as e:
+        if e.errno == errno.EISDIR:
+            raise SpecError("is a folder, not a file", file=str(path)) from None
+        raise SpecError(f"{e.strerror}: this tool reads only regular files", file=str(path)) from None
     except UnicodeDecodeError as e:
         raise SpecError(f"not UTF-8 text ({e.reason} at byte {e.start})", file=str(path)) from None
     except OSError as e:

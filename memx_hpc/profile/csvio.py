@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..errors import SpecError
-from ..spec import LayerSample
+from ..spec import LayerSample, open_regular_file
 from .store import COLUMN_NAMES, COLUMNS, Column, row_to_sample, sample_to_row
 
 __all__ = ["write_csv", "read_csv", "CSV_COLUMNS"]
@@ -103,11 +103,11 @@ def read_csv(path: str | os.PathLike) -> list[LayerSample]:
     """Samples from a CSV file in the interchange format (see the module docstring)."""
     p = Path(path)
     try:
-        fh = open(p, encoding="utf-8", newline="")
+        fh = os.fdopen(open_regular_file(p), encoding="utf-8", newline="")  # a FIFO would block the read
     except FileNotFoundError:
         raise SpecError("file not found", file=str(p)) from None
     except OSError as e:
-        raise SpecError(f"cannot read file: {e}", file=str(p)) from None
+        raise SpecError(f"cannot read file: {e.strerror or e}", file=str(p)) from None
     by_name = {c.name: c for c in COLUMNS}
     out: list[LayerSample] = []
     with fh:

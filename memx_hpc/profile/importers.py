@@ -28,7 +28,7 @@ from typing import Any
 
 from ..datapaths import SOURCES
 from ..errors import SpecError
-from ..spec import MAX_DOCUMENT_BYTES, LayerSample, LayerShape, ProfilePoint
+from ..spec import MAX_DOCUMENT_BYTES, LayerSample, LayerShape, ProfilePoint, read_regular_file
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +79,10 @@ def _resolve(gpu: str, where: Any, file: Path) -> str:
 
 def _load_json(path: Path) -> Any:
     try:
-        if path.stat().st_size > MAX_DOCUMENT_BYTES:
+        data = read_regular_file(path, MAX_DOCUMENT_BYTES)
+        if len(data) > MAX_DOCUMENT_BYTES:
             raise SpecError("file too large", file=str(path), allowed=f"at most {MAX_DOCUMENT_BYTES:,} bytes")
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise SpecError("file not found", file=str(path)) from None
     except RecursionError:

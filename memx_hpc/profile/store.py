@@ -56,6 +56,7 @@ import json
 import math
 import os
 import socket
+import stat
 import time
 import warnings
 from dataclasses import dataclass
@@ -64,7 +65,8 @@ from typing import Any, Iterable, Iterator
 
 from ..errors import SpecError, SystemFailure
 from ..records import E2ERecord, records_hash  # noqa: F401 (re-exported)
-from ..spec import SAMPLE_KINDS, SAMPLE_ORIGINS, LayerSample, LayerShape, ProfilePoint
+from ..spec import (SAMPLE_KINDS, SAMPLE_ORIGINS, LayerSample, LayerShape, NotARegularFile, ProfilePoint,
+                    read_regular_file)
 
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "COLUMNS", "E2E_COLUMNS", "E2ERecord", "ProfileStore",
            "StoreLocked", "sample_to_row", "row_to_sample", "record_to_row", "row_to_record", "records_hash"]
@@ -797,7 +799,10 @@ class ProfileStore:
                 seen = set()
             else:
                 n = int(g.attrs[_COMMITTED])
-                seen = set(g[_DIGESTS][:n].tolist())
+                # The raw 32 bytes of each digest: numpy's S32 items drop trailing NUL bytes
+                # (about one digest in 256 ends in one), which then never matched a new row's.
+                raw = g[_DIGESTS][:n].tobytes()
+                seen = {raw[i:i + 32] for i in range(0, len(raw), 32)}
             self._digest_cache[gpu] = seen
         return seen
 
@@ -906,13 +911,7 @@ class ProfileStore:
                 created = False
             if not created:
                 holder = self._holder()
-                if holder is not None and holder[1] == socket.gethostname() and not _pid_alive(holder[0]):
-                    warnings.warn(f"breaking the stale lock {self.lock_path} of PID {holder[0]} "
-                                  "(that process no longer runs)", stacklevel=5)
-                    with contextlib.suppress(FileNotFoundError):
-                        self.lock_path.unlink()
-                    with contextlib.suppress(FileNotFoundError):  # its own file, if it died before removing it
-                        self.lock_path.with_name(f"{self.lock_path.name}.{holder[0]}").unlink()
+                if _is_dead(holder) and self._break_stale():
                     continue
                 if time.monotonic() < deadline:
                     time.sleep(0.1)
@@ -921,6 +920,40 @@ class ProfileStore:
                 raise StoreLocked(f"store locked by {who}: {self.path} is being written; wait for it to finish, "
                                   f"or remove {self.lock_path} if that process is gone")
             return
+
+    def _break_stale(self) -> bool:
+        """Remove the lock if it still names a dead process; True when it was removed.
+
+        Two writers that both saw the dead holder must not both break: the second would
+        delete the lock the first had just taken, and both would write. So the holder is read
+        again and the lock removed under an exclusive ``flock`` of a separate guard file;
+        between that read and the removal nobody else can remove the lock, and nobody can
+        create one while it exists, so what is removed is the dead holder's lock."""
+        import fcntl
+
+        guard = self.lock_path.with_name(f".{self.lock_path.name}.guard")
+        try:
+            fd = os.open(guard, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise SystemFailure(f"{guard}: cannot open the guard of the profile store's writer lock: "
+                                f"{e.strerror or e}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise SystemFailure(f"{guard}: the guard of the profile store's writer lock is not a regular "
+                                    "file; remove it")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            holder = self._holder()
+            if not _is_dead(holder):
+                return False
+            warnings.warn(f"breaking the stale lock {self.lock_path} of PID {holder[0]} "
+                          "(that process no longer runs)", stacklevel=6)
+            with contextlib.suppress(FileNotFoundError):
+                self.lock_path.unlink()
+            with contextlib.suppress(FileNotFoundError):  # its own file, if it died before removing it
+                self.lock_path.with_name(f"{self.lock_path.name}.{holder[0]}").unlink()
+            return True
+        finally:
+            os.close(fd)  # releases the flock
 
     def _create_lock(self, mine: Path, me: str) -> bool:
         """Create the lock holding ``me``; False when another holder has it (FileExistsError
@@ -948,9 +981,14 @@ class ProfileStore:
     def _holder(self) -> tuple[int, str] | None:
         """(PID, host) from the lock file; None while it is being created or is unreadable."""
         try:
-            text = self.lock_path.read_text().strip()
+            # Only a regular file is read, and only its first bytes: a FIFO there would block
+            # every writer and a link to /dev/zero would fill its memory.
+            text = read_regular_file(self.lock_path, 4096, follow_links=False).decode("utf-8", "replace").strip()
         except FileNotFoundError:
             return None
+        except NotARegularFile as e:
+            raise SystemFailure(f"{self.lock_path}: the profile store's writer lock {e.strerror}; "
+                                "remove it (a lock is a file this tool creates)") from None
         try:
             pid_s, host = text.split("@", 1)
             return int(pid_s), host
@@ -968,6 +1006,11 @@ class ProfileStore:
             self.lock_path.unlink()
 
 
+def _is_dead(holder: tuple[int, str] | None) -> bool:
+    """True for a lock holder that is a process of this host that no longer runs."""
+    return holder is not None and holder[1] == socket.gethostname() and not _pid_alive(holder[0])
+
+
 def _pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False
@@ -978,8 +1021,8 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     try:  # a zombie (exited, not yet reaped by its parent) holds nothing
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        proc = Path(f"/proc/{pid}/stat").read_text()
+        return proc.rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
 
