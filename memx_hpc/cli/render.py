@@ -68,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
                          workdir=args.chdir, mock_data=False if args.no_mock_data else None)
     script = r.render_request(request)
     out = Path(args.out) if args.out else Path(args.plan).with_suffix(".sbatch")
+    if out.exists() and out.resolve() == Path(args.plan).resolve():
+        # the default is the plan's name with .sbatch: for a plan file named *.sbatch that
+        # is the plan itself, which the script would replace
+        raise SpecError("the script would replace the plan file it is rendered from; name another file",
+                        field="--out", found=str(out))
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(script, encoding="utf-8")

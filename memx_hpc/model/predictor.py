@@ -51,6 +51,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import uuid
 from dataclasses import asdict
 from pathlib import Path
@@ -404,6 +405,7 @@ class Predictor:
         if path.suffix != ".ubj":
             raise SpecError("predictor files are XGBoost UBJSON", field="path", found=str(path), allowed="*.ubj")
         meta = json.dumps(self._meta(), sort_keys=True)
+        _remove_dead_temporaries(path)
         for i, b in enumerate(self.boosters_):
             if b is None:
                 continue
@@ -604,3 +606,18 @@ def cross_validate(samples: Sequence[LayerSample], site_or_catalog: Any, **predi
         if mask.any():
             out["per_gpu_type"][g] = summarise(mask)
     return out
+
+
+def _remove_dead_temporaries(path: Path) -> None:
+    """Remove the temporary files of :meth:`Predictor.save` (``.<stem>.<PID>-<hex>.tmp.ubj``,
+    also of the ``.partN`` files) whose writer no longer runs: a fit killed while saving
+    leaves one that nothing else would remove. A live writer's temporaries are left alone."""
+    from ..profile.store import pid_alive
+
+    pattern = re.compile(re.escape(f".{path.stem}") + r"(\.part\d+)?\.(\d+)-[0-9a-f]{8}\.tmp\.ubj")
+    with contextlib.suppress(OSError):
+        for t in path.parent.iterdir():
+            m = pattern.fullmatch(t.name)
+            if m and int(m.group(2)) != os.getpid() and not pid_alive(int(m.group(2))):
+                with contextlib.suppress(OSError):
+                    t.unlink()

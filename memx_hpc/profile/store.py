@@ -882,7 +882,7 @@ class ProfileStore:
                 pid = int(t.name.rsplit("-", 1)[1])
             except ValueError:
                 continue
-            if pid != os.getpid() and not _pid_alive(pid):
+            if pid != os.getpid() and not pid_alive(pid):
                 with contextlib.suppress(OSError):
                     t.unlink()
 
@@ -1008,10 +1008,11 @@ class ProfileStore:
 
 def _is_dead(holder: tuple[int, str] | None) -> bool:
     """True for a lock holder that is a process of this host that no longer runs."""
-    return holder is not None and holder[1] == socket.gethostname() and not _pid_alive(holder[0])
+    return holder is not None and holder[1] == socket.gethostname() and not pid_alive(holder[0])
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` of this host runs (a zombie does not)."""
     if pid <= 0:
         return False
     try:

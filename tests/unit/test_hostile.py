@@ -135,6 +135,20 @@ def holds_one_sample(tmp: Path) -> None:
     assert len(ProfileStore(tmp / "store.h5").samples()) == 1
 
 
+def dead_temporaries(tmp: Path) -> bool:
+    """What a fit killed inside ``Predictor.save`` leaves (a dead PID's temporary files), and
+    one of a writer that still runs (this process's parent), which must stay."""
+    dead = _dead_pid()
+    for name in (f".p.{dead}-0123abcd.tmp.ubj", f".p.part1.{dead}-0123abcd.tmp.ubj",
+                 f".p.{os.getppid()}-0123abcd.tmp.ubj"):
+        w(tmp, name, b"half a model")
+    return True
+
+
+def only_live_temporaries(tmp: Path) -> None:
+    assert sorted(p.name for p in tmp.glob(".p.*.tmp.ubj")) == [f".p.{os.getppid()}-0123abcd.tmp.ubj"]
+
+
 def alias_bomb() -> str:
     text, prev = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n', "a"
     for c in "bcdefghi":
@@ -318,11 +332,21 @@ CASES = [
     Case("predictor-random-bytes-is-refit", lambda t: (w(t, "p.ubj", os.urandom(2048)) and
                                                        ["fit", "--site", site(t), "--no-cv", "--out", str(t / "p.ubj")]),
          0, (), store=True, check=lambda t: (t / "p.ubj").stat().st_size > 2048 or pytest.fail("not refit")),
+    Case("predictor-temporaries-of-a-killed-fit-are-removed", lambda t: (dead_temporaries(t) and
+                                                                         ["fit", "--site", site(t), "--no-cv",
+                                                                          "--out", str(t / "p.ubj")]),
+         0, (), store=True, check=only_live_temporaries),
     Case("predictor-path-is-a-folder", lambda t: ["fit", "--site", site(t), "--no-cv", "--out",
                                                   str((t / "p.ubj").mkdir() or t / "p.ubj")],
          2, ("{tmp}/p.ubj",), store=True),
     Case("predictor-unwritable", lambda t: ["fit", "--site", site(t), "--no-cv", "--out", f"{UNWRITABLE}/p.ubj"], 2,
          (UNWRITABLE,), store=True),
+    Case("render-default-out-is-the-plan", lambda t: ["render", "--site", site(t), "--job", job(t), "--no-test-only",
+                                                      "--plan", w(t, "p.sbatch", json.dumps(PLAN))],
+         1, ("--out", "replace the plan file"), check=lambda t: json.loads((t / "p.sbatch").read_text())),
+    Case("render-out-is-the-plan", lambda t: ["render", "--site", site(t), "--job", job(t), "--no-test-only",
+                                              "--plan", plan(t, json.dumps(PLAN)), "--out", str(t / "plan.json")],
+         1, ("--out", "replace the plan file"), check=lambda t: json.loads((t / "plan.json").read_text())),
     # ---------------------------------------------------------------- the prediction cache
     Case("cache-row-with-text-is-predicted-again", damage_cache_rows, 0, (), check=cache_rows_are_numbers),
     Case("cache-path-is-a-folder", lambda t: ["search", "--analytic", "--job", job(t), "--site",
