@@ -15,7 +15,7 @@ from ..errors import MemxError
 # One module per subcommand under memx_hpc/cli/. Each defines
 #   register(subparsers) -> argparse.ArgumentParser   (argparse only; no heavy imports)
 #   run(args) -> int
-SUBCOMMANDS = ("plan", "profile", "fit", "search", "predict", "render", "verify", "simulate", "validate", "status")
+SUBCOMMANDS = ("plan", "profile", "fit", "search", "predict", "render", "verify", "simulate", "validate", "status", "site")
 
 DESCRIPTION = """\
 Plan Megatron-LM training on heterogeneous, cross-vendor Slurm clusters.
@@ -27,6 +27,7 @@ peak memory and memory imbalance - without running out of memory - and renders
 the sbatch script that launches it.
 
 The usual flow, on a login node:
+  memx-hpc site discover --out mysite.yaml             a site file from Slurm
   memx-hpc validate --site mysite.yaml --job job.yaml   check the files
   memx-hpc plan --site mysite.yaml --job job.yaml       profile what is missing,
                                                         fit, search, report

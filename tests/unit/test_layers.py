@@ -17,9 +17,10 @@ PACKAGE = Path(__file__).resolve().parents[2] / "memx_hpc"
 #: The floors, lowest first. A module may import its own floor's modules and any lower
 #: floor. The flow: profile measures and stores; model is fitted on what the store holds;
 #: search composes and ranks with the model; slurm, train and the planner drive them.
-#: The foundation: specs, records, plan files, catalog, errors and the like.
-RANK = {"<foundation>": 0, "profile": 1, "model": 2, "search": 3, "slurm": 4, "train": 5, "planner": 6, "cli": 7,
-        "__main__": 8}
+#: The foundation: specs, records, plan files, catalog, errors and the like. sitegen (a site
+#: file from what slurm/discover reads) sits beside the planner.
+RANK = {"<foundation>": 0, "profile": 1, "model": 2, "search": 3, "slurm": 4, "train": 5, "planner": 6, "sitegen": 6,
+        "cli": 7, "__main__": 8}
 FOUNDATION = {"__init__", "errors", "spec", "catalog", "datapaths", "records", "planfile", "megatron_cpu", "data",
               "tables", "shellsafe", "params"}
 
@@ -114,6 +115,14 @@ def test_profile_never_imports_the_model_or_above():
         for line, target in imported(ast.parse(path.read_text(encoding="utf-8")), module_name(path),
                                      path.name == "__init__.py"):
             assert floor_of(target) in {"<foundation>", "profile"}, f"{module_name(path)}:{line} imports {target}"
+
+
+def test_reading_slurm_knows_slurm_only():
+    """What is read from Slurm (cluster state, start estimates) depends on no measurement, model or search."""
+    for name in ("discover.py",):
+        path = PACKAGE / "slurm" / name
+        for line, target in imported(ast.parse(path.read_text(encoding="utf-8")), module_name(path), False):
+            assert floor_of(target) in {"<foundation>", "slurm"}, f"{module_name(path)}:{line} imports {target}"
 
 
 @pytest.mark.parametrize("source, module", [
