@@ -35,11 +35,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .errors import SpecError
-from .spec import GeneralPlan, GeneralStage, Plan, Recompute, Replica, Stage, _build, _Reader, load_json
+from .spec import (MODEL_EXTENSION_FIELDS, GeneralPlan, GeneralStage, ModelSpec, Plan, Recompute, Replica, Stage,
+                   _build, _Reader, load_json)
 
 FORMAT = "memx-plan/1"
 _EXTRA = ("format", "prediction", "job", "site", "rank", "score", "provenance", "note", "role", "objective", "run",
@@ -129,8 +130,12 @@ def load_plan_with_origin(path: str | os.PathLike) -> tuple[Plan | GeneralPlan, 
 
 def job_fingerprint(job: Any) -> str:
     """12 hex digits of a SHA-256 over what a plan's numbers depend on: the model shape
-    (every field but its name), the global batch and the precision."""
-    shape = {k: v for k, v in asdict(job.model).items() if k != "name"}
+    (every field but its name), the global batch and the precision. The fields beyond the
+    dense GPT shape (MoE, MLA, ...) count where they differ from their defaults, so a dense
+    model's fingerprint is the one it had before they existed."""
+    defaults = {f.name: f.default for f in fields(ModelSpec)}
+    shape = {k: v for k, v in asdict(job.model).items()
+             if k != "name" and not (k in MODEL_EXTENSION_FIELDS and v == defaults[k])}
     doc = {"model": shape, "global_batch_size": job.global_batch_size, "precision": job.precision}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:12]
 

@@ -911,9 +911,67 @@ def _check_shape(obj: Any) -> None:
     _choice(obj.activation, "activation", ACTIVATIONS)
 
 
+#: Megatron-LM's ``--moe-router-load-balancing-type`` choices (megatron/training/arguments.py).
+MOE_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
+#: Megatron-LM's ``--moe-router-score-function`` choices.
+MOE_SCORE_FUNCTIONS = ("softmax", "sigmoid")
+#: RoPE frequency scalings a Hugging Face config may name and Megatron-LM runs
+#: (``--use-rope-scaling`` for Llama 3.1's, YaRN under multi-latent attention).
+ROPE_SCALINGS = ("none", "llama3", "yarn")
+MAX_EXPERTS = 4096
+
+#: ModelSpec fields beyond the dense GPT shape: a plan's job fingerprint leaves them out
+#: while they hold their defaults, so a dense model's fingerprint is what it was before
+#: they existed (memx_hpc.planfile.job_fingerprint).
+MODEL_EXTENSION_FIELDS = (
+    "head_dim", "add_qkv_bias", "qk_layernorm", "rotary_base", "rope_scaling", "rope_scaling_factor",
+    "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+    "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+    "moe_layer_freq", "moe_router_load_balancing_type", "moe_router_score_function", "moe_router_num_groups",
+    "moe_router_group_topk", "moe_router_enable_expert_bias", "moe_shared_expert_gate")
+
+
+def moe_pattern(freq: "int | tuple[int, ...]", num_layers: int) -> tuple[bool, ...]:
+    """Which layers are MoE, as Megatron-LM reads ``--moe-layer-freq``: an integer N makes
+    layer i an expert layer when ``i % N == 0``; a list of 0/1 names every layer
+    (megatron/training/arguments.py ``moe_freq_type``; training.py ``num_floating_point_operations``)."""
+    if isinstance(freq, tuple):
+        return tuple(bool(x) for x in freq)
+    return tuple(i % freq == 0 for i in range(num_layers))
+
+
+def _check_freq(freq: Any, num_layers: Any) -> None:
+    if isinstance(freq, tuple):
+        if not all(x in (0, 1) and not isinstance(x, bool) for x in freq):
+            raise SpecError("a layer pattern holds 1 (MoE layer) and 0 (dense layer)", field="moe_layer_freq",
+                            found=_short(freq), allowed="an integer N >= 1 or a list of 0/1, one per layer")
+        if len(freq) != num_layers:
+            raise SpecError(f"a pattern of {len(freq)} layers for a model of {num_layers}", field="moe_layer_freq",
+                            found=_short(freq), allowed=f"{num_layers} entries")
+        if not any(freq):
+            raise SpecError("no MoE layer in the pattern", field="moe_layer_freq", found=_short(freq))
+        return
+    _whole(freq, "moe_layer_freq", 1, MAX_LAYERS)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """A GPT-style decoder. ``ffn_hidden_size`` is the per-branch width (SwiGLU has two)."""
+    """A GPT-style decoder as megatron-core builds it. ``ffn_hidden_size`` is the per-branch
+    width (SwiGLU has two) of the dense MLP.
+
+    Attention: grouped-query (``num_query_groups`` < heads), a head size that is not
+    ``hidden_size / heads`` (``head_dim``, Megatron's ``--kv-channels``: Qwen3), biases on
+    Q, K and V only (``add_qkv_bias``: Qwen2), per-head Q/K norms (``qk_layernorm``: Qwen3),
+    or DeepSeek's multi-latent attention (``multi_latent_attention`` with its ranks and head
+    sizes, Megatron's MLA arguments; ``q_lora_rank`` None: Q projected directly).
+
+    Mixture of experts (``num_experts`` set): the MLP of the layers ``moe_layer_freq`` marks
+    (Megatron's ``--moe-layer-freq``: every N-th layer from layer 0, or a 0/1 per layer) is
+    ``num_experts`` experts of width ``moe_ffn_hidden_size`` (None: ``ffn_hidden_size``)
+    of which each token takes ``moe_router_topk``, plus shared experts of total width
+    ``moe_shared_expert_intermediate_size`` every token runs; the other layers keep the
+    dense MLP of width ``ffn_hidden_size``.
+    """
 
     name: str
     num_layers: int
@@ -928,6 +986,29 @@ class ModelSpec:
     position_embedding: str = "learned"  # learned | rope
     normalization: str = "layernorm"  # layernorm | rmsnorm
     add_bias_linear: bool = True
+    head_dim: int | None = None
+    add_qkv_bias: bool = False
+    qk_layernorm: bool = False
+    rotary_base: int = 10000
+    rope_scaling: str = "none"
+    rope_scaling_factor: float = 1.0
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 512
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+    num_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_layer_freq: int | tuple[int, ...] = 1
+    moe_router_load_balancing_type: str = "aux_loss"
+    moe_router_score_function: str = "softmax"
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
+    moe_router_enable_expert_bias: bool = False
+    moe_shared_expert_gate: bool = False
 
     def __post_init__(self) -> None:
         _text(self.name, "name")
@@ -935,20 +1016,106 @@ class ModelSpec:
         _check_shape(self)
         _choice(self.position_embedding, "position_embedding", ("learned", "rope"))
         _choice(self.normalization, "normalization", ("layernorm", "rmsnorm"))
-        for name in ("tied_embeddings", "add_bias_linear"):
+        for name in ("tied_embeddings", "add_bias_linear", "add_qkv_bias", "qk_layernorm", "multi_latent_attention",
+                     "moe_router_enable_expert_bias", "moe_shared_expert_gate"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError("expected true or false", field=name, found=_short(getattr(self, name)))
-        if self.hidden_size % self.num_attention_heads:
-            raise SpecError(f"hidden_size {self.hidden_size} is not divisible by it", field="num_attention_heads",
-                            found=self.num_attention_heads)
         if self.num_attention_heads % self.num_query_groups:
             raise SpecError(f"num_attention_heads {self.num_attention_heads} is not divisible by it",
                             field="num_query_groups", found=self.num_query_groups,
                             allowed="divisors of num_attention_heads")
+        _whole(self.head_dim, "head_dim", 1, MAX_HIDDEN, optional=True)
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise SpecError(f"hidden_size {self.hidden_size} is not divisible by it (give head_dim for a head "
+                            "size other than hidden_size / heads)", field="num_attention_heads",
+                            found=self.num_attention_heads)
+        _whole(self.rotary_base, "rotary_base", 1, 10**12)
+        _choice(self.rope_scaling, "rope_scaling", ROPE_SCALINGS)
+        _real(self.rope_scaling_factor, "rope_scaling_factor", 1.0, 1e6)
+        if self.rope_scaling != "none" and self.position_embedding != "rope":
+            raise SpecError("RoPE scaling needs position_embedding: rope", field="rope_scaling",
+                            found=self.rope_scaling)
+        self._check_mla()
+        self._check_moe()
+
+    def _check_mla(self) -> None:
+        _whole(self.q_lora_rank, "q_lora_rank", 1, MAX_HIDDEN, optional=True)
+        for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+            _whole(getattr(self, name), name, 1, MAX_HIDDEN)
+        if not self.multi_latent_attention:
+            if self.q_lora_rank is not None:
+                raise SpecError("q_lora_rank applies to multi-latent attention only", field="q_lora_rank",
+                                found=self.q_lora_rank, allowed="multi_latent_attention: true, or leave it out")
+            return
+        if self.num_query_groups != self.num_attention_heads:
+            raise SpecError("multi-latent attention has one latent K/V for all heads, no query groups",
+                            field="num_query_groups", found=self.num_query_groups,
+                            allowed=f"num_attention_heads ({self.num_attention_heads})")
+        if self.position_embedding != "rope":
+            raise SpecError("multi-latent attention carries its position in a RoPE part of each head",
+                            field="position_embedding", found=self.position_embedding, allowed="rope")
+        if self.head_dim is not None:
+            raise SpecError("multi-latent attention takes qk_head_dim, qk_pos_emb_head_dim and v_head_dim",
+                            field="head_dim", found=self.head_dim)
+
+    def _check_moe(self) -> None:
+        _whole(self.num_experts, "num_experts", 1, MAX_EXPERTS, optional=True)
+        _choice(self.moe_router_load_balancing_type, "moe_router_load_balancing_type", MOE_LOAD_BALANCING)
+        _choice(self.moe_router_score_function, "moe_router_score_function", MOE_SCORE_FUNCTIONS)
+        if self.num_experts is None:
+            for name in ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_router_num_groups",
+                         "moe_router_group_topk"):
+                if getattr(self, name) is not None:
+                    raise SpecError("applies to a mixture of experts only", field=name, found=getattr(self, name),
+                                    allowed="num_experts set, or leave it out")
+            if self.moe_shared_expert_gate:
+                raise SpecError("applies to a mixture of experts only", field="moe_shared_expert_gate", found=True)
+            if self.moe_layer_freq != 1:
+                raise SpecError("applies to a mixture of experts only", field="moe_layer_freq",
+                                found=_short(self.moe_layer_freq), allowed="num_experts set, or leave it out")
+            return
+        _whole(self.moe_router_topk, "moe_router_topk", 1, self.num_experts)
+        _whole(self.moe_ffn_hidden_size, "moe_ffn_hidden_size", 1, 4 * MAX_HIDDEN, optional=True)
+        _whole(self.moe_shared_expert_intermediate_size, "moe_shared_expert_intermediate_size", 1,
+               64 * MAX_HIDDEN, optional=True)
+        _check_freq(self.moe_layer_freq, self.num_layers)
+        if (self.moe_router_num_groups is None) != (self.moe_router_group_topk is None):
+            raise SpecError("group-limited routing takes both moe_router_num_groups and moe_router_group_topk",
+                            field="moe_router_group_topk" if self.moe_router_group_topk is None
+                            else "moe_router_num_groups", found=None)
+        if self.moe_router_num_groups is not None:
+            _whole(self.moe_router_num_groups, "moe_router_num_groups", 1, self.num_experts)
+            if self.num_experts % self.moe_router_num_groups:
+                raise SpecError(f"num_experts {self.num_experts} is not divisible by it",
+                                field="moe_router_num_groups", found=self.moe_router_num_groups)
+            _whole(self.moe_router_group_topk, "moe_router_group_topk", 1, self.moe_router_num_groups)
+        if self.moe_shared_expert_intermediate_size is not None and self.add_bias_linear:
+            raise SpecError("megatron-core's shared experts have no biases (SharedExpertMLP)", field="add_bias_linear",
+                            found=True, allowed="false with moe_shared_expert_intermediate_size")
+        if self.moe_shared_expert_gate and self.moe_shared_expert_intermediate_size is None:
+            raise SpecError("a shared-expert gate needs shared experts", field="moe_shared_expert_gate", found=True,
+                            allowed="moe_shared_expert_intermediate_size set, or leave it out")
 
     @property
     def kv_channels(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        """Head size of standard attention (Megatron's ``--kv-channels``)."""
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+    @property
+    def moe_layers(self) -> tuple[bool, ...]:
+        """Per layer, whether its MLP is the mixture of experts (all False for a dense model)."""
+        if self.num_experts is None:
+            return (False,) * self.num_layers
+        return moe_pattern(self.moe_layer_freq, self.num_layers)
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        """Per-branch width of one routed expert (``ffn_hidden_size`` when not given)."""
+        return self.moe_ffn_hidden_size if self.moe_ffn_hidden_size is not None else self.ffn_hidden_size
 
     def check(self, path: str = "model") -> None:
         """Checks run when the spec is built; kept so callers that re-check still can."""
@@ -1036,6 +1203,9 @@ class TrainJob:
     attention: str = "sdpa"  # sdpa (flash/fused: no s^2 matrix kept) | core (unfused)
     micro_batch_sizes: tuple[int, ...] = ()  # candidates; () = every divisor up to 16
     recompute_modes: tuple[str, ...] = RECOMPUTE_MODES
+    #: whether the job named its recompute modes: the search then keeps every one of them
+    #: (by default it leaves out selective recompute where fused attention makes it dominated)
+    recompute_modes_given: bool = False
     train_iters: int = 20
     max_pipeline_stages: int | None = None
     # what a training launch (render, plan --submit) uses; verify's short runs keep mock data
@@ -1075,6 +1245,9 @@ class TrainJob:
                             found=_short(self.recompute_modes), allowed=", ".join(RECOMPUTE_MODES))
         for i, mo in enumerate(self.recompute_modes):
             _choice(mo, f"recompute_modes[{i}]", RECOMPUTE_MODES)
+        if not isinstance(self.recompute_modes_given, bool):
+            raise SpecError("expected true or false", field="recompute_modes_given",
+                            found=_short(self.recompute_modes_given))
         _whole(self.train_iters, "train_iters", 1, MAX_TRAIN_ITERS)
         _whole(self.max_pipeline_stages, "max_pipeline_stages", 1, MAX_LAYERS, optional=True)
 
@@ -1244,6 +1417,19 @@ class LayerShape:
 
     @staticmethod
     def of(model: ModelSpec) -> "LayerShape":
+        """The layer shape of a dense model whose heads are ``hidden_size / heads`` wide.
+
+        A layer shape is what is profiled and predicted per layer; it cannot describe an MoE
+        layer, multi-latent attention or another head size, so such a model is refused here
+        (naming the field) rather than predicted as the dense layer it is not.
+        """
+        for name, plain in (("num_experts", None), ("multi_latent_attention", False), ("head_dim", None)):
+            value = getattr(model, name)
+            if value != plain and not (name == "head_dim" and value * model.num_attention_heads
+                                       == model.hidden_size):
+                raise SpecError("the layer profiler and predictor describe dense layers with standard attention; "
+                                "this model's layers are not planned yet (memx-hpc validate reads it)",
+                                field=f"model.{name}", found=value)
         return LayerShape(hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
                           num_query_groups=model.num_query_groups, ffn_hidden_size=model.ffn_hidden_size,
                           seq_length=model.seq_length, vocab_size=model.vocab_size,
@@ -1472,9 +1658,19 @@ def site_from_mapping(data: Any, *, source_file: str | None = None) -> Site:
 JOB_KEYS = ("name", "model", "global_batch_size", "precision", "optimizer", "distributed_optimizer",
             "attention", "micro_batch_sizes", "recompute_modes", "train_iters", "max_pipeline_stages", "data",
             "lr_schedule", "checkpoint")
-MODEL_KEYS = ("preset", "name", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+MODEL_KEYS = ("preset", "hf_config", "name", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
               "ffn_hidden_size", "vocab_size", "seq_length", "activation", "tied_embeddings",
-              "position_embedding", "normalization", "add_bias_linear")
+              "position_embedding", "normalization", "add_bias_linear") + MODEL_EXTENSION_FIELDS
+
+# How a model mapping's extension fields are read (the _Reader method; moe_layer_freq is its own).
+_EXTENSION_KINDS = {
+    "head_dim": "int", "add_qkv_bias": "bool", "qk_layernorm": "bool", "rotary_base": "int", "rope_scaling": "str",
+    "rope_scaling_factor": "float", "multi_latent_attention": "bool", "q_lora_rank": "int", "kv_lora_rank": "int",
+    "qk_head_dim": "int", "qk_pos_emb_head_dim": "int", "v_head_dim": "int", "num_experts": "int",
+    "moe_router_topk": "int", "moe_ffn_hidden_size": "int", "moe_shared_expert_intermediate_size": "int",
+    "moe_router_load_balancing_type": "str", "moe_router_score_function": "str", "moe_router_num_groups": "int",
+    "moe_router_group_topk": "int", "moe_router_enable_expert_bias": "bool", "moe_shared_expert_gate": "bool",
+}
 
 
 def load_job(path: str | os.PathLike) -> TrainJob:
@@ -1484,22 +1680,45 @@ def load_job(path: str | os.PathLike) -> TrainJob:
     return _wrap_file(lambda: job_from_mapping(data, source_file=file), file)
 
 
-def model_from_mapping(data: Any, path: str = "model") -> ModelSpec:
-    """A model from a preset name, a preset with overrides, or an explicit shape."""
+def _layer_freq(r: "_Reader", base: Mapping[str, Any]) -> int | tuple[int, ...]:
+    """``moe_layer_freq``: an integer N or a list of 0/1 (a tuple in the spec)."""
+    if not r.has("moe_layer_freq"):
+        r.used.add("moe_layer_freq")
+        return base.get("moe_layer_freq", 1)
+    v = r.raw("moe_layer_freq")
+    if isinstance(v, list):
+        return tuple(v)
+    return r.int("moe_layer_freq")
+
+
+def model_from_mapping(data: Any, path: str = "model", *, base_dir: str | os.PathLike | None = None) -> ModelSpec:
+    """A model from a preset name, a preset with overrides, a Hugging Face ``config.json``
+    (``hf_config``, relative to ``base_dir``) with overrides, or an explicit shape."""
     from .catalog import model_presets
     if isinstance(data, str):
         data = {"preset": data}
     r = _Reader(data, path)
     base: dict[str, Any] = {}
+    if r.has("preset") and r.has("hf_config"):
+        raise SpecError("give a preset or a Hugging Face config, not both", field=f"{path}.hf_config",
+                        found=r.raw("hf_config"))
     if r.has("preset"):
         presets = model_presets()
         pname = r.str("preset")
         if pname not in presets:
             raise SpecError("unknown model preset" + _suggest(pname, sorted(presets)), field=f"{path}.preset",
-                            found=pname, allowed=", ".join(sorted(presets)))
+                            found=pname, allowed=", ".join(sorted(presets)) + "; or hf_config: path/to/config.json")
         base = {f.name: getattr(presets[pname], f.name) for f in fields(ModelSpec)}
     else:
         r.used.add("preset")
+    if r.has("hf_config"):
+        from .hfconfig import read_hf_config
+        where = Path(os.path.expanduser(r.str("hf_config")))
+        if not where.is_absolute() and base_dir is not None:
+            where = Path(base_dir) / where
+        base = read_hf_config(where)
+    else:
+        r.used.add("hf_config")
 
     def get(kind: str, name: str, **kw: Any) -> Any:
         default = base.get(name, kw.pop("default", ...))
@@ -1513,6 +1732,8 @@ def model_from_mapping(data: Any, path: str = "model") -> ModelSpec:
         default_ffn = 4 * hidden if activation != "swiglu" else int(256 * math.ceil((8 * hidden / 3) / 256))
     else:
         default_ffn = 1
+    defaults = {f.name: f.default for f in fields(ModelSpec)}
+    extension = {name: get(kind, name, default=defaults[name]) for name, kind in _EXTENSION_KINDS.items()}
     m = _build(
         ModelSpec, path,
         name=get("str", "name", default=base.get("name", "custom")),
@@ -1528,6 +1749,8 @@ def model_from_mapping(data: Any, path: str = "model") -> ModelSpec:
         position_embedding=get("str", "position_embedding", default="learned"),
         normalization=get("str", "normalization", default="layernorm"),
         add_bias_linear=get("bool", "add_bias_linear", default=True),
+        moe_layer_freq=_layer_freq(r, base),
+        **extension,
     )
     r.finish(MODEL_KEYS)
     return m
@@ -1571,7 +1794,8 @@ def _checkpoint_from(d: "_Reader | None") -> Checkpointing | None:
 def job_from_mapping(data: Any, *, source_file: str | None = None) -> TrainJob:
     """Map a job document to :class:`TrainJob` keyword arguments (the TrainJob checks them)."""
     r = _Reader(data, "", kind="a job mapping with 'model' and 'global_batch_size'")
-    model = model_from_mapping(r.raw("model"), "model")
+    model = model_from_mapping(r.raw("model"), "model",
+                               base_dir=Path(source_file).parent if source_file else None)
     mbs = r.raw("micro_batch_sizes", [])
     if not isinstance(mbs, list):
         raise SpecError("expected a list of whole numbers >= 1", field="micro_batch_sizes", found=_short(mbs))
@@ -1587,6 +1811,7 @@ def job_from_mapping(data: Any, *, source_file: str | None = None) -> TrainJob:
         # kept in file order here, so an error names the entry as written
         micro_batch_sizes=tuple(mbs),
         recompute_modes=r.str_list("recompute_modes", RECOMPUTE_MODES),
+        recompute_modes_given=r.has("recompute_modes"),
         train_iters=r.int("train_iters", 20),
         max_pipeline_stages=r.int("max_pipeline_stages", None),
         data=_data_from(r.sub("data")),

@@ -58,12 +58,16 @@ def _job_dict(job) -> dict:
          "distributed_optimizer": job.distributed_optimizer,
          "micro_batch_sizes": list(job.micro_batch_sizes) or "divisors of the global batch up to 16",
          "recompute_modes": list(job.recompute_modes)}
-    try:
-        from ..model import analytic
-        d["parameters"] = (m.num_layers * analytic.layer_params(m) + analytic.embedding_params(m)
-                           + analytic.head_params(m))
-    except (ImportError, AttributeError):
-        pass
+    if m.is_moe:
+        d.update(num_experts=m.num_experts, moe_router_topk=m.moe_router_topk,
+                 moe_ffn_hidden_size=m.expert_ffn_hidden_size, moe_layers=sum(m.moe_layers),
+                 moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size)
+    if m.multi_latent_attention:
+        d.update(multi_latent_attention=True, kv_lora_rank=m.kv_lora_rank, q_lora_rank=m.q_lora_rank)
+    from ..params import model_params
+    # as Megatron-LM allocates them (padded vocabulary); active: what one token runs
+    d["parameters"] = model_params(m)
+    d["active_parameters"] = model_params(m, active=True)
     return d
 
 
@@ -96,7 +100,12 @@ def run(args: argparse.Namespace) -> int:
               f"store: {s['store']}")
     if "job" in out:
         j = out["job"]
-        params = f", {j['parameters'] / 1e9:.2f} B parameters" if "parameters" in j else ""
+        params = f", {j['parameters'] / 1e9:.2f} B parameters"
+        if "num_experts" in j:
+            params += (f" ({j['active_parameters'] / 1e9:.2f} B active): {j['moe_layers']} MoE layers of "
+                       f"{j['num_experts']} experts, top-{j['moe_router_topk']}, expert ffn {j['moe_ffn_hidden_size']}")
+        if "multi_latent_attention" in j:
+            params += f", multi-latent attention (KV rank {j['kv_lora_rank']})"
         print(f"job {j['job']}: model {j['model']} ({j['num_layers']} layers, hidden {j['hidden_size']}, "
               f"{j['num_attention_heads']} heads / {j['num_query_groups']} query groups, ffn {j['ffn_hidden_size']}, "
               f"{j['activation']}, vocab {j['vocab_size']}, seq {j['seq_length']}{params}); "
@@ -124,6 +133,7 @@ def _lists(args: argparse.Namespace) -> int:
             emit_json({k: vars(v) for k, v in ms.items()})
         else:
             table([(m.name, m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups,
-                    m.ffn_hidden_size, m.vocab_size, m.seq_length, m.activation) for m in ms.values()],
-                  ["preset", "layers", "hidden", "heads", "groups", "ffn", "vocab", "seq", "act"])
+                    m.ffn_hidden_size, m.vocab_size, m.seq_length, m.activation,
+                    f"{m.num_experts} top-{m.moe_router_topk}" if m.is_moe else "-") for m in ms.values()],
+                  ["preset", "layers", "hidden", "heads", "groups", "ffn", "vocab", "seq", "act", "experts"])
     return 0

@@ -24,7 +24,8 @@ from typing import Union
 
 from ..errors import SpecError, SystemFailure
 from ..params import check_tp as _check_tp, kv_hidden as _kv_hidden, norm_params as _norm_params
-from ..params import layer_params, padded_vocab_size  # noqa: F401  (part of this module's API too)
+from ..params import is_mla as _is_mla, q_hidden as _q_hidden
+from ..params import expert_params, layer_params, layers_params, model_params, padded_vocab_size  # noqa: F401 (API)
 from ..spec import BYTES_PER_ELEMENT, RECOMPUTE_MODES, GpuType, LayerShape, ModelSpec
 
 ShapeLike = Union[ModelSpec, LayerShape]
@@ -75,12 +76,24 @@ def head_params(model: ModelSpec, tp: int = 1, *, pp: int = 1) -> int:
     return padded_vocab_size(model.vocab_size, tp) * model.hidden_size // tp
 
 
-def stage_params(model: ModelSpec, num_layers: int, *, first: bool, last: bool, tp: int, pp: int) -> int:
-    """Parameters one TP rank of a pipeline stage holds: its layers, the embedding on the
-    first stage, the output layer (see :func:`head_params`) and the final norm on the last."""
+def stage_params(model: ModelSpec, num_layers: int, *, first: bool, last: bool, tp: int, pp: int,
+                 first_layer: int | None = None, ep: int = 1, etp: int | None = None) -> int:
+    """Parameters one rank of a pipeline stage holds: its layers, the embedding on the first
+    stage, the output layer (see :func:`head_params`) and the final norm on the last.
+
+    ``first_layer``: the stage's first layer (0-based); None: 0 on the first stage, and for
+    a later stage of a model whose layers differ (dense and MoE) the layers just before the
+    last stage's (``num_layers - n`` on the last stage). ``ep`` / ``etp``: the routed experts'
+    expert-parallel and expert-tensor-parallel degrees (:func:`memx_hpc.params.mlp_params`).
+    """
     if num_layers < 0:
         raise SpecError("a stage cannot have a negative number of layers", field="num_layers", found=num_layers)
-    n = num_layers * layer_params(model, tp)
+    if first_layer is None:
+        first_layer = 0 if first or not last else model.num_layers - num_layers
+        if not first and not last and len(set(model.moe_layers)) > 1:
+            raise SpecError("the layers of this model differ (dense and MoE): say which layer the stage starts at",
+                            field="first_layer")
+    n = layers_params(model, first_layer, num_layers, tp, ep=ep, etp=etp) if num_layers else 0
     if first:
         n += embedding_params(model, tp)
     if last:
@@ -124,10 +137,26 @@ def state_bytes(params: int, *, precision: str, optimizer: str, distributed_opti
 # --------------------------------------------------------------------------- activations
 
 
+def _attention_widths(shape: ShapeLike, attention: str) -> tuple[int, int, int, int]:
+    """Per-token widths of Q, K and V as the attention kernel keeps them, and of the output
+    projection's input. megatron-core's unfused DotProductAttention expands GQA's K and V to
+    all heads (repeat_interleave) before the batched matmuls, so they are saved at full width;
+    SDPA / flash attention keep the g-head tensors. Multi-latent attention expands its latent
+    to per-head K (``d_qk + d_rope``) and V (``d_v``) before the kernel."""
+    if _is_mla(shape):
+        a = shape.num_attention_heads
+        qk = shape.qk_head_dim + shape.qk_pos_emb_head_dim
+        return a * qk, a * qk, a * shape.v_head_dim, a * shape.v_head_dim
+    q = _q_hidden(shape)
+    kv = q if attention == "core" else _kv_hidden(shape)
+    return q, kv, kv, q
+
+
 def _terms(shape: ShapeLike, *, micro_batch_size: int, precision: str, attention: str,
-           dropout_mask_bytes: int) -> dict[str, float]:
+           dropout_mask_bytes: int, moe: bool = False) -> dict[str, float]:
     """Per-layer saved-activation bytes, split into what TP replicates (without sequence
-    parallelism) and what it divides, before any division (t = 1)."""
+    parallelism), what it divides, what expert TP divides (routed experts) and the attention
+    scores, before any division (t = 1)."""
     if attention not in ATTENTION_KINDS:
         raise SpecError("unknown attention kind", field="attention", found=attention,
                         allowed=", ".join(ATTENTION_KINDS))
@@ -138,24 +167,37 @@ def _terms(shape: ShapeLike, *, micro_batch_size: int, precision: str, attention
     s, b, h = shape.seq_length, micro_batch_size, shape.hidden_size
     a, f = shape.num_attention_heads, shape.ffn_hidden_size
     sb = s * b
-    # K and V as the attention kernel keeps them: megatron-core's unfused DotProductAttention
-    # expands GQA's K and V to all heads (repeat_interleave) before the batched matmuls, so
-    # they are saved at full width; SDPA / flash attention keep the g-head tensors.
-    kv = h if attention == "core" else _kv_hidden(shape)
+    q, k, v, proj = _attention_widths(shape, attention)
+    act = 3 if shape.activation == "swiglu" else 2  # GeLU: its input + fc2 input; SwiGLU: fc1 out (2f) + fc2 in
     # Korthikanti et al. 2022, §4.1 (attention 11sbh + 5as²b, MLP 19sbh, norms 4sbh at e=2, m=1),
-    # generalised to e, m, GQA and SwiGLU:
+    # generalised to e, m, GQA, head sizes other than h/a and SwiGLU:
     replicated = sb * (
         2 * e * h  # inputs of the two norms
         + e * h  # QKV matmul input (first norm's output)
-        + e * h  # MLP fc1 input (second norm's output)
+        + e * h  # MLP fc1 input (second norm's output; the router's and experts' input under MoE)
         + 2 * m * h  # dropout masks after attention and after the MLP
     )
-    divided = sb * (
-        e * h  # Q (for QK^T)
-        + 2 * e * kv  # K (for QK^T) and V (for attention over values)
-        + e * h  # linear_proj input
-        + e * f * (3 if shape.activation == "swiglu" else 2)  # GeLU: its input + fc2 input; SwiGLU: fc1 out (2f) + fc2 in
-    )
+    if _is_mla(shape):
+        # the down-projections are replicated over TP: the normed K/V latent is kept as the
+        # norm's input and the up-projection's input, the RoPE key part once; the same for Q's
+        # latent when Q is compressed
+        replicated += sb * e * (2 * shape.kv_lora_rank + shape.qk_pos_emb_head_dim
+                                + (2 * shape.q_lora_rank if shape.q_lora_rank else 0))
+    divided = sb * e * (q + k + v + proj)  # Q, K (for QK^T), V (attention over values), linear_proj input
+    expert = 0.0
+    if moe:
+        model: ModelSpec = shape  # type: ignore[assignment]
+        n_exp, topk, fe = model.num_experts, model.moe_router_topk, model.expert_ffn_hidden_size
+        # the router keeps its fp32 logits and scores (E each per token); every token is permuted to
+        # its k experts, whose fc1 input and output (before the probability-weighted unpermute) are
+        # kept per routed copy (replicated over expert TP: the dispatcher gathers the tokens) and
+        # whose interior expert TP divides; shared experts as a dense MLP of their width.
+        replicated += sb * (2 * 4 * n_exp + topk * 2 * e * h)
+        expert = sb * topk * e * fe * act
+        if model.moe_shared_expert_intermediate_size is not None:
+            divided += sb * e * model.moe_shared_expert_intermediate_size * act
+    else:
+        divided += sb * e * f * act
     if attention == "core":
         # softmax output (e), its dropout mask (m) and the dropout output (e) per score;
         # without attention dropout the softmax output is the only copy.
@@ -164,12 +206,13 @@ def _terms(shape: ShapeLike, *, micro_batch_size: int, precision: str, attention
     else:
         # fused attention keeps only the log-sum-exp, fp32, one per head and token.
         scores = 4 * a * s * b
-    return {"replicated": replicated, "divided": divided, "scores": scores, "input": e * sb * h}
+    return {"replicated": replicated, "divided": divided, "expert": expert, "scores": scores, "input": e * sb * h}
 
 
 def activation_bytes_per_layer(model: ShapeLike, *, micro_batch_size: int, tp: int, recompute: str,
                                precision: str, attention: str, sequence_parallel: bool = False,
-                               dropout_mask_bytes: int = 1) -> int:
+                               dropout_mask_bytes: int = 1, moe_layer: bool = False, etp: int | None = None,
+                               moe_imbalance: float = 1.0) -> int:
     """Bytes one transformer layer keeps for backward, per in-flight micro-batch, on one TP rank.
 
     Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
@@ -190,6 +233,15 @@ def activation_bytes_per_layer(model: ShapeLike, *, micro_batch_size: int, tp: i
     ``sbh(10 + 24/t + 5as/(ht))``). The full-recompute checkpoint is replicated without
     sequence parallelism (Megatron's ``distribute_saved_activations`` is off by default).
     Small per-token statistics of the norms (mean/rstd) are left out (< 0.1 %).
+
+    ``moe_layer`` (a ModelSpec with experts): the MLP terms are the router's fp32 logits and
+    scores (``8·E`` bytes per token), per routed token copy (``k`` per token) the experts'
+    input and output (``2e·h``) and their interior (``e·f_e·3`` SwiGLU) divided by expert TP
+    ``etp`` (None: ``tp``), and the shared experts as a dense MLP of their width. Expert
+    parallelism moves tokens but leaves each rank ``k`` copies of its own tokens on average;
+    ``moe_imbalance`` (>= 1) scales the routed terms for the most loaded rank. Multi-latent
+    attention keeps its per-head K (``d_qk + d_rope``) and V (``d_v``) and, replicated, its
+    normed latents.
     """
     if recompute not in RECOMPUTE_MODES:
         raise SpecError("unknown recompute mode", field="recompute", found=recompute,
@@ -197,12 +249,17 @@ def activation_bytes_per_layer(model: ShapeLike, *, micro_batch_size: int, tp: i
     _check_tp(tp, heads=model.num_attention_heads, groups=model.num_query_groups)
     if dropout_mask_bytes < 0:
         raise SpecError("dropout mask bytes must be >= 0", field="dropout_mask_bytes", found=dropout_mask_bytes)
+    if moe_layer and not (isinstance(model, ModelSpec) and model.is_moe):
+        raise SpecError("an MoE layer needs a model with experts", field="num_experts", found=None)
+    if not moe_imbalance >= 1.0:
+        raise SpecError("the most loaded expert rank holds at least the mean", field="moe_imbalance",
+                        found=moe_imbalance, allowed="numbers >= 1")
     t = _terms(model, micro_batch_size=micro_batch_size, precision=precision, attention=attention,
-               dropout_mask_bytes=dropout_mask_bytes)
+               dropout_mask_bytes=dropout_mask_bytes, moe=moe_layer)
     if recompute == "full":
         return int(t["input"] // tp if sequence_parallel else t["input"])
     rep = t["replicated"] / tp if sequence_parallel else t["replicated"]
-    total = rep + t["divided"] / tp
+    total = rep + t["divided"] / tp + moe_imbalance * t["expert"] / (tp if etp is None else etp)
     if recompute == "none":
         total += t["scores"] / tp
     return int(round(total))
@@ -234,26 +291,64 @@ def head_activation_bytes(shape: ShapeLike, *, micro_batch_size: int, tp: int, p
 # --------------------------------------------------------------------------- FLOPs and bytes moved
 
 
-def layer_flops(model_or_shape: ShapeLike, *, micro_batch_size: int) -> float:
+def _attention_flops(shape: ShapeLike, *, micro_batch_size: int) -> tuple[float, float]:
+    """Forward FLOPs of one layer's attention: (projections, scores and attention over values)."""
+    s, b, h = shape.seq_length, micro_batch_size, shape.hidden_size
+    sb = s * b
+    if _is_mla(shape):
+        a = shape.num_attention_heads
+        qk, rope, v = shape.qk_head_dim, shape.qk_pos_emb_head_dim, shape.v_head_dim
+        rq, rkv = shape.q_lora_rank, shape.kv_lora_rank
+        q_proj = 2 * sb * h * a * (qk + rope) if rq is None else 2 * sb * (h * rq + rq * a * (qk + rope))
+        proj = q_proj + 2 * sb * h * (rkv + rope) + 2 * sb * rkv * a * (qk + v) + 2 * sb * a * v * h
+        return float(proj), float(2 * b * s * s * a * (qk + rope) + 2 * b * s * s * a * v)
+    q, kv = _q_hidden(shape), _kv_hidden(shape)
+    return float(2 * sb * h * (q + 2 * kv) + 2 * sb * q * h), float(4 * b * s * s * q)
+
+
+def layer_flops(model_or_shape: ShapeLike, *, micro_batch_size: int, moe_layer: bool = False) -> float:
     """Forward FLOPs of one transformer layer (whole layer, all TP ranks together).
 
     Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
     Clusters", §5.1: ``24·b·s·h² + 4·b·s²·h`` per layer forward (multiply-add = 2 FLOPs),
-    generalised: QKV ``2sbh(h + 2gd)``, projection ``2sbh²``, MLP ``2sbhf`` per matrix
-    (GeLU 2 matrices, SwiGLU 3), scores and attention over values ``4bs²h`` (the paper
+    generalised: QKV ``2sbh(a·d + 2gd)``, projection ``2sb·a·d·h``, MLP ``2sbhf`` per matrix
+    (GeLU 2 matrices, SwiGLU 3), scores and attention over values ``4bs²·a·d`` (the paper
     counts the full s² product, causal masking or not). Backward is 2x forward.
+    Multi-latent attention: its down/up projections and per-head sizes (DeepSeek-V2 §2.1).
+    ``moe_layer``: the router ``2sbh·E``, the ``k`` experts each token runs and the shared
+    experts in place of the dense MLP (Megatron-LM's ``num_floating_point_operations``).
     """
     s, b, h = model_or_shape.seq_length, micro_batch_size, model_or_shape.hidden_size
-    f = model_or_shape.ffn_hidden_size
     mats = 3 if model_or_shape.activation == "swiglu" else 2
-    return float(2 * s * b * h * (h + 2 * _kv_hidden(model_or_shape)) + 2 * s * b * h * h
-                 + 2 * s * b * h * f * mats + 4 * b * s * s * h)
+    proj, scores = _attention_flops(model_or_shape, micro_batch_size=b)
+    if moe_layer:
+        m: ModelSpec = model_or_shape  # type: ignore[assignment]
+        if not (isinstance(m, ModelSpec) and m.is_moe):
+            raise SpecError("an MoE layer needs a model with experts", field="num_experts", found=None)
+        mlp = 2 * s * b * h * (m.num_experts + m.moe_router_topk * m.expert_ffn_hidden_size * mats)
+        if m.moe_shared_expert_intermediate_size is not None:
+            mlp += 2 * s * b * h * m.moe_shared_expert_intermediate_size * mats
+            if m.moe_shared_expert_gate:
+                mlp += 2 * s * b * h
+    else:
+        mlp = 2 * s * b * h * model_or_shape.ffn_hidden_size * mats
+    return float(proj + scores + mlp)
 
 
 def attention_score_flops(model_or_shape: ShapeLike, *, micro_batch_size: int) -> float:
-    """The ``4·b·s²·h`` part of :func:`layer_flops` (what selective recompute repeats)."""
-    s, b, h = model_or_shape.seq_length, micro_batch_size, model_or_shape.hidden_size
-    return float(4 * b * s * s * h)
+    """The ``4·b·s²·a·d`` part of :func:`layer_flops` (what selective recompute repeats)."""
+    return _attention_flops(model_or_shape, micro_batch_size=micro_batch_size)[1]
+
+
+def moe_dispatch_bytes(model: ModelSpec, *, micro_batch_size: int, precision: str) -> float:
+    """Bytes one rank sends in the token dispatch of one MoE layer's forward, and again in the
+    combine: each of its ``s·b`` tokens goes to ``k`` experts (``k·s·b·h·e``; the fraction
+    ``(ep - 1) / ep`` of it leaves the rank under balanced routing). Megatron's all-to-all
+    token dispatcher (``MoEAlltoAllTokenDispatcher``); backward moves the same again."""
+    if not model.is_moe:
+        raise SpecError("not a mixture of experts", field="num_experts", found=None)
+    return float(model.moe_router_topk * model.seq_length * micro_batch_size * model.hidden_size
+                 * _bytes_per_element(precision))
 
 
 def head_flops(shape: ShapeLike, *, micro_batch_size: int) -> float:
@@ -333,22 +428,60 @@ warnings.filterwarnings("ignore")
 import torch, torch.nn.functional as F
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
-from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 spec = json.loads(sys.argv[1])
+# MLA builds its rotary embedding on the current CUDA device whatever use_cpu_initialization
+# says; it holds no parameters, so building it on the CPU leaves the count unchanged
+torch.cuda.current_device = lambda: "cpu"
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 ps.initialize_model_parallel(1, 1)
 norm = "RMSNorm" if spec["normalization"] == "rmsnorm" else "LayerNorm"
 swiglu = spec["activation"] == "swiglu"
-cfg = TransformerConfig(
+kw = dict(
     num_layers=spec["num_layers"], hidden_size=spec["hidden_size"],
     num_attention_heads=spec["num_attention_heads"], num_query_groups=spec["num_query_groups"],
     ffn_hidden_size=spec["ffn_hidden_size"], gated_linear_unit=swiglu,
     activation_func=F.silu if swiglu else F.gelu, bias_activation_fusion=False,
-    normalization=norm, add_bias_linear=spec["add_bias_linear"], use_cpu_initialization=True)
+    normalization=norm, add_bias_linear=spec["add_bias_linear"], add_qkv_bias=spec["add_qkv_bias"],
+    qk_layernorm=spec["qk_layernorm"], use_cpu_initialization=True)
+if spec["head_dim"] is not None:
+    kw["kv_channels"] = spec["head_dim"]
+if spec["num_experts"] is not None:
+    freq = spec["moe_layer_freq"]
+    kw.update(num_moe_experts=spec["num_experts"], moe_router_topk=spec["moe_router_topk"],
+              moe_ffn_hidden_size=spec["moe_ffn_hidden_size"] or spec["ffn_hidden_size"],
+              moe_shared_expert_intermediate_size=spec["moe_shared_expert_intermediate_size"],
+              moe_shared_expert_gate=spec["moe_shared_expert_gate"],
+              moe_layer_freq=list(freq) if isinstance(freq, list) else freq,
+              moe_router_load_balancing_type="none", moe_token_dispatcher_type="allgather")
+if spec["multi_latent_attention"]:
+    kw.update(multi_latent_attention=True, q_lora_rank=spec["q_lora_rank"], kv_lora_rank=spec["kv_lora_rank"],
+              qk_head_dim=spec["qk_head_dim"], qk_pos_emb_head_dim=spec["qk_pos_emb_head_dim"],
+              v_head_dim=spec["v_head_dim"])
+    cfg = MLATransformerConfig(**kw)
+else:
+    cfg = TransformerConfig(**kw)
+if spec["num_experts"] is not None:
+    layer_spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization=norm)
+else:
+    layer_spec = get_gpt_layer_local_spec(normalization=norm, qk_layernorm=spec["qk_layernorm"],
+                                          multi_latent_attention=spec["multi_latent_attention"])
+if spec["multi_latent_attention"]:
+    # megatron-core's local DotProductAttention takes no separate K/V head sizes (MLA runs on
+    # Transformer Engine's); the attention kernel holds no parameters, so a stand-in counts the same
+    class CoreAttention(torch.nn.Module):
+        def __init__(self, *args, **kwargs):
+            super().__init__()
+    import megatron.core.transformer.multi_latent_attention as mla
+    if not isinstance(mla.TELinear, type):  # without Transformer Engine it is None or a placeholder
+        mla.TELinear = type("TELinearAbsent", (), {})
+    layers = layer_spec.layer_specs if hasattr(layer_spec, "layer_specs") else [layer_spec]
+    for ls in layers:
+        ls.submodules.self_attention.submodules.core_attention = CoreAttention
 with torch.device("meta"):
-    model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization=norm),
+    model = GPTModel(config=cfg, transformer_layer_spec=layer_spec,
                      vocab_size=spec["vocab_size"], max_sequence_length=spec["seq_length"],
                      position_embedding_type="learned_absolute" if spec["position_embedding"] == "learned" else "rope",
                      share_embeddings_and_output_weights=spec["tied_embeddings"])
@@ -364,11 +497,17 @@ def exact_params_megatron(model: ModelSpec, *, pad_vocab: bool = True, timeout_s
     The model is built under ``torch.device("meta")`` (no memory) in a child Python so
     that the process group and megatron's model-parallel globals stay out of the caller.
     ``pad_vocab`` pads the vocabulary as Megatron-LM's training script does. Used to
-    check the closed forms above exactly (Llama-2-7B: 6,738,415,616).
+    check the closed forms above exactly (Llama-2-7B: 6,738,415,616), MoE (megatron-core's
+    decoder block spec with its local experts) and multi-latent attention included.
     """
     spec = {k: getattr(model, k) for k in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
                                             "ffn_hidden_size", "seq_length", "activation", "normalization",
-                                            "add_bias_linear", "position_embedding", "tied_embeddings")}
+                                            "add_bias_linear", "position_embedding", "tied_embeddings",
+                                            "add_qkv_bias", "qk_layernorm", "head_dim", "multi_latent_attention",
+                                            "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+                                            "v_head_dim", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
+                                            "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
+                                            "moe_layer_freq")}
     spec["vocab_size"] = padded_vocab_size(model.vocab_size) if pad_vocab else model.vocab_size
     try:
         proc = subprocess.run([sys.executable, "-c", _EXACT_SCRIPT, json.dumps(spec)], capture_output=True,

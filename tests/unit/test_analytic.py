@@ -32,6 +32,14 @@ def test_seven_billion_matches_megatron_core_exactly():
     ("Llama-3-8B", {}),  # GQA, SwiGLU, RMSNorm, no biases, untied, vocab 128256
     ("tiny-gpt", {"num_query_groups": 2, "activation": "swiglu", "ffn_hidden_size": 704}),  # GQA + SwiGLU + biases
     ("OPT-350M", {"tied_embeddings": False, "position_embedding": "rope", "normalization": "rmsnorm"}),
+    # MoE layers (megatron-core's decoder block spec, local experts), cut to a few layers/experts
+    ("Mixtral-8x7B", {"num_layers": 2}),
+    ("Qwen3-30B-A3B", {"num_layers": 2, "num_experts": 8}),  # head_dim 128 at h/a 64, Q/K norms
+    ("DeepSeek-V2-Lite", {"num_layers": 3, "moe_layer_freq": (0, 1, 1), "num_experts": 8}),  # MLA, shared experts
+    ("tiny-gpt", {"num_experts": 4, "moe_router_topk": 2, "moe_layer_freq": (1, 0, 1, 1)}),  # router bias
+    ("tiny-gpt", {"num_experts": 4, "moe_shared_expert_intermediate_size": 512, "moe_shared_expert_gate": True,
+                  "add_bias_linear": False, "moe_layer_freq": 2}),
+    ("tiny-gpt", {"add_bias_linear": False, "add_qkv_bias": True, "head_dim": 32, "qk_layernorm": True}),
 ])
 def test_closed_form_equals_megatron_core(name, overrides):
     m = dataclasses.replace(preset(name), **overrides)
