@@ -142,13 +142,15 @@ def full_layers(num_layers, fraction):
 def recompute_levels(job: TrainJob, steps: int, *, selective_with_sdpa: bool = False) -> tuple[Level, ...]:
     """Levels ordered by memory saved (and time spent): none < selective < full fractions.
 
-    Selective is left out under fused attention unless asked for (see SpaceOptions), but
-    kept when it is the only mode the job allows besides full.
+    Selective is left out under fused attention unless asked for (see SpaceOptions) or named
+    in the job's ``recompute_modes``, and kept when it is the only mode the job allows
+    besides full.
     """
     out = []
     if "none" in job.recompute_modes:
         out.append(Level(base="none", full_fraction=0.0))
-    dominated = job.attention == "sdpa" and not selective_with_sdpa and "none" in job.recompute_modes
+    dominated = (job.attention == "sdpa" and not selective_with_sdpa and not job.recompute_modes_given
+                 and "none" in job.recompute_modes)
     if "selective" in job.recompute_modes and not dominated:
         out.append(Level(base="selective", full_fraction=0.0))
     if "full" in job.recompute_modes:
