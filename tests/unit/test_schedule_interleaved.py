@@ -1,0 +1,68 @@
+"""Interleaved 1F1B (virtual pipeline stages): the op order against megatron-core's own schedule
+table and warm-up counts, the simulated time against the closed form of Narayanan et al. 2021,
+and the activations each stage holds."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from memx_hpc.errors import SpecError
+from memx_hpc.model.schedule import (in_flight_chunks, interleaved_warmup, schedule_1f1b, schedule_interleaved,
+                                     simulate_1f1b, simulate_interleaved)
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 2), (4, 16, 4), (2, 4, 2), (8, 16, 5), (4, 12, 3), (8, 8, 2)])
+def test_uniform_stages_match_the_closed_form(p, m, v):
+    # Narayanan et al. 2021, §2.2.2: the bubble shrinks to (p - 1)(f + b)/v
+    f, b = 1.0, 2.0
+    sim = simulate_interleaved(np.full((p, v), f / v), np.full((p, v), b / v), [0.0] * p, m)
+    assert sim.total_ms == pytest.approx(m * (f + b) + (p - 1) * (f + b) / v)
+    assert sim.bubble_fraction == pytest.approx((p - 1) / v / (m + (p - 1) / v))
+
+
+def test_one_chunk_is_plain_1f1b_with_links():
+    f, b, links = [1.0, 1.5, 2.0, 1.0], [2.0, 3.0, 4.0, 2.0], [0.3, 0.2, 0.5]
+    one = simulate_interleaved(np.array(f)[:, None], np.array(b)[:, None], links, 7)
+    assert one.total_ms == pytest.approx(simulate_1f1b(f, b, links, 7).total_ms)
+    assert [(k, j) for k, j, _ in schedule_interleaved(1, 4, 7, 1)] == schedule_1f1b(1, 4, 7)
+
+
+def test_interleaving_pays_the_wrap_link_per_chunk():
+    p, m, v = 4, 8, 2
+    f, b = np.full((p, v), 0.5), np.full((p, v), 1.0)
+    free = simulate_interleaved(f, b, [0.0] * p, m).total_ms
+    wrap = simulate_interleaved(f, b, [0.0] * (p - 1) + [0.4], m).total_ms
+    assert wrap > free  # the last-to-first stage link is on the critical path only when interleaving
+
+
+def test_activations_held_per_stage():
+    # first stage of p = 4, v = 2: 11 chunks of L/8 layers = 1.375 x the p micro-batches of 1F1B
+    assert in_flight_chunks(0, 4, 8, 2) / 2 == pytest.approx(4 * (1 + 3 / 8))
+    assert [in_flight_chunks(i, 4, 8, 1) for i in range(4)] == [4, 3, 2, 1]
+    assert in_flight_chunks(0, 4, 4, 4) == 16  # everything in warm-up: all m·v
+
+
+def test_megatron_rules_are_refused_by_name():
+    with pytest.raises(SpecError) as e:
+        schedule_interleaved(0, 4, 6, 2)  # last group of 2 < p
+    assert e.value.field == "num_microbatches"
+    with pytest.raises(SpecError):
+        schedule_interleaved(0, 4, 3, 2)  # fewer micro-batches than stages
+
+
+@pytest.mark.parametrize("p,m,v,g", [(4, 8, 2, None), (4, 12, 3, None), (2, 6, 3, 3), (4, 10, 2, 5)])
+def test_order_and_warmup_are_megatron_cores(p, m, v, g):
+    sched = pytest.importorskip("megatron.core.pipeline_parallel.schedules")
+    group = p if g is None else g
+    table = sched.get_schedule_table(m, v, group)
+    for i in range(p):
+        comm = types.SimpleNamespace(pp_group=types.SimpleNamespace(size=lambda: p, rank=lambda i=i: i),
+                                     virtual_pipeline_model_parallel_size=v)
+        _, _, warmup, _ = sched.get_pp_rank_microbatches(m, v, group, p2p_communicator=comm)
+        assert interleaved_warmup(i, p, m, v, g) == warmup
+        ops = schedule_interleaved(i, p, m, v, g)
+        assert [(j, c) for k, j, c in ops if k == "F"] == [tuple(x) for x in table]
+        assert [(j, c) for k, j, c in ops if k == "B"] == [(j, v - 1 - c) for j, c in table]
