@@ -153,6 +153,10 @@ def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=N
     from ..planner import PlanRequest
 
     no_profile = profile and getattr(args, "no_profile", False)
+    finish = getattr(args, "finish", None)
+    if finish is not None:
+        from ..planner import parse_finish
+        finish = parse_finish(finish)
     return PlanRequest(site=site if site is not None else args.site, job=job if job is not None else args.job,
                        store=args.store, weights=args.weights, space=space_options(args),
                        cost=CostOptions(overlap_grad_reduce=args.overlap_grad_reduce), top_k=args.top,
@@ -160,7 +164,7 @@ def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=N
                        allow_datasheet=getattr(args, "allow_datasheet", False),
                        out_dir=getattr(args, "out", None), mpi="require" if args.mpi else "auto",
                        analytic=args.analytic, use_cache=not args.no_cache,
-                       objective=getattr(args, "objective", "recommended"),
+                       objective=getattr(args, "objective", "recommended"), finish=finish,
                        notes=("--no-profile: searched with what the store already holds",) if no_profile else ())
 
 

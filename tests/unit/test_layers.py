@@ -119,7 +119,7 @@ def test_profile_never_imports_the_model_or_above():
 
 def test_reading_slurm_knows_slurm_only():
     """What is read from Slurm (cluster state, start estimates) depends on no measurement, model or search."""
-    for name in ("discover.py",):
+    for name in ("discover.py", "estimate.py"):
         path = PACKAGE / "slurm" / name
         for line, target in imported(ast.parse(path.read_text(encoding="utf-8")), module_name(path), False):
             assert floor_of(target) in {"<foundation>", "slurm"}, f"{module_name(path)}:{line} imports {target}"
