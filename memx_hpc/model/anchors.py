@@ -52,9 +52,11 @@ the series); elsewhere the caller keeps the analytic prior with a bounded learne
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -68,13 +70,34 @@ HOW = ("measured", "interpolated", "extrapolated")
 _PRECISION_CLASS = {"fp16": "half", "bf16": "half", "fp32": "fp32"}
 
 
-def _shape_key(s: LayerShape, kind: str) -> tuple:
-    """What identifies a shape for ``kind``: a transformer layer never touches the vocabulary,
-    the embedding and head do."""
-    d = asdict(s)
+@functools.lru_cache(maxsize=None)
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def plain_dict(obj: Any) -> dict[str, Any]:
+    """``dataclasses.asdict`` of a spec of plain values (nested specs become dicts, in field
+    order), without the deep copy of every value that makes ``asdict`` the largest cost of a
+    fit (hashing, anchoring and binding thousands of samples)."""
+    out = {}
+    for name in _field_names(type(obj)):
+        v = getattr(obj, name)
+        out[name] = plain_dict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+    return out
+
+
+def _shape_key(s: LayerShape | dict[str, Any], kind: str) -> tuple:
+    """What identifies a shape (or a shape's :func:`plain_dict`) for ``kind``: a transformer
+    layer never touches the vocabulary, the embedding and head do."""
+    d = dict(s) if isinstance(s, dict) else plain_dict(s)
     if kind == "layer":
         d.pop("vocab_size")
     return tuple(sorted(d.items()))
+
+
+def _median(xs: list[float]) -> float:
+    # one value (most anchored points have no repeats) is its own median; np.median agrees
+    return float(xs[0]) if len(xs) == 1 else float(np.median(xs))
 
 
 def _cfg(q: LayerQuery) -> tuple:
@@ -167,7 +190,7 @@ class Anchors:
                 continue
             if s.forward_ms + s.backward_ms <= 0 and s.activation_bytes <= 0:
                 continue
-            q = {"gpu_type": p.gpu_type, "kind": p.kind, "shape": asdict(p.shape), "tp": p.tp,
+            q = {"gpu_type": p.gpu_type, "kind": p.kind, "shape": plain_dict(p.shape), "tp": p.tp,
                  "micro_batch_size": p.micro_batch_size, "recompute": p.recompute, "precision": p.precision,
                  "attention": p.attention}
             k = repr(sorted((k, repr(v)) for k, v in q.items()))
@@ -177,9 +200,15 @@ class Anchors:
         for k, ss in groups.items():
             t = [s.forward_ms + s.backward_ms for s in ss if s.forward_ms + s.backward_ms > 0]
             m = [s.activation_bytes for s in ss if s.activation_bytes > 0]
-            rows.append({"q": qs[k], "t": float(np.median(t)) if t else None, "m": float(np.median(m)) if m else None})
+            rows.append({"q": qs[k], "t": _median(t) if t else None, "m": _median(m) if m else None})
         rows.sort(key=lambda r: repr(sorted(r["q"].items())))
         return cls(rows)
+
+    def without(self, *, micro_batch_size: int) -> "Anchors":
+        """The anchors of the same samples less those at ``micro_batch_size``: equal to
+        :meth:`from_samples` of those samples (a row is one exact point, and the rows stay
+        in their order), without regrouping them."""
+        return Anchors([r for r in self.rows if r["q"]["micro_batch_size"] != micro_batch_size])
 
     def to_json(self) -> list[dict[str, Any]]:
         return self.rows
@@ -189,8 +218,16 @@ class Anchors:
         return cls(list(rows))
 
     @staticmethod
-    def _query(d: dict[str, Any]) -> LayerQuery:
-        return LayerQuery(gpu_type=d["gpu_type"], kind=d["kind"], shape=LayerShape(**d["shape"]), tp=int(d["tp"]),
+    def _query(d: dict[str, Any], shapes: dict[tuple, LayerShape] | None = None) -> LayerQuery:
+        """The query of a stored row; ``shapes``: LayerShapes already built, by their items
+        (thousands of rows share a few dozen shapes, each checked once)."""
+        items = tuple(d["shape"].items())
+        shape = shapes.get(items) if shapes is not None else None
+        if shape is None:
+            shape = LayerShape(**d["shape"])
+            if shapes is not None:
+                shapes[items] = shape
+        return LayerQuery(gpu_type=d["gpu_type"], kind=d["kind"], shape=shape, tp=int(d["tp"]),
                           micro_batch_size=int(d["micro_batch_size"]), recompute=d["recompute"],
                           precision=d["precision"], attention=d["attention"])
 
@@ -204,17 +241,21 @@ class Anchors:
         self.by_shape: dict[tuple, list[_Series]] = defaultdict(list)
         self.gpu_names: set[str] = set()
         self.chip_of: dict[str, str] = {}
+        shapes: dict[tuple, LayerShape] = {}
+        gpu_of: dict[str, Any] = {}
         for row in self.rows:
             try:
-                q = self._query(row["q"])
-                g = resolve_gpu(gpus, q.gpu_type)
+                q = self._query(row["q"], shapes)
+                g = gpu_of.get(q.gpu_type)
+                if g is None:
+                    g = gpu_of[q.gpu_type] = resolve_gpu(gpus, q.gpu_type)
             except Exception:  # a GPU name this site/catalog does not know: unusable here
                 continue
             c = roofline_components(q, g)
             roof = c["compute_ms"] + c["memory_ms"] + c["comm_ms"]
             rt = math.log(row["t"] / roof) if row["t"] else math.nan
             rm = math.log(row["m"] / max(analytic_activation_bytes(q), 1)) if row["m"] else math.nan
-            key = (g.name, q.kind, _cfg(q), _shape_key(q.shape, q.kind))
+            key = (g.name, q.kind, _cfg(q), _shape_key(row["q"]["shape"], q.kind))
             ser = series.get(key)
             if ser is None:
                 ser = series[key] = _Series(gpu=g.name, kind=q.kind, cfg=_cfg(q), shape=q.shape, skey=key[3])

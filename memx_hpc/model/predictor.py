@@ -53,7 +53,6 @@ import math
 import os
 import re
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -100,7 +99,7 @@ DEFAULT_PARAMS = {
 def sample_key(s: LayerSample) -> dict[str, Any]:
     """The fields of a sample that a fit depends on (canonical, for hashing)."""
     p = s.point
-    return {"point": asdict(p), "fwd": round(s.forward_ms, 9), "bwd": round(s.backward_ms, 9),
+    return {"point": anchors_mod.plain_dict(p), "fwd": round(s.forward_ms, 9), "bwd": round(s.backward_ms, 9),
             "act": int(s.activation_bytes), "peak": int(s.peak_allocated_bytes),
             "foot": int(s.device_footprint_bytes), "inf": bool(s.infeasible), "origin": s.origin,
             "w": round(s.weight, 9)}
@@ -120,8 +119,59 @@ def usable(s: LayerSample) -> bool:
 
 
 def _xgb():
-    import xgboost  # deferred: importing xgboost costs ~0.5 s
+    # deferred: importing xgboost imports scikit-learn and SciPy (~0.6 s, a third of a
+    # warm ``predict``); a loaded predictor imports it only when a query needs the booster
+    import xgboost
     return xgboost
+
+
+_UBJ_INT = {b"i": (1, True), b"U": (1, False), b"I": (2, True), b"l": (4, True), b"L": (8, True)}
+
+
+def _ubj_attributes(data: bytes) -> dict[str, str] | None:
+    """The booster attributes of an XGBoost UBJSON model (``learner.attributes``), read from
+    the start of the file without XGBoost; None where the file does not begin as XGBoost
+    writes it (``{"learner": {"attributes": {...}, ...}, ...}``, keys sorted), so that the
+    caller loads it through XGBoost and reports what XGBoost says. UBJSON: ubjson.org,
+    draft 12 (a key is a length then UTF-8 bytes; a string value is ``S``, a length, bytes)."""
+    pos = 0
+
+    def byte() -> bytes:
+        nonlocal pos
+        b = data[pos:pos + 1]
+        pos += 1
+        return b
+
+    def length() -> int:
+        nonlocal pos
+        size_signed = _UBJ_INT.get(byte())
+        if size_signed is None:
+            raise ValueError("not a UBJSON length")
+        size, signed = size_signed
+        n = int.from_bytes(data[pos:pos + size], "big", signed=signed)
+        pos += size
+        if n < 0 or pos + n > len(data):
+            raise ValueError("UBJSON length out of range")
+        return n
+
+    def text() -> str:
+        nonlocal pos
+        n = length()
+        pos += n
+        return data[pos - n:pos].decode("utf-8")
+
+    try:
+        if byte() != b"{" or text() != "learner" or byte() != b"{" or text() != "attributes" or byte() != b"{":
+            return None
+        out: dict[str, str] = {}
+        while data[pos:pos + 1] != b"}":
+            key = text()
+            if byte() != b"S":
+                return None
+            out[key] = text()
+        return out
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 class Predictor:
@@ -218,31 +268,51 @@ class Predictor:
 
     def fit(self, samples: Sequence[LayerSample], site_or_catalog: Any) -> "Predictor":
         """Fit on ``samples`` (GPU names resolve through ``site_or_catalog``); returns self."""
+        return self._fit(samples, site_or_catalog)
+
+    def _fit(self, samples: Sequence[LayerSample], site_or_catalog: Any, *, lazy: bool = False,
+             anchors: "anchors_mod.Anchors | None" = None) -> "Predictor":
+        """:meth:`fit`. ``lazy``: train the boosters when a query first needs them and leave
+        out the data hash and identity (for :func:`cross_validate`, whose held-out points the
+        anchors answer: its folds then fit no trees); the boosters come out the same either
+        way. ``anchors``: the anchors of these samples, built already."""
         train = [s for s in samples if usable(s)]
         if not train:
             raise SpecError("no usable samples to fit on (layer/embedding/head samples with a time or memory)",
                             found=len(samples))
         self.gpus = site_or_catalog
-        self.data_hash_ = samples_hash(train)
         real = [s for s in train if s.origin != "augmented"]
         derived = [s for s in train if s.origin == "augmented"]
         self.transformer_impls_ = transformer_impls(real)  # refuses a GPU type measured with two
         if self.augment:
             derived = derived + augment_mod.augment(real, weight=self.augment_weight)
-        train = real + derived
+        rows = real + derived
         self.feature_names_ = features.feature_names(physics=self.physics)
-        queries = [features.query_of(s) for s in train]
-        X, base = features.build(queries, site_or_catalog, physics=self.physics)
-        Y = self._targets(train, base)
-        if np.isnan(Y[:, 0]).all():
+        # a target is known where it was measured (see _targets: NaN elsewhere)
+        if not any(s.forward_ms + s.backward_ms > 0 for s in rows):
             raise SpecError("no sample carries a time; the predictor needs forward/backward times")
-        w = np.array([s.weight for s in train], dtype=np.float64)
-        self.has_memory_ = bool((~np.isnan(Y[:, 1])).any())
-        self.boosters_: list[Any] = self._fit_boosters(X, Y, w, base, self.feature_names_)
-        self.anchors_ = anchors_mod.Anchors.from_samples(real if self.anchors else []).bind(site_or_catalog)
-        self.n_samples_ = len(train)
-        self.provenance_ = self._provenance_table(train, site_or_catalog)
-        self.overhead_ = self._overhead_table(train, site_or_catalog)
+        self.has_memory_ = any(s.activation_bytes > 0 for s in rows)
+
+        def boosters() -> list[Any]:
+            queries = [features.query_of(s) for s in rows]
+            X, base = features.build(queries, site_or_catalog, physics=self.physics)
+            Y = self._targets(rows, base)
+            w = np.array([s.weight for s in rows], dtype=np.float64)
+            return self._fit_boosters(X, Y, w, base, self.feature_names_)
+
+        if lazy:
+            self._lazy_boosters = boosters
+        else:
+            self.boosters_ = boosters()
+        if anchors is None:
+            anchors = anchors_mod.Anchors.from_samples(real if self.anchors else [])
+        self.anchors_ = anchors.bind(site_or_catalog)
+        self.n_samples_ = len(rows)
+        self.provenance_ = self._provenance_table(rows, site_or_catalog)
+        self.overhead_ = self._overhead_table(rows, site_or_catalog)
+        if lazy:
+            return self
+        self.data_hash_ = samples_hash(train)
         self.identity = hashlib.sha256(json.dumps(
             {"format": MODEL_FORMAT, "version": MODEL_FORMAT_VERSION, "schema": features.FEATURE_SCHEMA_VERSION,
              "features": list(self.feature_names_), "data": self.data_hash_, "settings": self._settings(),
@@ -280,8 +350,25 @@ class Predictor:
 
     # ------------------------------------------------------------------ CostModel
 
+    @property
+    def boosters_(self) -> list[Any]:
+        """The XGBoost boosters (None for an output without one); a loaded predictor builds
+        them from the file's bytes on first use."""
+        if "_boosters" not in self.__dict__:
+            make = self.__dict__.get("_lazy_boosters")
+            if make is None:
+                raise AttributeError("boosters_")
+            self._boosters = make()
+            del self._lazy_boosters
+        return self._boosters
+
+    @boosters_.setter
+    def boosters_(self, boosters: list[Any]) -> None:
+        self._boosters = boosters
+        self.__dict__.pop("_lazy_boosters", None)
+
     def _check_fitted(self) -> None:
-        if not hasattr(self, "boosters_"):
+        if "_boosters" not in self.__dict__ and "_lazy_boosters" not in self.__dict__:
             raise SpecError("the predictor is not fitted; call fit() or Predictor.load()")
 
     def predict(self, queries: Sequence[LayerQuery]) -> np.ndarray:
@@ -309,14 +396,11 @@ class Predictor:
         if not len(queries):
             return np.empty((0, 2), dtype=np.float64), []
         X, base = features.build(queries, self.gpus, physics=self.physics)
-        raw = self._raw(self.boosters_, X, base, self.feature_names_)
-        if not self.physics:
-            raw = raw - np.log(base)  # log ratios to the roofline / analytic bytes, as anchored
-        if not self.has_memory_:
-            raw[:, 1] = 0.0
-        raw[:, 1] = np.clip(raw[:, 1], -MEMORY_RESIDUAL_BOUND, MEMORY_RESIDUAL_BOUND)
-        raw[:, 0] = np.clip(raw[:, 0], 0.0, MAX_LOG_RATIO)
-        how = ["datasheet-only"] * len(queries)
+        n = len(queries)
+        # log ratios to the roofline / analytic bytes: the anchors' where they answer, else
+        # the booster's (NaN: not answered by the anchors)
+        anchored = np.full((n, 2), np.nan)
+        how = ["datasheet-only"] * n
         if self.anchors:
             anchors = self.anchors_.bind(self.gpus)
             cache: dict[str, Any] = {}
@@ -328,18 +412,34 @@ class Predictor:
                 if math.isnan(rm):
                     rm = anchors.memory(q)
                 if not math.isnan(rm):
-                    raw[i, 1] = rm
+                    anchored[i, 1] = rm
                 if h is None:
                     # a chip never measured: the roofline's parts at the costs the measured
                     # chips show (anchors.datasheet); the booster only where nothing of this
                     # kind and precision class was measured at all
-                    y = anchors.datasheet(q, g)
-                    if not math.isnan(y):
-                        raw[i, 0] = y
+                    anchored[i, 0] = anchors.datasheet(q, g)
                     continue
                 if not math.isnan(rt):
-                    raw[i, 0] = rt
+                    anchored[i, 0] = rt
                     how[i] = h
+        # The booster answers only the rows the anchors leave open: its time where nothing
+        # anchored it, its memory residual where that can be nonzero. Trees predict each row
+        # on its own, so the rows it is asked come out as they would in a full batch; a
+        # loaded predictor whose every query is anchored never imports XGBoost.
+        need_t = np.isnan(anchored[:, 0])
+        need_m = np.isnan(anchored[:, 1]) & (self.has_memory_ and MEMORY_RESIDUAL_BOUND > 0)
+        raw = np.zeros((n, 2))
+        rows = np.flatnonzero(need_t | need_m)
+        if len(rows):
+            b = self._raw(self.boosters_, X[rows], base[rows], self.feature_names_)
+            if not self.physics:
+                b = b - np.log(base[rows])  # log ratios to the roofline / analytic bytes, as anchored
+            if not self.has_memory_:
+                b[:, 1] = 0.0
+            b[:, 1] = np.clip(b[:, 1], -MEMORY_RESIDUAL_BOUND, MEMORY_RESIDUAL_BOUND)
+            b[:, 0] = np.clip(b[:, 0], 0.0, MAX_LOG_RATIO)
+            raw[rows] = b
+        raw = np.where(np.isnan(anchored), raw, anchored)
         return np.exp(raw) * base, how
 
     def _raw(self, boosters: list[Any], X: np.ndarray, base: np.ndarray, names: Sequence[str]) -> np.ndarray:
@@ -433,21 +533,22 @@ class Predictor:
             raise SystemFailure(f"{path}: a folder where the predictor file should be")
         try:
             return cls._load(Path(path), expected_data_hash, site=site)
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError, _xgb().core.XGBoostError) as e:
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError, *_xgb_errors()) as e:
             # random bytes, a truncated file, metadata of the wrong shape
             raise SpecError(f"not a predictor file memx-hpc can read ({type(e).__name__})", file=str(path)) from None
 
     @classmethod
     def _load(cls, path: Path, expected_data_hash: str | None, *, site: Any) -> "Predictor":
-        xgb = _xgb()
         if not path.is_file():
             raise SpecError("predictor file not found", file=str(path))
-        b0 = xgb.Booster()
-        try:
-            b0.load_model(str(path))
-        except xgb.core.XGBoostError as e:
-            raise SpecError(f"not an XGBoost model: {str(e).splitlines()[0]}", file=str(path)) from None
-        raw = b0.attr("memx_meta")
+        data = _read_model_bytes(path)
+        attrs = _ubj_attributes(data)
+        b0 = None
+        if attrs is None:  # not laid out as XGBoost writes UBJSON: let XGBoost read it and say why not
+            b0 = _booster_from(data, path)
+            raw = b0.attr("memx_meta")
+        else:
+            raw = attrs.get("memx_meta")
         if not raw:
             raise SpecError("an XGBoost model, but not one memx-hpc wrote (no metadata)", file=str(path))
         meta = json.loads(raw)
@@ -474,20 +575,25 @@ class Predictor:
         self = cls(augment=settings["augment"], physics=settings["physics"], dual_output=settings["dual_output"],
                    anchors=settings["anchors"], impute=settings["impute"], augment_weight=settings["augment_weight"],
                    seed=settings["seed"], **xgb_params)
-        boosters: list[Any] = []
+        # the boosters' bytes are read now (one snapshot of the files) and handed to XGBoost
+        # only when a query needs the trees (Predictor._predict)
+        parts: list[tuple[bytes, Path] | None] = []
         for i, present in enumerate(meta["present"]):
             if not present:
-                boosters.append(None)
+                parts.append(None)
             elif i == 0:
-                boosters.append(b0)
+                parts.append((data, path))
             else:
-                b = xgb.Booster()
                 part = path.with_name(path.stem + f".part{i}.ubj")
                 if not part.is_file():
                     raise SpecError("predictor part file missing", file=str(part))
-                b.load_model(str(part))
-                boosters.append(b)
-        self.boosters_ = boosters[:meta["global_boosters"]]
+                parts.append((_read_model_bytes(part), part))
+        parts = parts[:meta["global_boosters"]]
+        if b0 is not None:
+            self.boosters_ = [None if x is None else (b0 if j == 0 else _booster_from(*x))
+                              for j, x in enumerate(parts)]
+        else:
+            self._lazy_boosters = lambda: [None if x is None else _booster_from(*x) for x in parts]
         self.feature_names_ = tuple(meta["feature_names"])
         self.data_hash_ = meta["data_hash"]
         self.has_memory_ = meta["has_memory"]
@@ -501,6 +607,33 @@ class Predictor:
             site = catalog()
         self.gpus = site
         return self
+
+
+def _xgb_errors() -> tuple[type, ...]:
+    """XGBoost's error type where XGBoost is loaded (nothing to catch from it otherwise):
+    an ``except`` clause that named it would import XGBoost on every error it sees."""
+    import sys
+    mod = sys.modules.get("xgboost")
+    return (mod.core.XGBoostError,) if mod is not None else ()
+
+
+def _read_model_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise SpecError(f"cannot read the predictor file: {e.strerror or e}", file=str(path)) from None
+
+
+def _booster_from(data: bytes, path: Path) -> Any:
+    """An XGBoost booster from a model file's bytes; SpecError naming ``path`` when XGBoost
+    cannot read them."""
+    xgb = _xgb()
+    b = xgb.Booster()
+    try:
+        b.load_model(bytearray(data))
+    except xgb.core.XGBoostError as e:
+        raise SpecError(f"not an XGBoost model: {str(e).splitlines()[0]}", file=str(path)) from None
+    return b
 
 
 def fit_or_load(samples: Sequence[LayerSample], path: str | Path, site: Any, *, progress: Any = None,
@@ -578,6 +711,11 @@ def held_out_micro_batch_folds(samples: Sequence[LayerSample]) -> list[tuple[lis
     return folds
 
 
+def _fold_micro_batches(samples: Sequence[LayerSample], folds: list[tuple[list[int], list[int]]]) -> list[int]:
+    """The micro-batch size each fold of :func:`held_out_micro_batch_folds` holds out."""
+    return [samples[test[0]].point.micro_batch_size for _, test in folds]
+
+
 def cross_validate(samples: Sequence[LayerSample], site_or_catalog: Any, **predictor_kw: Any) -> dict[str, Any]:
     """Leave-one-micro-batch-size-out error of the predictor on ``samples``.
 
@@ -587,8 +725,14 @@ def cross_validate(samples: Sequence[LayerSample], site_or_catalog: Any, **predi
     data = [s for s in samples if usable(s) and s.origin != "augmented"]
     folds = held_out_micro_batch_folds(data)
     pred = np.full((len(data), 2), np.nan)
-    for train, test in folds:
-        p = Predictor(**predictor_kw).fit([data[i] for i in train], site_or_catalog)
+    # A fold trains on every sample of the other micro-batch sizes, so its anchors are the
+    # anchors of all the data less that micro-batch size's points (Anchors.without), built
+    # once; its boosters are trained only if a held-out point is not anchored.
+    anchored = predictor_kw.get("anchors", True)
+    whole = anchors_mod.Anchors.from_samples(data if anchored else [])
+    for m, (train, test) in zip(_fold_micro_batches(data, folds), folds):
+        p = Predictor(**predictor_kw)._fit([data[i] for i in train], site_or_catalog, lazy=True,
+                                           anchors=whole.without(micro_batch_size=m))
         pred[test] = p.predict([features.query_of(data[i]) for i in test])
     scored = ~np.isnan(pred[:, 0])
     t = np.array([s.forward_ms + s.backward_ms for s in data])
