@@ -1,0 +1,42 @@
+"""What a command that only predicts loads: no training stack (torch, megatron-core), no
+plotting, and no XGBoost when the measured anchors answer every query of the plan."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from memx_hpc.cli.main import main
+from memx_hpc.datapaths import sailor_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Runs ``memx-hpc ARGS`` in a fresh interpreter, then prints which heavy packages it imported.
+PROBE = """
+import json, sys
+from memx_hpc.cli.main import main
+rc = main(sys.argv[1:])
+heavy = ("torch", "megatron", "matplotlib", "xgboost", "sklearn", "mpi4py", "submitit", "jinja2")
+print(json.dumps({"rc": rc, "imported": [m for m in heavy if m in sys.modules]}))
+"""
+
+
+def _probe(args: list[str]) -> dict:
+    proc = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_warm_predict_imports_no_training_stack_and_no_xgboost(tmp_path):
+    store = tmp_path / "store.h5"
+    assert main(["profile", "import", "--store", str(store), "--format", "sailor", str(sailor_dir())]) == 0
+    args = ["predict", "--site", str(ROOT / "site_configs" / "example-cross-vendor.yaml"),
+            "--job", str(ROOT / "jobs" / "llama2-7b.yaml"), "--store", str(store),
+            "--plan", str(ROOT / "tests" / "golden" / "plans" / "cross-vendor-llama2-7b.json"), "--json"]
+    cold = _probe(args)  # fits the predictor and saves it beside the store: XGBoost is needed
+    assert cold["rc"] == 0 and "xgboost" in cold["imported"]
+    warm = _probe(args)  # reloads it: every query of this plan is anchored
+    assert warm == {"rc": 0, "imported": []}
