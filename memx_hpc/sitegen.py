@@ -475,8 +475,12 @@ def _gpu_type_lines(g: GpuType) -> list[str]:
              f"    hbm_gbps: {g.hbm_gbps:g}", f"    link_gbps: {g.link_gbps:g}"]
     if g.source:
         lines.append(f"    source: {json.dumps(g.source)}")
+    if g.aliases:
+        lines.append(f"    aliases: [{', '.join(_q(a) for a in g.aliases)}]")
     if g.chip:
         lines.append(f"    chip: {_q(g.chip)}")
+    if g.tdp_w:
+        lines.append(f"    tdp_w: {g.tdp_w:g}")
     if tuple(g.precisions) != ("bf16", "fp16", "fp32"):
         lines.append(f"    precisions: [{', '.join(g.precisions)}]")
     if g.measured_at_profile_time:

@@ -227,3 +227,19 @@ def test_down_partitions_are_left_out():
     d = discover(v)
     assert "nvidia_v100" not in [p.name for p in d.partitions]
     assert "state DOWN" in dict(d.skipped)["nvidia_v100"]
+
+
+def test_gpu_types_of_ones_own_are_written_into_the_site(tmp_path):
+    from memx_hpc.spec import GpuType
+
+    own = GpuType(name="XPU-9000", vendor="intel", memory_gib=48.0, peak_tflops_bf16=400, peak_tflops_fp32=50,
+                  hbm_gbps=2000, link_gbps=100, source="vendor datasheet", aliases=("xpu9000",))
+    v = ClusterView(name="c", partitions=(SlurmPartition(name="pvc"),),
+                    nodes=(_node("n1", "pvc", ["gpu:xpu9000:4"]),))
+    d = discover(v, site_types=(own,))
+    assert d.partitions[0].gpu_type == "XPU-9000" and "alias" in d.partitions[0].match.how
+    path = tmp_path / "site.yaml"
+    path.write_text(d.yaml())
+    site = load_site(path)
+    assert site.gpu_of("pvc") == own
+    assert parse_map(["xpu9000=XPU-9000"], (own,)) == {"xpu9000": "XPU-9000"}
