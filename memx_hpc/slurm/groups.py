@@ -10,10 +10,18 @@ model-parallel group's gradient-norm and found-inf scalars). The world group car
 barriers and CPU objects over gloo and, should any code fall back to it with a GPU tensor,
 sends that over UCC (torch's per-device backend string ``cpu:gloo,cuda:ucc``).
 
-Megatron's rank order is ``tp-cp-ep-dp-pp`` (cp = ep = 1 here): TP fastest, then DP, then
-the pipeline stage. The groups listed are the ones megatron-core communicates over in a
-dense GPT: ``tp``, ``dp``, ``pp``, ``mp`` (tp x pp), ``embd`` (first and last stage of
-each pipeline), ``pos_embd`` (first stage) and ``default`` (the world).
+Megatron's rank order is ``tp-cp-ep-dp-pp``: TP fastest, then context parallel, then DP,
+then the pipeline stage (megatron-core ``parallel_state``: the decoder's ``RankGenerator``
+over tp, cp, dp, pp; the experts' over expert TP, EP and expert DP, pp, with
+``etp · ep · edp = tp · cp · dp``). The groups listed are the ones megatron-core
+communicates over: in a dense GPT ``tp``, ``dp``, ``pp``, ``mp`` (tp x pp), ``embd`` (first
+and last stage of each pipeline), ``pos_embd`` (first stage) and ``default`` (the world);
+with context parallel also ``cp`` (ring attention's K/V exchange) and ``dp_cp`` (the
+gradients, reduced over DP and CP together); with expert parallel ``ep`` (the token
+all-to-all), ``etp`` (expert TP, when > 1) and ``edp`` (the experts' gradients). All of
+them are hot: a group of them that spans vendors gets the cross-vendor backend
+(:data:`HOT_CROSS_VENDOR_OPS` says which collectives it must carry), and a plan whose group
+needs a collective that backend lacks is not searched (:func:`cross_vendor_unsupported`).
 
 :func:`group_backends` is what the rendered script's ranks compute (from the per-rank
 vendors the script exports) and what ``render`` records, so the two cannot disagree.
@@ -24,15 +32,37 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["GroupBackend", "group_backends", "VENDOR_BACKEND", "CROSS_VENDOR_DEFAULT", "KINDS",
-           "encode_rank_vendors", "decode_rank_vendors", "crosses_vendors", "format_map"]
+__all__ = ["GroupBackend", "group_backends", "VENDOR_BACKEND", "CROSS_VENDOR_DEFAULT", "KINDS", "kinds",
+           "HOT_CROSS_VENDOR_OPS", "BACKEND_OPS", "cross_vendor_unsupported", "encode_rank_vendors",
+           "decode_rank_vendors", "crosses_vendors", "format_map"]
 
 #: torch.distributed backend of a group inside one vendor.
 VENDOR_BACKEND = {"nvidia": "nccl", "amd": "nccl", "cpu": "gloo", "intel": "xccl"}
 #: The world group of a cross-vendor job: CPU tensors over gloo, GPU tensors over UCC.
 CROSS_VENDOR_DEFAULT = "cpu:gloo,cuda:ucc"
-#: The kinds of groups, in the order every rank creates them.
+#: The kinds of groups of a dense job without context parallel, in the order every rank
+#: creates them; :func:`kinds` adds the context- and expert-parallel ones.
 KINDS = ("tp", "dp", "pp", "mp", "embd", "pos_embd", "default")
+#: What each hot group carries (torch.distributed collectives), for the cross-vendor check.
+HOT_CROSS_VENDOR_OPS = {"tp": ("all_reduce", "all_gather", "reduce_scatter"), "dp": ("all_reduce", "reduce_scatter",
+                                                                                   "all_gather"),
+                        "pp": ("send", "recv"), "embd": ("all_reduce",), "pos_embd": ("all_reduce",),
+                        "cp": ("send", "recv", "all_gather"), "dp_cp": ("all_reduce", "reduce_scatter", "all_gather"),
+                        "ep": ("all_to_all",), "etp": ("all_reduce", "all_gather", "reduce_scatter"),
+                        "edp": ("all_reduce", "reduce_scatter", "all_gather")}
+#: Collectives torch's process groups of each cross-vendor backend implement
+#: (torch/csrc/distributed/c10d/ProcessGroupUCC.cpp and ProcessGroupGloo.cpp: gloo has no
+#: reduce_scatter of GPU tensors; both have all_to_all).
+BACKEND_OPS = {"ucc": frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv",
+                                 "broadcast"}),
+               "gloo": frozenset({"all_reduce", "all_gather", "all_to_all", "send", "recv", "broadcast"})}
+
+
+def kinds(*, cp: int = 1, ep: int = 1, etp: int = 1) -> tuple[str, ...]:
+    """The group kinds a job with these degrees creates, in creation order (``default`` last)."""
+    extra = (("cp", "dp_cp") if cp > 1 else ()) + (("ep",) if ep > 1 else ()) + (("etp",) if etp > 1 else ()) \
+        + (("edp",) if ep > 1 or etp > 1 else ())
+    return KINDS[:-1] + extra + KINDS[-1:]
 _COLD = {"mp": "gradient-norm and found-inf scalars, once per iteration",
          "default": "barriers and CPU objects; GPU tensors of fallbacks over ucc"}
 
@@ -52,40 +82,63 @@ class GroupBackend:
         return len(self.vendors) > 1
 
 
-def _groups(kind: str, tp: int, dp: int, pp: int) -> list[tuple[int, ...]]:
-    def rank(t: int, d: int, s: int) -> int:
-        return s * tp * dp + d * tp + t
+def _groups(kind: str, tp: int, dp: int, pp: int, cp: int = 1, ep: int = 1,
+            etp: int | None = None) -> list[tuple[int, ...]]:
+    def rank(t: int, d: int, s: int, c: int = 0) -> int:
+        return ((s * dp + d) * cp + c) * tp + t
 
     if kind == "tp":
-        return [tuple(rank(t, d, s) for t in range(tp)) for s in range(pp) for d in range(dp)]
+        return [tuple(rank(t, d, s, c) for t in range(tp)) for s in range(pp) for d in range(dp) for c in range(cp)]
     if kind == "dp":
-        return [tuple(rank(t, d, s) for d in range(dp)) for s in range(pp) for t in range(tp)]
-    pipes = [tuple(rank(t, d, s) for s in range(pp)) for d in range(dp) for t in range(tp)]
+        return [tuple(rank(t, d, s, c) for d in range(dp)) for s in range(pp) for c in range(cp) for t in range(tp)]
+    if kind == "cp":
+        return [tuple(rank(t, d, s, c) for c in range(cp)) for s in range(pp) for d in range(dp) for t in range(tp)]
+    if kind == "dp_cp":
+        return [tuple(rank(t, d, s, c) for d in range(dp) for c in range(cp)) for s in range(pp) for t in range(tp)]
+    pipes = [tuple(rank(t, d, s, c) for s in range(pp)) for d in range(dp) for c in range(cp) for t in range(tp)]
     if kind == "pp":
         return pipes
     if kind == "mp":
-        return [tuple(rank(t, d, s) for s in range(pp) for t in range(tp)) for d in range(dp)]
+        return [tuple(rank(t, d, s, c) for s in range(pp) for t in range(tp)) for d in range(dp) for c in range(cp)]
     if kind == "embd":
         return [(p[0], p[-1]) if len(p) > 1 else (p[0],) for p in pipes]
     if kind == "pos_embd":
         return [(p[0],) for p in pipes]
     if kind == "default":
-        return [tuple(range(tp * dp * pp))]
-    raise ValueError(f"unknown group kind {kind!r}; known: {', '.join(KINDS)}")
+        return [tuple(range(tp * cp * dp * pp))]
+    if kind in ("ep", "etp", "edp"):
+        # the experts' rank generator: expert TP fastest, then EP, then expert DP, per stage
+        et = tp if etp is None else etp
+        per_stage = tp * cp * dp
+        if per_stage % (et * ep):
+            raise ValueError(f"expert TP x EP = {et * ep} does not divide the {per_stage} ranks of a stage")
+        edp = per_stage // (et * ep)
+
+        def erank(t: int, e: int, d: int, s: int) -> int:
+            return s * per_stage + (d * ep + e) * et + t
+        if kind == "ep":
+            return [tuple(erank(t, e, d, s) for e in range(ep)) for s in range(pp) for d in range(edp) for t in range(et)]
+        if kind == "etp":
+            return [tuple(erank(t, e, d, s) for t in range(et)) for s in range(pp) for d in range(edp) for e in range(ep)]
+        return [tuple(erank(t, e, d, s) for d in range(edp)) for s in range(pp) for e in range(ep) for t in range(et)]
+    raise ValueError(f"unknown group kind {kind!r}; known: {', '.join(kinds(cp=2, ep=2, etp=2))}")
 
 
-def group_backends(rank_vendors: Sequence[str], *, tp: int, dp: int, pp: int,
-                   cross_vendor_backend: str = "ucc") -> tuple[GroupBackend, ...]:
-    """Every group of a ``tp x dp x pp`` job whose rank ``r`` runs on a GPU of vendor
-    ``rank_vendors[r]``, with the backend the rule gives it. Pure; same order on every rank."""
-    if len(rank_vendors) != tp * dp * pp:
-        raise ValueError(f"{len(rank_vendors)} rank vendors for a world of tp*dp*pp = {tp * dp * pp}")
+def group_backends(rank_vendors: Sequence[str], *, tp: int, dp: int, pp: int, cp: int = 1, ep: int = 1,
+                   etp: int | None = None, cross_vendor_backend: str = "ucc") -> tuple[GroupBackend, ...]:
+    """Every group of a ``tp x cp x dp x pp`` job (with ``ep`` / ``etp`` for its experts) whose
+    rank ``r`` runs on a GPU of vendor ``rank_vendors[r]``, with the backend the rule gives it.
+    Pure; same order on every rank."""
+    if len(rank_vendors) != tp * cp * dp * pp:
+        raise ValueError(f"{len(rank_vendors)} rank vendors for a world of tp*cp*dp*pp = {tp * cp * dp * pp}")
     unknown = sorted(set(rank_vendors) - set(VENDOR_BACKEND))
     if unknown:
         raise ValueError(f"unknown vendor(s) {unknown}; known: {', '.join(VENDOR_BACKEND)}")
     out = []
-    for kind in KINDS:
-        for ranks in _groups(kind, tp, dp, pp):
+    # expert groups only where there are experts to place (ep > 1 or an expert TP named)
+    experts = ep > 1 or (etp is not None and etp > 1)
+    for kind in kinds(cp=cp, ep=ep, etp=(tp if etp is None else etp) if experts else 1):
+        for ranks in _groups(kind, tp, dp, pp, cp, ep, etp):
             vendors = tuple(sorted({rank_vendors[r] for r in ranks}))
             if len(vendors) == 1:
                 backend = VENDOR_BACKEND[vendors[0]]
@@ -98,6 +151,25 @@ def group_backends(rank_vendors: Sequence[str], *, tp: int, dp: int, pp: int,
                 backend, reason = cross_vendor_backend, "spans vendors, hot: a backend both vendors have"
             out.append(GroupBackend(kind=kind, ranks=ranks, vendors=vendors, backend=backend, reason=reason))
     return tuple(out)
+
+
+def cross_vendor_unsupported(groups: Sequence[GroupBackend]) -> list[str]:
+    """Why a plan cannot run: each cross-vendor group whose backend lacks a collective the
+    group carries (empty: every group has what it needs). The search leaves such plans out."""
+    out = []
+    for g in groups:
+        if not g.cross_vendor or g.kind not in HOT_CROSS_VENDOR_OPS:
+            continue
+        have = BACKEND_OPS.get(g.backend.split(",")[-1].split(":")[-1])
+        if have is None:
+            out.append(f"{g.kind} group {list(g.ranks)} spans {'/'.join(g.vendors)} on {g.backend}, "
+                       f"which is not a backend both vendors have")
+            continue
+        missing = [op for op in HOT_CROSS_VENDOR_OPS[g.kind] if op not in have]
+        if missing:
+            out.append(f"{g.kind} group {list(g.ranks)} spans {'/'.join(g.vendors)}: {g.backend} has no "
+                       f"{', '.join(missing)}")
+    return out
 
 
 def crosses_vendors(rank_vendors: Sequence[str]) -> bool:
@@ -128,7 +200,7 @@ def decode_rank_vendors(text: str) -> tuple[str, ...]:
 def format_map(groups: Sequence[GroupBackend], *, limit: int = 4) -> list[str]:
     """One line per kind: its backend(s) and a few of its groups (for logs and reports)."""
     lines = []
-    for kind in KINDS:
+    for kind in dict.fromkeys(g.kind for g in groups):
         gs = [g for g in groups if g.kind == kind]
         by_backend: dict[tuple[str, str], list[GroupBackend]] = {}
         for g in gs:
