@@ -212,7 +212,7 @@ def _terms(shape: ShapeLike, *, micro_batch_size: int, precision: str, attention
 def activation_bytes_per_layer(model: ShapeLike, *, micro_batch_size: int, tp: int, recompute: str,
                                precision: str, attention: str, sequence_parallel: bool = False,
                                dropout_mask_bytes: int = 1, moe_layer: bool = False, etp: int | None = None,
-                               moe_imbalance: float = 1.0) -> int:
+                               moe_imbalance: float = 1.0, cp: int = 1) -> int:
     """Bytes one transformer layer keeps for backward, per in-flight micro-batch, on one TP rank.
 
     Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
@@ -242,7 +242,20 @@ def activation_bytes_per_layer(model: ShapeLike, *, micro_batch_size: int, tp: i
     ``moe_imbalance`` (>= 1) scales the routed terms for the most loaded rank. Multi-latent
     attention keeps its per-head K (``d_qk + d_rope``) and V (``d_v``) and, replicated, its
     normed latents.
+
+    ``cp`` (context parallel): each rank holds ``s / cp`` of the sequence, so every term is
+    divided by ``cp`` (Megatron splits the sequence into ``2·cp`` chunks, rank r taking
+    chunks r and ``2cp - 1 - r``, so causal work and memory balance). Context parallel runs
+    fused attention only (Transformer Engine's); the unfused kernel's s² scores are refused.
     """
+    if not isinstance(cp, int) or cp < 1:
+        raise SpecError("context-parallel degree must be a whole number >= 1", field="cp", found=cp)
+    if cp > 1 and attention == "core":
+        raise SpecError("context parallel runs fused attention only", field="attention", found=attention,
+                        allowed="sdpa")
+    if model.seq_length % (2 * cp) and cp > 1:
+        raise SpecError(f"seq_length {model.seq_length} is not divisible by 2 x the context-parallel degree",
+                        field="cp", found=cp)
     if recompute not in RECOMPUTE_MODES:
         raise SpecError("unknown recompute mode", field="recompute", found=recompute,
                         allowed=", ".join(RECOMPUTE_MODES))
@@ -257,12 +270,31 @@ def activation_bytes_per_layer(model: ShapeLike, *, micro_batch_size: int, tp: i
     t = _terms(model, micro_batch_size=micro_batch_size, precision=precision, attention=attention,
                dropout_mask_bytes=dropout_mask_bytes, moe=moe_layer)
     if recompute == "full":
-        return int(t["input"] // tp if sequence_parallel else t["input"])
+        return int(t["input"] // (tp * cp) if sequence_parallel else t["input"] // cp)
     rep = t["replicated"] / tp if sequence_parallel else t["replicated"]
     total = rep + t["divided"] / tp + moe_imbalance * t["expert"] / (tp if etp is None else etp)
     if recompute == "none":
         total += t["scores"] / tp
-    return int(round(total))
+    return int(round(total / cp))
+
+
+def cp_kv_exchange_bytes(model: ModelSpec | LayerShape, *, micro_batch_size: int, precision: str,
+                         cp: int) -> tuple[float, float]:
+    """Bytes one rank sends per layer for ring attention over ``cp`` ranks: (forward, backward).
+
+    Forward: ``cp - 1`` steps, each passing the rank's K and V block (``s/cp`` tokens of
+    ``2·g·d`` elements; MLA: the per-head K and V) to the next rank while attention runs on
+    the block it holds (Liu et al. 2023, Ring Attention; Megatron's p2p context parallel in
+    Transformer Engine). Backward passes K, V and their gradients around the ring again:
+    twice the forward's bytes. The steps overlap the attention kernel; what does not overlap
+    is the composition's to judge.
+    """
+    if cp <= 1:
+        return 0.0, 0.0
+    e = _bytes_per_element(precision)
+    _, k, v, _ = _attention_widths(model, "sdpa")
+    block = model.seq_length // cp * micro_batch_size * (k + v) * e
+    return float((cp - 1) * block), float(2 * (cp - 1) * block)
 
 
 def embedding_activation_bytes(shape: ShapeLike, *, micro_batch_size: int, tp: int, precision: str,

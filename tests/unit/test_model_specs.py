@@ -257,3 +257,17 @@ def test_mla_and_head_dim_flops():
                                                                    multi_latent_attention=False, qk_layernorm=False),
                                                micro_batch_size=1, tp=1, recompute="none", precision="bf16",
                                                attention="sdpa")
+
+
+def test_context_parallel_divides_activations_and_exchanges_kv():
+    m = dataclasses.replace(preset("Llama-3-8B"), seq_length=32768)
+    kw = dict(micro_batch_size=1, tp=2, recompute="none", precision="bf16", attention="sdpa",
+              sequence_parallel=True)
+    one = A.activation_bytes_per_layer(m, **kw)
+    assert A.activation_bytes_per_layer(m, cp=4, **kw) == pytest.approx(one / 4, rel=1e-6)
+    with pytest.raises(SpecError):
+        A.activation_bytes_per_layer(m, cp=4, **{**kw, "attention": "core"})
+    fwd, bwd = A.cp_kv_exchange_bytes(m, micro_batch_size=1, precision="bf16", cp=4)
+    # 3 steps of an 8192-token block of K and V (8 groups of 128) in bf16
+    assert fwd == 3 * 8192 * 2 * 1024 * 2 and bwd == 2 * fwd
+    assert A.cp_kv_exchange_bytes(m, micro_batch_size=1, precision="bf16", cp=1) == (0.0, 0.0)
