@@ -53,6 +53,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import SpecError
+from ..placement import Placement, place, place_groups
 from ..spec import BYTES_PER_ELEMENT, GeneralPlan, LayerShape, Plan, Site, TrainJob
 from . import analytic
 from .api import LayerQuery, forward_fraction
@@ -211,44 +212,27 @@ def tied_embedding_sync_ms(site: Site, job: TrainJob, tp: int, pp: int, first_pa
     return transfer_ms(nbytes, gbps)  # 2 (n-1)/n with n = 2
 
 
-def stage_layout(site: Site, stage_partitions: Sequence[str], tp: int, dp: int) -> tuple[list[float], list[float]]:
+def stage_layout(site: Site, placement: Placement) -> tuple[list[float], list[float]]:
     """Link bandwidths (GB/s) between consecutive stages and of each stage's DP group.
 
-    Stages on one partition are packed onto its GPUs in order, ``tp * dp`` each (stage j
-    of a group on slots ``[j w, (j+1) w)``, node = slot // gpus_per_node). A stage boundary
-    inside a partition uses the intra-node link when every sending GPU's peer is on its
-    node, the partition's network otherwise; across partitions the site's link. A DP
-    group inside one node uses the intra-node link.
+    A stage boundary inside a partition uses the intra-node link when every sending GPU's
+    peer is on its node (the nodes of :class:`~memx_hpc.placement.Placement`, as the
+    rendered job's components take them), the partition's network otherwise; across
+    partitions the site's link. A DP group inside one node uses the intra-node link.
     """
-    bounds, one_node = stage_links(site, stage_partitions, tp, dp)
+    bounds, one_node = stage_links(placement)
     links = [site.intra_gbps(a) if same else site.link_gbps(a, b) for a, b, same in bounds]
     dps = [site.intra_gbps(name) if one else site.link_gbps(name, name)
-           for name, one in zip(stage_partitions, one_node)]
+           for name, one in zip(placement.stage_partitions, one_node)]
     return links, dps
 
 
-def stage_links(site: Site, stage_partitions: Sequence[str], tp: int, dp: int
-                ) -> tuple[list[tuple[str, str, bool]], list[bool]]:
-    """Where each stage boundary and each DP group runs (the placement of :func:`stage_layout`):
-    ``(sender partition, receiver partition, same node)`` per boundary and ``one node``
-    per stage's DP group."""
-    w = tp * dp
-    slots: list[int] = []
-    used: dict[str, int] = {}
-    for name in stage_partitions:
-        slots.append(used.get(name, 0))
-        used[name] = used.get(name, 0) + w
-    bounds = []
-    for i in range(len(stage_partitions) - 1):
-        a, b = stage_partitions[i], stage_partitions[i + 1]
-        gpn = site.partition(a).gpus_per_node
-        same = a == b and all((slots[i] + r) // gpn == (slots[i + 1] + r) // gpn for r in range(w))
-        bounds.append((a, b, same))
-    groups = []
-    for i, name in enumerate(stage_partitions):
-        gpn = site.partition(name).gpus_per_node
-        groups.append(slots[i] // gpn == (slots[i] + w - 1) // gpn)
-    return bounds, groups
+def stage_links(placement: Placement) -> tuple[list[tuple[str, str, bool]], list[bool]]:
+    """Where each stage boundary and each DP group runs: ``(sender partition, receiver
+    partition, same node)`` per boundary and ``one node`` per stage's DP group."""
+    names = placement.stage_partitions
+    bounds = [(names[i], names[i + 1], placement.boundary_same_node(i)) for i in range(len(names) - 1)]
+    return bounds, [placement.stage_on_one_node(i) for i in range(len(names))]
 
 
 def link_model_for(site: Site, cost_model=None, links=None):
@@ -442,7 +426,8 @@ class Composer:
             sk_m[si], sk_pp[si] = m, pp
             parts = sk.stage_partitions()
             names = [space.partitions[p].name for p in parts]
-            bounds, one_node = stage_links(site, names, tp, dp)
+            bounds, one_node = stage_links(place_groups(site, tp=tp, dp=dp, groups=[
+                (space.partitions[p].name, n) for p, n in sk.groups]))
             tied = tied_sync_ms(self.links, job, tp, pp, names[0], names[-1])
             for i, name in enumerate(names):
                 gpu = space.partitions[parts[i]].gpu_type
@@ -749,25 +734,12 @@ def _base_and_k(rc, num_layers: int, field_name: str) -> tuple[str, int]:
 def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: CostOptions | None = None,
                  links=None) -> Prediction:
     """Predict one Megatron-runnable plan (the same composition as the search)."""
-    names = [s.partition for s in plan.stages]
-    for i, name in enumerate(names):
-        site.partition(name)  # unknown partition -> SpecError naming the allowed ones
-        gpn = site.partition(name).gpus_per_node
-        if plan.tp > gpn:
-            raise SpecError(f"tp {plan.tp} exceeds the {gpn} GPUs per node of partition {name}",
-                            field=f"stages[{i}].partition", found=name)
-    need: dict[str, int] = {}
-    for name in names:
-        need[name] = need.get(name, 0) + plan.tp * plan.dp
-    for name, n in need.items():
-        if n > site.partition(name).total_gpus:
-            raise SpecError(f"the plan needs {n} GPUs of partition {name}, which has {site.partition(name).total_gpus}",
-                            field="stages", found=name)
-    if plan.num_layers != job.model.num_layers:
-        raise SpecError(f"stages hold {plan.num_layers} layers, the model has {job.model.num_layers}",
-                        field="stages", found=plan.num_layers)
+    # the one fit rule (SpecError naming the field when the plan does not fit), with one
+    # component per partition run, as the search prices plans
+    placement = place(plan, site, job, by_partition=True)
+    names = list(placement.stage_partitions)
     lm = link_model_for(site, cost_model, links)
-    bounds, one_node = stage_links(site, names, plan.tp, plan.dp)
+    bounds, one_node = stage_links(placement)
     sp = plan.sequence_parallel and plan.tp > 1
     link_ms = [send_ms(lm, job, micro_batch_size=plan.micro_batch_size, tp=plan.tp, sequence_parallel=sp, a=a, b=b,
                        same_node=same) for a, b, same in bounds]

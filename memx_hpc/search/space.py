@@ -5,11 +5,12 @@ groups, each hosting one or more consecutive pipeline stages) times a *layer spl
 times a *recompute assignment*:
 
 * **Skeletons.** TP is a power of two that divides the attention heads, the query
-  groups and the FFN width (Megatron shards all three by TP), and divides the GPUs per
-  node of every partition used (TP groups never straddle nodes). DP divides
+  groups and the FFN width (Megatron shards all three by TP). DP divides
   ``global_batch / micro_batch``. Partition groups are ordered sequences of distinct
   partitions (stage order matters: in 1F1B the first stage holds the most in-flight
-  micro-batches); a partition with ``s`` stages needs ``s * dp`` TP groups of its own.
+  micro-batches); a group of ``s`` stages is one hetjob component of ``s * tp * dp``
+  ranks, and it must fit its partition by the one rule of :mod:`memx_hpc.placement`
+  (whole nodes, evenly spread, TP groups inside a node).
 * **Layer splits** (``layer_granularity`` = g). Each group's total layer count is a
   multiple of g (the last group also takes ``num_layers % g``); inside a group the
   layers are split as evenly as possible, the remainder going to the group's later
@@ -46,6 +47,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import SpecError
+from ..placement import group_fits
 from ..spec import Plan, Recompute, Site, Stage, TrainJob
 
 
@@ -253,6 +255,7 @@ class PlanSpace:
         self.levels = recompute_levels(job, options.full_recompute_steps,
                                        selective_with_sdpa=options.selective_with_sdpa)
         self.partitions = site.partitions
+        self._room: dict[tuple[int, int], dict[int, list[int]]] = {}
         self.size = space_size(self)
         self.size.check(self)
         self._split_tables: dict[tuple[int, ...], np.ndarray] = {}
@@ -285,8 +288,23 @@ class PlanSpace:
         n = self.job.global_batch_size // mbs
         return [d for d in range(1, n + 1) if n % d == 0]
 
+    def room(self, tp: int, dp: int) -> dict[int, list[int]]:
+        """Per partition index, the stage counts a partition group of ``tp x dp`` stages can
+        have there (the one fit rule, :func:`memx_hpc.placement.group_fits`); partitions with
+        none are left out."""
+        key = (tp, dp)
+        r = self._room.get(key)
+        if r is None:
+            r = {}
+            for i, p in enumerate(self.partitions):
+                sizes = [s for s in range(1, self.max_stages + 1) if group_fits(p, s, tp=tp, dp=dp)]
+                if sizes:
+                    r[i] = sizes
+            self._room[key] = r
+        return r
+
     def _partition_sequences(self, tp: int) -> list[tuple[int, ...]]:
-        usable = [i for i, p in enumerate(self.partitions) if p.gpus_per_node % tp == 0]
+        usable = [i for i, p in enumerate(self.partitions) if tp <= p.gpus_per_node]
         most = min(len(usable), self.options.max_partitions or len(usable), self.max_stages)
         out = []
         for g in range(1, most + 1):
@@ -297,11 +315,11 @@ class PlanSpace:
         out: list[Skeleton] = []
         for tp in self.tp_candidates():
             seqs = self._partition_sequences(tp)
-            groups_cap = {i: p.nodes * (p.gpus_per_node // tp) for i, p in enumerate(self.partitions)}
             for mbs in self.micro_batch_candidates():
                 for dp in self._dp_candidates(mbs):
+                    room = self.room(tp, dp)
                     for seq in seqs:
-                        ranges = [range(1, min(groups_cap[i] // dp, self.max_stages) + 1) for i in seq]
+                        ranges = [room.get(i, ()) for i in seq]
                         if any(len(r) == 0 for r in ranges):
                             continue
                         for counts in itertools.product(*ranges):
@@ -503,9 +521,8 @@ def space_size(space: "PlanSpace") -> SpaceSize:
     Per (TP, micro-batch, DP) and ordered group structure ``(s_1..s_G)``: layer splits are
     compositions with lower bounds (stars and bars: ``C(u - sum(lows) + k - 1, k - 1)``),
     recompute assignments multiply per group, and the ordered choices of distinct
-    partitions with room for ``s_j`` stages each are ``prod_k (N(s_(k)) - k)`` over the sizes
-    sorted largest first, ``N(s)`` the partitions with room for ``s``. Work: the number of
-    structures (at most ``2^max_stages``), not the number of plans.
+    partitions with room for ``s_j`` stages each are counted by :func:`_assignments`. Work:
+    the number of structures (at most ``2^max_stages``), not the number of plans.
     """
     o = space.options
     level_counts: dict[int, int] = {}
@@ -522,29 +539,19 @@ def space_size(space: "PlanSpace") -> SpaceSize:
         return math.comb(free + len(lows) - 1, len(lows) - 1) if free >= 0 else 0
 
     for tp in space.tp_candidates():
-        usable = [p for p in space.partitions if p.gpus_per_node % tp == 0]
+        usable = [p for p in space.partitions if tp <= p.gpus_per_node]
         most_groups = min(len(usable), o.max_partitions or len(usable), space.max_stages)
         for mbs in space.micro_batch_candidates():
             for dp in space._dp_candidates(mbs):
-                room = sorted((min(p.nodes * (p.gpus_per_node // tp) // dp, space.max_stages) for p in usable),
-                              reverse=True)
-                room = [x for x in room if x >= 1]
+                room = space.room(tp, dp)
                 if not room:
                     continue
-
-                def fits(sizes: list[int]) -> int:
-                    ways = 1
-                    for k, s in enumerate(sorted(sizes, reverse=True)):
-                        n = sum(1 for x in room if x >= s) - k
-                        if n <= 0:
-                            return 0
-                        ways *= n
-                    return ways
-
-                stack: list[tuple[int, ...]] = [(s,) for s in range(1, room[0] + 1)]
+                ways_of = _assignments(room.values())
+                sizes = sorted({s for r in room.values() for s in r})
+                stack: list[tuple[int, ...]] = [(s,) for s in sizes]
                 while stack:
                     structure = stack.pop()
-                    ways = fits(list(structure))
+                    ways = ways_of(structure)
                     if not ways:
                         continue  # adding groups never makes room
                     splits = n_splits(structure)
@@ -559,5 +566,32 @@ def space_size(space: "PlanSpace") -> SpaceSize:
                         return SpaceSize(plans=plans, skeletons=skeletons, exceeded=True)
                     if len(structure) < most_groups:
                         left = space.max_stages - sum(structure)
-                        stack.extend(structure + (s,) for s in range(1, min(left, room[0]) + 1))
+                        stack.extend(structure + (s,) for s in sizes if s <= left)
     return SpaceSize(plans=plans, skeletons=skeletons)
+
+
+def _assignments(rooms):
+    """``structure -> ways``: how many ordered choices of distinct partitions give group j a
+    partition with room for ``structure[j]`` stages, ``rooms`` holding each partition's
+    stage counts. Which counts fit is not monotone (3 stages of 2 ranks on nodes of 4 GPUs
+    split a TP group of 2; 4 stages do not), so partitions are grouped by the set of counts
+    they take and the choices counted over those classes (few; memoised)."""
+    import functools
+    from collections import Counter
+
+    classes = Counter(frozenset(r) for r in rooms)
+    kinds = list(classes)
+    start = tuple(classes[k] for k in kinds)
+
+    @functools.lru_cache(maxsize=None)
+    def count(structure: tuple[int, ...], left: tuple[int, ...]) -> int:
+        if not structure:
+            return 1
+        s, rest = structure[0], structure[1:]
+        total = 0
+        for c, k in enumerate(kinds):
+            if left[c] and s in k:
+                total += left[c] * count(rest, left[:c] + (left[c] - 1,) + left[c + 1:])
+        return total
+
+    return lambda structure: count(tuple(structure), start)

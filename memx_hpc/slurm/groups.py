@@ -32,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..placement import GROUP_KINDS, group_kinds as kinds, group_ranks
+
 __all__ = ["GroupBackend", "group_backends", "VENDOR_BACKEND", "CROSS_VENDOR_DEFAULT", "KINDS", "kinds",
            "HOT_CROSS_VENDOR_OPS", "BACKEND_OPS", "cross_vendor_unsupported", "encode_rank_vendors",
            "decode_rank_vendors", "crosses_vendors", "format_map"]
@@ -41,8 +43,9 @@ VENDOR_BACKEND = {"nvidia": "nccl", "amd": "nccl", "cpu": "gloo", "intel": "xccl
 #: The world group of a cross-vendor job: CPU tensors over gloo, GPU tensors over UCC.
 CROSS_VENDOR_DEFAULT = "cpu:gloo,cuda:ucc"
 #: The kinds of groups of a dense job without context parallel, in the order every rank
-#: creates them; :func:`kinds` adds the context- and expert-parallel ones.
-KINDS = ("tp", "dp", "pp", "mp", "embd", "pos_embd", "default")
+#: creates them; :func:`kinds` adds the context- and expert-parallel ones (their ranks:
+#: :func:`memx_hpc.placement.group_ranks`).
+KINDS = GROUP_KINDS
 #: What each hot group carries (torch.distributed collectives), for the cross-vendor check.
 HOT_CROSS_VENDOR_OPS = {"tp": ("all_reduce", "all_gather", "reduce_scatter"), "dp": ("all_reduce", "reduce_scatter",
                                                                                    "all_gather"),
@@ -58,11 +61,6 @@ BACKEND_OPS = {"ucc": frozenset({"all_reduce", "all_gather", "reduce_scatter", "
                "gloo": frozenset({"all_reduce", "all_gather", "all_to_all", "send", "recv", "broadcast"})}
 
 
-def kinds(*, cp: int = 1, ep: int = 1, etp: int = 1) -> tuple[str, ...]:
-    """The group kinds a job with these degrees creates, in creation order (``default`` last)."""
-    extra = (("cp", "dp_cp") if cp > 1 else ()) + (("ep",) if ep > 1 else ()) + (("etp",) if etp > 1 else ()) \
-        + (("edp",) if ep > 1 or etp > 1 else ())
-    return KINDS[:-1] + extra + KINDS[-1:]
 _COLD = {"mp": "gradient-norm and found-inf scalars, once per iteration",
          "default": "barriers and CPU objects; GPU tensors of fallbacks over ucc"}
 
@@ -84,44 +82,7 @@ class GroupBackend:
 
 def _groups(kind: str, tp: int, dp: int, pp: int, cp: int = 1, ep: int = 1,
             etp: int | None = None) -> list[tuple[int, ...]]:
-    def rank(t: int, d: int, s: int, c: int = 0) -> int:
-        return ((s * dp + d) * cp + c) * tp + t
-
-    if kind == "tp":
-        return [tuple(rank(t, d, s, c) for t in range(tp)) for s in range(pp) for d in range(dp) for c in range(cp)]
-    if kind == "dp":
-        return [tuple(rank(t, d, s, c) for d in range(dp)) for s in range(pp) for c in range(cp) for t in range(tp)]
-    if kind == "cp":
-        return [tuple(rank(t, d, s, c) for c in range(cp)) for s in range(pp) for d in range(dp) for t in range(tp)]
-    if kind == "dp_cp":
-        return [tuple(rank(t, d, s, c) for d in range(dp) for c in range(cp)) for s in range(pp) for t in range(tp)]
-    pipes = [tuple(rank(t, d, s, c) for s in range(pp)) for d in range(dp) for c in range(cp) for t in range(tp)]
-    if kind == "pp":
-        return pipes
-    if kind == "mp":
-        return [tuple(rank(t, d, s, c) for s in range(pp) for t in range(tp)) for d in range(dp) for c in range(cp)]
-    if kind == "embd":
-        return [(p[0], p[-1]) if len(p) > 1 else (p[0],) for p in pipes]
-    if kind == "pos_embd":
-        return [(p[0],) for p in pipes]
-    if kind == "default":
-        return [tuple(range(tp * cp * dp * pp))]
-    if kind in ("ep", "etp", "edp"):
-        # the experts' rank generator: expert TP fastest, then EP, then expert DP, per stage
-        et = tp if etp is None else etp
-        per_stage = tp * cp * dp
-        if per_stage % (et * ep):
-            raise ValueError(f"expert TP x EP = {et * ep} does not divide the {per_stage} ranks of a stage")
-        edp = per_stage // (et * ep)
-
-        def erank(t: int, e: int, d: int, s: int) -> int:
-            return s * per_stage + (d * ep + e) * et + t
-        if kind == "ep":
-            return [tuple(erank(t, e, d, s) for e in range(ep)) for s in range(pp) for d in range(edp) for t in range(et)]
-        if kind == "etp":
-            return [tuple(erank(t, e, d, s) for t in range(et)) for s in range(pp) for d in range(edp) for e in range(ep)]
-        return [tuple(erank(t, e, d, s) for d in range(edp)) for s in range(pp) for e in range(ep) for t in range(et)]
-    raise ValueError(f"unknown group kind {kind!r}; known: {', '.join(kinds(cp=2, ep=2, etp=2))}")
+    return group_ranks(kind, tp=tp, dp=dp, pp=pp, cp=cp, ep=ep, etp=etp)
 
 
 def group_backends(rank_vendors: Sequence[str], *, tp: int, dp: int, pp: int, cp: int = 1, ep: int = 1,

@@ -18,15 +18,15 @@ The per-stage layer split is ``--pipeline-model-parallel-layout`` (``E`` embeddi
 a transformer layer, ``L`` the loss, ``|`` between stages: ``Et*14|t*10L``), which, unlike
 ``--decoder-first/last-pipeline-num-layers``, allows any number of layers on every stage.
 
-Global ranks follow Megatron's default order ``tp-cp-ep-dp-pp``: TP fastest, then DP,
-then pipeline stage. So the ``tp*dp`` ranks of a stage are contiguous, a stage's TP and DP
-groups stay inside its partition, and one ``srun ... : ...`` across the components (ranks
-numbered component by component) gives every rank the stage the plan put it on.
+Which ranks run where -- the hetjob components, their nodes and tasks per node, the vendor
+of every rank -- is the plan's :class:`~memx_hpc.placement.Placement` (the one fit rule,
+shared with the search and the composition). Ranks are numbered component by component in
+Megatron's order, so one ``srun ... : ...`` across the components gives every rank the
+stage the plan put it on.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shlex
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import SpecError, SystemFailure
+from ..placement import comm_vendor, place
 from ..spec import Partition, Plan, Recompute, Site, Stage, TrainJob
 from ..shellsafe import check_entry, check_partition, check_path, check_setup_line
 from .groups import GroupBackend, encode_rank_vendors, format_map, group_backends
@@ -279,21 +280,6 @@ def _model_args(job: TrainJob) -> list[tuple[str, ...]]:
 # --------------------------------------------------------------------------- describe
 
 
-def _component_runs(plan: Plan) -> list[tuple[str, list[int]]]:
-    """Plan.component_groups(), split further where the recompute setting changes: Megatron-LM
-    takes recompute flags per process, so stages with different settings need different
-    command lines, hence different hetjob components."""
-    runs: list[tuple[str, list[int]]] = []
-    for part, idx in plan.component_groups():
-        for i in idx:
-            if runs and runs[-1][0] == part and plan.stages[runs[-1][1][-1]].recompute == plan.stages[i].recompute \
-                    and runs[-1][1][-1] == i - 1:
-                runs[-1][1].append(i)
-            else:
-                runs.append((part, [i]))
-    return runs
-
-
 def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
              extra: Sequence[str] = (), job_name: str | None = None, log_dir: str | None = None,
              workdir: str | None = None, mock_data: bool | None = None) -> LaunchRequest:
@@ -318,9 +304,6 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
     model = job.model
     name = _slurm_name(job_name or job.name, "job name" if job_name else "name")
     _no_control(site.name, "site name")
-    if plan.num_layers != model.num_layers:
-        raise SpecError(f"the plan's stages hold {plan.num_layers} layers, the model has {model.num_layers}",
-                        field="stages", found=[s.num_layers for s in plan.stages])
     tp, dp, pp = plan.tp, plan.dp, plan.pp
     for what, n in (("num_attention_heads", model.num_attention_heads), ("num_query_groups", model.num_query_groups),
                     ("ffn_hidden_size", model.ffn_hidden_size), ("hidden_size", model.hidden_size)):
@@ -333,17 +316,15 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
     if iters is not None and iters < 1:
         raise SpecError("must be >= 1", field="iters", found=iters)
 
+    placement = place(plan, site, job)  # the one fit rule: SpecError naming the field when it does not fit
     partitions = {}
     for i, s in enumerate(plan.stages):
-        try:
-            partitions[s.partition] = site.partition(s.partition)
-        except SpecError as e:
-            raise SpecError(e.detail, field=f"stages[{i}].partition", found=e.found, allowed=e.allowed) from None
+        partitions[s.partition] = site.partition(s.partition)
         _slurm_name(s.partition, f"stages[{i}].partition")
 
     vendors = {pname: site.gpu(p.gpu_type).vendor for pname, p in partitions.items()}
-    stage_vendors = [_comm_vendor(site, partitions[s.partition]) for s in plan.stages]
-    cross_vendor = len(set(stage_vendors)) > 1
+    stage_vendors = [placement.component_of_stage(i).comm_vendor for i in range(pp)]
+    cross_vendor = placement.cross_vendor
     if cross_vendor and site.pipeline_comm_backend != "ucc":
         pairs = sorted({f"{plan.stages[i].partition} ({stage_vendors[i]}) -> {plan.stages[i + 1].partition} "
                         f"({stage_vendors[i + 1]})" for i in range(pp - 1) if stage_vendors[i] != stage_vendors[i + 1]})
@@ -351,42 +332,23 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
                         "to each other: set pipeline_comm.backend: ucc in the site file (groups that span "
                         "vendors then use UCC or gloo)", field="pipeline_comm.backend",
                         found=site.pipeline_comm_backend, allowed="ucc")
-    groups = process_groups(plan, site)
+    groups = group_backends(placement.rank_vendors(), tp=tp, dp=dp, pp=pp,
+                            cross_vendor_backend=site.pipeline_comm_backend)
 
-    stage_gpus = tp * dp
     first_layer_of = [sum(s.num_layers for s in plan.stages[:i]) for i in range(pp)]
-    runs = _component_runs(plan)
-    nodes_used: dict[str, int] = {}
     comps: list[Component] = []
     comm_env = [_env(k, v, f"pipeline_comm.env.{k}") for k, v in site.pipeline_comm_env] \
         if cross_vendor else []
-    for ci, (pname, idx) in enumerate(runs):
+    for pc in placement.components:
+        ci, pname, idx = pc.index, pc.partition, list(pc.stages)
         p = partitions[pname]
         pfield = f"partitions[{[q.name for q in site.partitions].index(pname)}]"
         vendor = vendors[pname]
         vl = VENDORS.get(vendor, VendorLaunch(comm_library="?", apptainer_flags=()))
-        if tp > p.gpus_per_node:
-            raise SpecError(f"tensor-parallel size {tp} exceeds the {p.gpus_per_node} GPUs per node of "
-                            f"partition {pname}: Megatron-LM's TP groups must stay inside a node",
-                            field="tp", found=tp, allowed=f"<= {p.gpus_per_node}")
-        ranks = stage_gpus * len(idx)
-        nodes = math.ceil(ranks / p.gpus_per_node)
-        if ranks % nodes:
-            raise SpecError(f"{ranks} ranks of stages {_range_label(idx[0], idx[-1])} do not spread evenly over "
-                            f"{nodes} nodes of {p.gpus_per_node} GPUs in partition {pname}",
-                            field="dp", found=dp)
-        per_node = ranks // nodes
-        if per_node % tp:
-            raise SpecError(f"{per_node} ranks per node on partition {pname} would split a tensor-parallel "
-                            f"group of {tp} across nodes", field="tp", found=tp)
-        nodes_used[pname] = nodes_used.get(pname, 0) + nodes
-        if nodes_used[pname] > p.nodes:
-            raise SpecError(f"the plan needs {nodes_used[pname]} nodes of partition {pname}, which has "
-                            f"{p.nodes} (hetjob components do not share nodes)",
-                            field=f"{pfield}.nodes", found=p.nodes)
-        first_rank = idx[0] * stage_gpus
+        ranks, nodes, per_node = pc.num_ranks, pc.nodes, pc.tasks_per_node
+        first_rank = pc.first_rank
         n_layers = sum(plan.stages[i].num_layers for i in idx)
-        stage0 = plan.stages[idx[0]]
+        recompute = pc.recompute
 
         sb = [SbatchOption(name="partition", value=pname), SbatchOption(name="nodes", value=str(nodes)),
               SbatchOption(name="ntasks-per-node", value=str(per_node))]
@@ -420,7 +382,7 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
         env += comm_env
         if cross_vendor:
             _check_cross_vendor_env(p, site, vendor, pfield, pp)
-            env += [EnvVar(name="MEMX_RANK_VENDORS", value=encode_rank_vendors(rank_vendors(plan, site))),
+            env += [EnvVar(name="MEMX_RANK_VENDORS", value=encode_rank_vendors(placement.rank_vendors())),
                     EnvVar(name="MEMX_CROSS_VENDOR_BACKEND", value=site.pipeline_comm_backend)]
         if p.cpus_per_task is not None:
             env.append(EnvVar(name="OMP_NUM_THREADS", value=str(p.cpus_per_task)))
@@ -443,13 +405,11 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
         comps.append(Component(
             index=ci, partition=pname, vendor=vendor, stages=tuple(idx), first_rank=first_rank, num_ranks=ranks,
             nodes=nodes, tasks_per_node=per_node, first_layer=first_layer_of[idx[0]], num_layers=n_layers,
-            recompute=stage0.recompute, sbatch=tuple(sb), srun=tuple(srun), setup=setup, env=tuple(env),
+            recompute=recompute, sbatch=tuple(sb), srun=tuple(srun), setup=setup, env=tuple(env),
             python=python, entry=entry, entry_path=entry[0] if entry[0] != "-m" else None,
             backends=tuple(backends),
-            args=(("--transformer-impl", impl),) + recompute_args(stage0.recompute,
+            args=(("--transformer-impl", impl),) + recompute_args(recompute,
                                                                   max(plan.stages[i].num_layers for i in idx))))
-
-    _check_groups(plan, comps)
 
     layout = pipeline_layout(plan.stages) if pp > 1 else None
     common: list[tuple[str, ...]] = _model_args(job)
@@ -532,16 +492,9 @@ def _preflight_source() -> str:
     return code
 
 
-def _comm_vendor(site: Site, p: Partition) -> str:
-    """The vendor whose collectives a partition's ranks speak: its GPU's, or, for a CPU
-    partition rehearsing a cross-vendor job, the vendor it stands in for."""
-    vendor = site.gpu(p.gpu_type).vendor
-    return p.stand_in_for if vendor == "cpu" and p.stand_in_for else vendor
-
-
 def rank_vendors(plan: Plan, site: Site) -> tuple[str, ...]:
     """The (communication) vendor of every global rank, in Megatron's rank order."""
-    return tuple(_comm_vendor(site, site.partition(s.partition)) for s in plan.stages
+    return tuple(comm_vendor(site, site.partition(s.partition)) for s in plan.stages
                  for _ in range(plan.tp * plan.dp))
 
 
@@ -597,27 +550,6 @@ def _data_args(job: TrainJob) -> list[tuple[str, ...]]:
     if d.tokenizer_type == "NullTokenizer":
         a.append(("--vocab-size", str(job.model.vocab_size)))
     return a
-
-
-def _check_groups(plan: Plan, comps: Sequence[Component]) -> None:
-    """Every TP and DP group of Megatron's rank order (tp-cp-ep-dp-pp, cp = ep = 1) must lie in
-    one component's ranks, i.e. in one partition: only pipeline sends may cross partitions."""
-    tp, dp, pp = plan.tp, plan.dp, plan.pp
-    owner = {}
-    for c in comps:
-        for r in range(c.first_rank, c.first_rank + c.num_ranks):
-            owner[r] = c.partition
-    if sorted(owner) != list(range(plan.world_size)):
-        raise SpecError("components do not cover the ranks contiguously (internal error)", found=sorted(owner))
-    for s in range(pp):
-        base = s * tp * dp
-        groups = [[base + d * tp + t for t in range(tp)] for d in range(dp)]  # TP groups
-        groups += [[base + d * tp + t for d in range(dp)] for t in range(tp)]  # DP groups
-        for g in groups:
-            parts = {owner[r] for r in g}
-            if len(parts) > 1:
-                raise SpecError(f"ranks {g} of one TP/DP group would span partitions {sorted(parts)}",
-                                field="stages", found=s)
 
 
 # --------------------------------------------------------------------------- render

@@ -13,6 +13,7 @@ from memx_hpc.model import analytic, host
 from memx_hpc.model.compose import (Composer, CostOptions, p2p_bytes, predict_general, predict_plan, required_queries,
                                   stage_layout, sync_ms_per_param)
 from memx_hpc.model.links import SITE_LATENCY_US
+from memx_hpc.placement import place_groups
 from memx_hpc.model.memory import PRIORS
 from memx_hpc.model.schedule import simulate_1f1b
 from memx_hpc.search.space import PlanSpace, SpaceOptions
@@ -159,13 +160,21 @@ def test_stage_layout_intra_and_inter_node():
                                                 intra_node_gbps=300, inter_node_gbps=25),
                                       Partition(name="b", gpu_type="V100-32", nodes=1, gpus_per_node=4)),
                 inter_partition_gbps=5)
-    # tp*dp = 2: stages a0 on slots 0-1, a1 on 2-3 (same node), a2 on 4-5 (next node)
-    links, dps = stage_layout(site, ["a", "a", "a", "b"], 2, 1)
-    assert links == [300, 25, 5]
-    assert dps == [300, 300, 300, site.intra_gbps("b")]
+    # tp*dp = 2, three stages on a: one component of 6 ranks, 3 on each of 2 nodes (as sbatch
+    # --nodes 2 --ntasks-per-node 3 runs it): a0 = ranks 0-1 (node 0), a1 = 2-3 (nodes 0 and 1),
+    # a2 = 4-5 (node 1); every boundary has a sender whose peer is on the other node
+    links, dps = stage_layout(site, place_groups(site, tp=1, dp=2, groups=[("a", 3), ("b", 1)]))
+    assert links == [25, 25, 5]
+    assert dps == [300, 25, 300, site.intra_gbps("b")]
+    # two stages of 4 ranks: one per node
+    links, dps = stage_layout(site, place_groups(site, tp=1, dp=4, groups=[("a", 2)]))
+    assert links == [25] and dps == [300, 300]
     # tp*dp = 8 spans both nodes: the DP ring crosses the network
-    links, dps = stage_layout(site, ["a"], 2, 4)
+    links, dps = stage_layout(site, place_groups(site, tp=2, dp=4, groups=[("a", 1)]))
     assert dps == [25]
+    # 3 ranks per node would split a TP group of 2: the layout does not fit
+    with pytest.raises(SpecError, match="split a tensor-parallel group"):
+        place_groups(site, tp=2, dp=1, groups=[("a", 3)])
 
 
 def test_infeasible_above_capacity_minus_margin():
@@ -254,7 +263,7 @@ def test_bad_plans_are_spec_errors():
     with pytest.raises(SpecError, match="layers"):
         predict_plan(Plan(tp=1, dp=1, micro_batch_size=1, global_batch_size=8,
                           stages=(Stage(partition="pA", num_layers=3),)), site, job, model)
-    with pytest.raises(SpecError, match="GPUs of partition"):
+    with pytest.raises(SpecError, match="needs 2 nodes of partition pA"):
         predict_plan(Plan(tp=4, dp=2, micro_batch_size=1, global_batch_size=8,
                           stages=(Stage(partition="pA", num_layers=4),)), site, job, model)
     with pytest.raises(SpecError, match="full recompute of 5"):

@@ -66,6 +66,14 @@ def test_every_plan_is_runnable():
                 assert 0 < s.recompute.num_layers < s.num_layers
 
 
+def _fits_whole_nodes(part, ranks, tp):
+    """The hetjob rule, stated on its own: ceil(ranks / gpn) nodes, the same tasks on each,
+    no TP group across a node, at most the partition's nodes."""
+    nodes = -(-ranks // part.gpus_per_node)
+    return (tp <= part.gpus_per_node and ranks % nodes == 0 and (ranks // nodes) % tp == 0
+            and nodes <= part.nodes)
+
+
 def test_skeletons_are_exactly_the_valid_ones():
     """Brute force over every (tp, mbs, dp, ordered partitions, stage counts) combination."""
     site, job = tiny_site(gpn=(2, 4), nodes=(2, 1)), tiny_job(gbs=8)
@@ -81,9 +89,7 @@ def test_skeletons_are_exactly_the_valid_ones():
                 for counts in itertools.product(range(1, 5), repeat=g):
                     if sum(counts) > 4:
                         continue
-                    ok = all(parts[i].gpus_per_node % tp == 0
-                             and c * dp <= parts[i].nodes * (parts[i].gpus_per_node // tp)
-                             for i, c in zip(seq, counts))
+                    ok = all(_fits_whole_nodes(parts[i], c * tp * dp, tp) for i, c in zip(seq, counts))
                     if ok and sum(counts) <= job.model.num_layers:
                         want.add((tp, dp, mbs, tuple(zip(seq, counts))))
     assert got == want

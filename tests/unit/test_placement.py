@@ -1,0 +1,91 @@
+"""The one fit rule: what place() returns, and that search, composition and render share it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memx_hpc.errors import SpecError
+from memx_hpc.placement import group_fits, place, place_groups, shared_recompute
+from memx_hpc.search.space import PlanSpace, SpaceOptions
+from memx_hpc.slurm.render import describe
+from memx_hpc.spec import Plan, Recompute, Stage, load_job, load_site
+
+ROOT = Path(__file__).resolve().parents[2]
+CROSS = ROOT / "site_configs" / "example-cross-vendor.yaml"
+LOCAL = ROOT / "site_configs" / "local.yaml"
+
+
+def _plan(*stages, tp=1, dp=1, gbs=64):
+    return Plan(tp=tp, dp=dp, micro_batch_size=1, global_batch_size=gbs,
+                stages=tuple(Stage(partition=p, num_layers=n, recompute=rc or Recompute()) for p, n, rc in stages))
+
+
+def test_cross_vendor_plan_ranks_nodes_and_groups():
+    site, job = load_site(CROSS), load_job(ROOT / "jobs" / "gpt3-2.7b.yaml")  # 32 layers
+    plan = _plan(("gpu_a100", 12, None), ("gpu_a100", 12, None), ("gpu_mi250x", 8, None), tp=2, dp=2)
+    pl = place(plan, site, job)
+    assert pl.world_size == 12 and pl.pp == 3
+    assert pl.ranks_by_partition() == {"gpu_a100": 8, "gpu_mi250x": 4}
+    assert pl.nodes_by_partition() == {"gpu_a100": 2, "gpu_mi250x": 1}
+    (a, m) = pl.components
+    assert (a.stages, a.first_rank, a.nodes, a.tasks_per_node) == ((0, 1), 0, 2, 4)
+    assert (m.stages, m.first_rank, m.nodes, m.tasks_per_node, m.vendor) == ((2,), 8, 1, 4, "amd")
+    assert pl.rank_vendors() == ("nvidia",) * 8 + ("amd",) * 4 and pl.cross_vendor
+    assert pl.node_of(5) == ("gpu_a100", 1) and not pl.boundary_same_node(0)
+    crossing = {g.kind for g in pl.cross_vendor_groups()}
+    # the pipeline, model-parallel, embedding and world groups span the two stages' vendors
+    assert crossing == {"pp", "mp", "embd", "default"}
+    assert all(not g.cross_vendor for g in pl.process_groups() if g.kind in ("tp", "dp", "pos_embd"))
+
+
+@pytest.mark.parametrize("stages,tp,dp,words", [
+    ((("gpu_v100", 32, None),), 8, 1, "exceeds the 4 GPUs per node"),
+    ((("gpu_a100", 16, None), ("gpu_a100", 8, None), ("gpu_a100", 8, None)), 2, 1, "split a tensor-parallel group"),
+    ((("gpu_a100", 32, None),), 2, 8, "needs 4 nodes of partition gpu_a100"),
+    ((("gpu_a100", 31, None),), 1, 1, "hold 31 layers"),
+    ((("gpu_h100", 32, None),), 1, 1, "unknown partition"),
+])
+def test_what_does_not_fit_names_why(stages, tp, dp, words):
+    site, job = load_site(CROSS), load_job(ROOT / "jobs" / "gpt3-2.7b.yaml")
+    with pytest.raises(SpecError, match=words):
+        place(_plan(*stages, tp=tp, dp=dp), site, job)
+
+
+def test_one_command_line_serves_a_shared_block_recompute():
+    full, k2 = Recompute(mode="full"), Recompute(mode="full", num_layers=2)
+    # block k=2 recomputes 2 of 3 layers and both of a 2-layer stage: one component
+    assert shared_recompute([Stage(partition="p", num_layers=3, recompute=k2),
+                             Stage(partition="p", num_layers=2, recompute=full)]) == k2
+    # a 3-layer stage recomputed entirely needs k >= 3: two command lines
+    assert shared_recompute([Stage(partition="p", num_layers=3, recompute=k2),
+                             Stage(partition="p", num_layers=3, recompute=full)]) is None
+    assert shared_recompute([Stage(partition="p", num_layers=3),
+                             Stage(partition="p", num_layers=3, recompute=full)]) is None
+    site, job = load_site(LOCAL), load_job(ROOT / "jobs" / "tiny-gpt.yaml")  # 4 layers, 1-node partitions
+    plan = _plan(("nvidia_a100", 2, Recompute(mode="full", num_layers=1)), ("nvidia_a100", 1, full),
+                 ("amd_mi250", 1, None), gbs=8)
+    req = describe(plan, site, job)
+    assert [c.stages for c in req.components] == [(0, 1), (2,)]
+    assert req.megatron_argv[0][-6:] == ["--recompute-granularity", "full", "--recompute-method", "block",
+                                         "--recompute-num-layers", "1"]
+
+
+def test_every_plan_the_space_enumerates_is_placed_as_the_renderer_places_it():
+    """Search and render share the rule: with one recompute level per partition group (the
+    default), every plan of the space fits, with one component per partition group."""
+    site, job = load_site(CROSS), load_job(ROOT / "jobs" / "gpt3-2.7b.yaml")
+    space = PlanSpace(site, job, SpaceOptions(layer_granularity=8, max_pipeline_stages=4))
+    for sk in space.skeletons:
+        for p, n in sk.groups:
+            assert group_fits(site.partitions[p], n, tp=sk.tp, dp=sk.dp)
+    step = max(1, len(space) // 400)
+    for i in range(0, len(space), step):
+        plan = space.plan_at(i)
+        pl = place(plan, site, job)
+        assert len(pl.components) == len(plan.component_groups())
+        sk = space.skeletons[space.skeleton_of(i)]
+        priced = place_groups(site, tp=sk.tp, dp=sk.dp, groups=[(site.partitions[p].name, n) for p, n in sk.groups])
+        shape = lambda c: (c.partition, c.stages, c.first_rank, c.nodes, c.tasks_per_node, c.first_node)  # noqa: E731
+        assert [shape(c) for c in pl.components] == [shape(c) for c in priced.components]
