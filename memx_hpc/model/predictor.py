@@ -514,12 +514,20 @@ class Predictor:
             # a temporary name of this process alone: two fits at once each replace whole files
             tmp = target.with_name(f".{target.stem}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp.ubj")
             try:
+                raw = b.save_raw(raw_format="ubj")
+            except _xgb().core.XGBoostError as e:
+                raise SystemFailure(f"{target}: cannot serialise the predictor: {_xgb_reason(e)}") from None
+            try:
+                # Python writes the bytes, not XGBoost: a read-only folder or a full disk is
+                # then an OSError that says so, not XGBoost's message ending in a C backtrace.
                 path.parent.mkdir(parents=True, exist_ok=True)
-                b.save_model(str(tmp))
+                with open(tmp, "xb") as fh:
+                    fh.write(raw)
+                    fh.flush()
+                    os.fsync(fh.fileno())
                 os.replace(tmp, target)  # atomic: a reader never sees half a model
-            except (OSError, _xgb().core.XGBoostError) as e:
-                why = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1]
-                raise SystemFailure(f"{target}: cannot write the predictor: {why}") from None
+            except OSError as e:
+                raise SystemFailure(f"{target}: cannot write the predictor: {e.strerror or e}") from None
             finally:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
@@ -765,3 +773,9 @@ def _remove_dead_temporaries(path: Path) -> None:
             if m and int(m.group(2)) != os.getpid() and not pid_alive(int(m.group(2))):
                 with contextlib.suppress(OSError):
                     t.unlink()
+
+
+def _xgb_reason(e: Exception) -> str:
+    """XGBoost's message without the C++ backtrace it appends (``[bt] (8) ...`` lines)."""
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip() and not ln.strip().startswith(("[bt]", "Stack trace"))]
+    return lines[0] if lines else type(e).__name__

@@ -69,7 +69,7 @@ from ..spec import (SAMPLE_KINDS, SAMPLE_ORIGINS, LayerSample, LayerShape, NotAR
                     read_regular_file)
 
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "COLUMNS", "E2E_COLUMNS", "E2ERecord", "ProfileStore",
-           "StoreLocked", "sample_to_row", "row_to_sample", "record_to_row", "row_to_record", "records_hash"]
+           "StoreDamaged", "StoreFull", "StoreLocked", "sample_to_row", "row_to_sample", "record_to_row", "row_to_record", "records_hash"]
 
 SCHEMA_VERSION = 4
 #: Versions this code reads: 1 (layer samples only), 2 (adds ``/e2e``), 3 (appendable tables),
@@ -145,6 +145,33 @@ FIGURE_KEYS = ("peak_tflops_fp32", "peak_tflops_bf16", "hbm_gbps", "memory_gib")
 
 class StoreLocked(SystemFailure):
     """Another process is writing the store (its PID is in the lock file)."""
+
+
+class StoreDamaged(SystemFailure):
+    """The file's groups, columns or counts are not the store's layout (the message names what)."""
+
+
+class StoreFull(SystemFailure):
+    """The file system (or the process's file size limit) has no room for a write; nothing was written."""
+
+
+#: Bytes one table's datasets take for one more chunk each: a table that gets its first rows,
+#: or whose row count crosses a chunk boundary, grows by this much at once.
+_CHUNK_SET_BYTES = sum(CHUNK_ROWS * 8 if c.kind != "str" else CHUNK_BYTES + CHUNK_ROWS * 8 for c in COLUMNS[1:]) \
+    + CHUNK_ROWS * 32
+#: HDF5's own metadata (object headers, B-tree nodes, the free list) a write may add.
+_METADATA_BYTES = 1 << 20
+
+
+def _rows_bytes(rows: list[dict[str, Any]], columns: tuple[Column, ...]) -> int:
+    """What ``rows`` take in their columns: 8 bytes a number, the UTF-8 text and its end offset, the digest."""
+    total = 0
+    for r in rows:
+        for c in columns:
+            v = r[c.name]
+            total += len(v.encode("utf-8")) + 8 if c.kind == "str" else 8
+        total += 32
+    return total
 
 
 # --------------------------------------------------------------------------- rows
@@ -327,53 +354,144 @@ def _check_gpu_name(name: str) -> None:
 # --------------------------------------------------------------------------- appendable tables
 
 
-def _text_attr(g: Any, name: str, default: str) -> str:
-    v = g.attrs.get(name, default)
-    return v.decode() if isinstance(v, bytes) else str(v)
+def _show(v: Any) -> str:
+    """What an attribute holds, for a message about a damaged store."""
+    if hasattr(v, "shape") and getattr(v, "shape", ()) != ():
+        return f"an array of shape {tuple(v.shape)}"
+    if isinstance(v, (bytes, str)):
+        return f"text {v[:40]!r}"
+    return repr(v)[:40]
+
+
+def _scalar(v: Any) -> Any:
+    return v.item() if hasattr(v, "item") and getattr(v, "shape", None) == () else v
+
+
+def _text_attr(g: Any, name: str, default: str, where: str) -> str:
+    v = _scalar(g.attrs.get(name, default))
+    if isinstance(v, bytes):
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    elif isinstance(v, str):
+        return v
+    raise StoreDamaged(f"{where}: the attribute {name!r} should be text; it holds {_show(v)}")
+
+
+def _count_attr(g: Any, name: str, where: str, *, most: int | None = None) -> int:
+    """A whole-number attribute (a row count, a flag) of a damaged store named as such."""
+    v = _scalar(g.attrs.get(name))
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (most is not None and v > most):
+        rule = f"0 to {most}" if most is not None else "a whole number >= 0"
+        raise StoreDamaged(f"{where}: the attribute {name!r} should be {rule}; it holds {_show(v)}")
+    return v
 
 
 def _check_format(f: Any, path: Path) -> int:
-    fmt = f.attrs.get("format")
-    fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
-    if fmt != FORMAT_NAME:
-        raise SpecError("not a memx profile store", file=str(path), field="format", found=fmt, allowed=FORMAT_NAME)
-    version = int(f.attrs.get("schema_version", -1))
+    """The schema version of a store file, once its layout was checked (see :func:`_check_layout`)."""
+    fmt = _scalar(f.attrs.get("format"))
+    fmt = fmt.decode("utf-8", "replace") if isinstance(fmt, bytes) else fmt
+    if not isinstance(fmt, str) or fmt != FORMAT_NAME:
+        raise SpecError("not a memx profile store", file=str(path), field="format",
+                        found=fmt if isinstance(fmt, str) or fmt is None else _show(fmt), allowed=FORMAT_NAME)
+    if "schema_version" not in f.attrs:
+        raise SpecError("unsupported store schema version", file=str(path), field="schema_version",
+                        found=None, allowed=", ".join(map(str, READABLE_VERSIONS)))
+    version = _count_attr(f, "schema_version", f"{path}: the profile store is damaged")
     if version not in READABLE_VERSIONS:
         raise SpecError("unsupported store schema version", file=str(path), field="schema_version",
                         found=version, allowed=", ".join(map(str, READABLE_VERSIONS)))
+    _check_layout(f, path, version)
     return version
+
+
+#: The dtype kinds a column may be stored as (ints in float columns: older writers).
+_KINDS = {"int": "iu", "bool": "biu", "float": "fiu", "str": "OSU", "utf8": "u", "end": "i", "digest": "S"}
+
+
+def _check_layout(f: Any, path: Path, version: int) -> None:
+    """Refuse a file whose top-level layout is not the store's (``/gpu`` a dataset or missing,
+    a table that is a dataset, a flag that is text or an array), naming the store and what is
+    wrong, before a reader or writer relies on it. Each table's count and columns are checked
+    where they are opened (:func:`_rows_of`, :func:`_column`): checking every column here
+    opened each dataset twice, which on a store of 16 GPU types cost more than the read."""
+    import h5py
+
+    where = f"{path}: the profile store is damaged"
+    if _WRITING in f.attrs:
+        _count_attr(f, _WRITING, where, most=1)
+    top = f.get("gpu")
+    if not isinstance(top, h5py.Group):
+        raise StoreDamaged(f"{where}: /gpu should be the group of sample tables; it is "
+                            f"{'missing' if top is None else 'not a group'}")
+    if version >= 2 and "e2e" in f and not isinstance(f["e2e"], h5py.Group):
+        raise StoreDamaged(f"{where}: /e2e should be a table (a group); it is not")
+
+
+def _table(top: Any, name: str, where: str) -> Any:
+    """Member ``name`` of ``/gpu`` as a table (a group), or None when there is none."""
+    import h5py
+
+    g = top.get(name)
+    if g is not None and not isinstance(g, h5py.Group):
+        raise StoreDamaged(f"{where}: /gpu/{name} should be a table (a group); it is not")
+    return g
+
+
+def _rows_of(g: Any, where: str) -> int:
+    """The committed row count of a table (schema 3 on)."""
+    return _count_attr(g, _COMMITTED, where)
+
+
+def _column(g: Any, name: str, kind: str, where: str, rows: int | None = None) -> Any:
+    """The 1-D dataset ``name`` of table ``g`` of dtype kind ``kind`` (see :data:`_KINDS`) holding
+    at least ``rows`` items; a damaged store otherwise."""
+    import h5py
+
+    ds = g.get(name)
+    if ds is None:
+        raise StoreDamaged(f"{where} lacks column {name!r}")
+    if not isinstance(ds, h5py.Dataset) or len(ds.shape) != 1 or ds.dtype.kind not in _KINDS[kind] \
+            or (kind == "digest" and ds.dtype.itemsize != 32):
+        what = "a group" if not isinstance(ds, h5py.Dataset) else f"{ds.dtype} of shape {ds.shape}"
+        raise StoreDamaged(f"{where}: column {name!r} should be a 1-D column of {kind} values; it is {what}")
+    if rows is not None and ds.shape[0] < rows:
+        raise StoreDamaged(f"{where}: column {name!r} holds {ds.shape[0]} rows, {rows} were committed")
+    return ds
 
 
 def _read_columns(g: Any, columns: tuple[Column, ...], version: int, where: str) -> dict[str, Any]:
     """The committed rows of a table, column by column (schema 3 on: ``committed_rows``; older: all)."""
-    n = int(g.attrs[_COMMITTED]) if version >= 3 else None
+    n = _rows_of(g, where) if version >= 3 else None
     cols = {}
     for c in columns:
         if c.kind == "str" and version >= 4:
             cols[c.name] = _read_text(g, c.name, n or 0, where)
             continue
-        if c.name not in g:
-            raise SystemFailure(f"{where} lacks column {c.name!r}")
-        ds = g[c.name]
-        if n is not None and ds.shape[0] < n:
-            raise SystemFailure(f"{where}: column {c.name!r} holds {ds.shape[0]} rows, {n} were committed")
+        ds = _column(g, c.name, c.kind, where, n)
         sel = slice(0, n) if n is not None else slice(None)
         cols[c.name] = ds.asstr()[sel] if c.kind == "str" else ds[sel]
     return cols
 
 
 def _read_text(g: Any, name: str, n: int, where: str) -> list[str]:
-    if f"{name}.utf8" not in g or f"{name}.end" not in g:
-        raise SystemFailure(f"{where} lacks column {name!r}")
-    ends = g[f"{name}.end"][:n].tolist() if n else []
-    if len(ends) < n:
-        raise SystemFailure(f"{where}: column {name!r} holds {len(ends)} rows, {n} were committed")
-    raw = g[f"{name}.utf8"][:ends[-1]].tobytes() if ends else b""
-    if len(raw) < (ends[-1] if ends else 0):
-        raise SystemFailure(f"{where}: column {name!r} holds fewer bytes than its rows need")
+    import numpy as np
+
+    ends_ds = _column(g, f"{name}.end", "end", where, n)
+    data = _column(g, f"{name}.utf8", "utf8", where)
+    ends = ends_ds[:n] if n else np.zeros(0, dtype=np.int64)
+    if len(ends) and (ends[0] < 0 or np.any(np.diff(ends) < 0)):
+        raise StoreDamaged(f"{where}: column {name!r} is damaged (its row ends go backwards)")
+    raw = data[:int(ends[-1])].tobytes() if len(ends) else b""
+    if len(raw) < (ends[-1] if len(ends) else 0):
+        raise StoreDamaged(f"{where}: column {name!r} holds fewer bytes than its rows need")
     out, start = [], 0
-    for end in ends:
-        out.append(raw[start:end].decode("utf-8"))
+    for end in ends.tolist():
+        try:
+            out.append(raw[start:end].decode("utf-8"))
+        except UnicodeDecodeError:
+            raise StoreDamaged(f"{where}: column {name!r} row {len(out)} is not UTF-8 text") from None
         start = end
     return out
 
@@ -402,7 +520,7 @@ def _new_table(g: Any, columns: tuple[Column, ...], *, digests: bool = False) ->
 
 def _sample_group(top: Any, gpu: str) -> Any:
     """The committed (possibly empty) table of ``gpu``; a group whose creation was cut short is rebuilt."""
-    g = top.get(gpu)
+    g = _table(top, gpu, f"{top.file.filename}: the profile store is damaged")
     if g is not None and _COMMITTED in g.attrs:
         return g
     if g is not None:
@@ -420,14 +538,20 @@ def _append_rows(g: Any, columns: tuple[Column, ...], rows: list[dict[str, Any]]
     left there) and return the new row count; the caller commits it with :func:`_commit`."""
     import numpy as np
 
-    n = int(g.attrs.get(_COMMITTED, 0))
+    where = f"{g.file.filename}: the profile store is damaged: table {g.name}"
+    n = _rows_of(g, where) if _COMMITTED in g.attrs else 0
     k = len(rows)
     if not k:
         return n
+    # every column is opened and checked before the first is written: a damaged table is
+    # refused with nothing written, not half-way through
+    cols = {c.name: (_column(g, f"{c.name}.end", "end", where, n), _column(g, f"{c.name}.utf8", "utf8", where))
+            if c.kind == "str" else _column(g, c.name, c.kind, where, n) for c in columns}
+    digest_ds = _column(g, _DIGESTS, "digest", where, n) if digests is not None else None
     for c in columns:
         vals = [r[c.name] for r in rows]
         if c.kind == "str":
-            ends, data = g[f"{c.name}.end"], g[f"{c.name}.utf8"]
+            ends, data = cols[c.name]
             start = int(ends[n - 1]) if n else 0
             blobs = [v.encode("utf-8") for v in vals]
             blob = b"".join(blobs)
@@ -437,11 +561,11 @@ def _append_rows(g: Any, columns: tuple[Column, ...], rows: list[dict[str, Any]]
             ends.resize((n + k,))
             ends[n:n + k] = start + np.cumsum([len(b) for b in blobs], dtype=np.int64)
             continue
-        ds = g[c.name]
+        ds = cols[c.name]
         ds.resize((n + k,))
         ds[n:n + k] = np.array(vals, dtype=_h5_dtype(c))
-    if digests is not None:
-        ds = g[_DIGESTS]
+    if digest_ds is not None:
+        ds = digest_ds
         ds.resize((n + k,))
         ds[n:n + k] = np.array(digests, dtype="S32")
     return n + k
@@ -518,29 +642,37 @@ class ProfileStore:
                 version = _check_format(f, self.path)
                 rows: dict[str, list[dict[str, Any]]] = {}
                 figures: dict[str, dict] = {}
-                for gname, g in f.get("gpu", {}).items():
+                for gname in f["gpu"]:
+                    g = _table(f["gpu"], gname, f"{self.path}: the profile store is damaged")
                     if version >= 3 and _COMMITTED not in g.attrs:
                         continue  # a table whose creation was cut short: nothing in it was committed
-                    gpu = _text_attr(g, "gpu_type", gname)
-                    fig = _text_attr(g, "device_figures", "")
+                    where = f"{self.path}: the profile store is damaged: /gpu/{gname}"
+                    gpu = _text_attr(g, "gpu_type", gname, where)
+                    fig = _text_attr(g, "device_figures", "", where)
                     if fig:
                         try:
                             figures[gpu] = json.loads(fig)
                         except ValueError:
-                            raise SpecError("not valid JSON", file=str(self.path),
-                                            field=f"gpu/{gname}.device_figures", found=fig[:80]) from None
-                    cols = _read_columns(g, COLUMNS[1:], version, f"{self.path}: table gpu/{gname}")
+                            raise StoreDamaged(f"{where}: the attribute 'device_figures' is not valid JSON "
+                                                f"({fig[:80]!r})") from None
+                        if not isinstance(figures[gpu], dict):
+                            raise StoreDamaged(f"{where}: the attribute 'device_figures' should be a JSON "
+                                                f"mapping ({fig[:80]!r})")
+                    cols = _read_columns(g, COLUMNS[1:], version, f"{self.path}: the profile store is damaged: table /gpu/{gname}")
                     n = len(cols["kind"])
                     table = []
                     for i in range(n):
                         row: dict[str, Any] = {"gpu_type": gpu}
-                        for c in COLUMNS[1:]:
-                            row[c.name] = _coerce(c, cols[c.name][i])
+                        try:
+                            for c in COLUMNS[1:]:
+                                row[c.name] = _coerce(c, cols[c.name][i])
+                        except SpecError as e:
+                            raise StoreDamaged(f"{where}: row {i}: {e}") from None
                         table.append(row)
                     rows[gpu] = table
                 e2e: tuple[dict[str, Any], ...] = ()
                 if version >= 2 and "e2e" in f and (version < 3 or _COMMITTED in f["e2e"].attrs):
-                    cols = _read_columns(f["e2e"], E2E_COLUMNS, version, f"{self.path}: table e2e")
+                    cols = _read_columns(f["e2e"], E2E_COLUMNS, version, f"{self.path}: the profile store is damaged: table /e2e")
                     n = len(cols["key"])
                     e2e = tuple({c.name: _coerce(c, cols[c.name][i]) for c in E2E_COLUMNS} for i in range(n))
         except SpecError as e:
@@ -563,7 +695,11 @@ class ProfileStore:
                     continue
                 if wanted is not None and row["origin"] not in wanted:
                     continue
-                out.append(row_to_sample(row))
+                try:
+                    out.append(row_to_sample(row))
+                except SpecError as e:  # a row the file holds that no sample can be: a damaged store
+                    raise StoreDamaged(f"{self.path}: the profile store is damaged: /gpu/{gpu} row "
+                                        f"{table.index(row)}: {e}") from None
         return out
 
     def __len__(self) -> int:
@@ -666,6 +802,8 @@ class ProfileStore:
                     rows.append(row)
             if rows:
                 with self._open_for_append() as f:
+                    self._check_room(2 * _rows_bytes(rows, E2E_COLUMNS) + _METADATA_BYTES + len(E2E_COLUMNS) * (
+                        CHUNK_BYTES + CHUNK_ROWS * 8))
                     g = f["e2e"]
                     n = _append_rows(g, E2E_COLUMNS, rows)
                     _commit(f, [(g, n)])
@@ -703,6 +841,8 @@ class ProfileStore:
                     by_gpu.setdefault(gpu, []).append((row, d))
                 if not by_gpu:
                     return 0
+                self._check_room(sum(_CHUNK_SET_BYTES + _rows_bytes([r for r, _ in v], COLUMNS)
+                                     for v in by_gpu.values()) + _METADATA_BYTES)
                 commits = []
                 for gpu, items in by_gpu.items():
                     g = _sample_group(top, gpu)
@@ -758,7 +898,7 @@ class ProfileStore:
             try:
                 with h5py.File(self.path, "r", locking=False) as f:
                     version = _check_format(f, self.path)
-                    dirty = bool(f.attrs.get(_WRITING, 0))
+                    dirty = bool(_scalar(f.attrs.get(_WRITING, 0)))  # a 0/1 count: _check_layout
             except IsADirectoryError:
                 raise SystemFailure(f"{self.path}: the profile store path is a folder, not a file") from None
             except OSError as e:
@@ -779,7 +919,13 @@ class ProfileStore:
         try:
             f.attrs[_WRITING] = 1  # cleared below; found set, the next writer rebuilds the file
             f.flush()
-            yield f
+            try:
+                yield f
+            except (StoreDamaged, StoreFull):
+                # Found before any count was raised: the committed rows are as they were and the
+                # file closes cleanly, so it is not marked as cut short.
+                f.attrs[_WRITING] = 0
+                raise
             f.flush()
             f.attrs[_WRITING] = 0
         finally:
@@ -794,14 +940,15 @@ class ProfileStore:
             self._digest_cache, self._digest_key = {}, key
         seen = self._digest_cache.get(gpu)
         if seen is None:
-            g = top.get(gpu)
+            where = f"{self.path}: the profile store is damaged: table /gpu/{gpu}"
+            g = _table(top, gpu, where)
             if g is None or _COMMITTED not in g.attrs:
                 seen = set()
             else:
-                n = int(g.attrs[_COMMITTED])
+                n = _rows_of(g, where)
                 # The raw 32 bytes of each digest: numpy's S32 items drop trailing NUL bytes
                 # (about one digest in 256 ends in one), which then never matched a new row's.
-                raw = g[_DIGESTS][:n].tobytes()
+                raw = _column(g, _DIGESTS, "digest", where, n)[:n].tobytes()
                 seen = {raw[i:i + 32] for i in range(0, len(raw), 32)}
             self._digest_cache[gpu] = seen
         return seen
@@ -830,6 +977,8 @@ class ProfileStore:
             raise SystemFailure(f"{self.path.parent}: cannot create the profile store's folder: "
                                 f"{e.strerror or e}") from None
         self._clean_temps()
+        self._check_room(sum(_CHUNK_SET_BYTES + _rows_bytes(t, COLUMNS) for t in snap.rows.values())
+                         + 2 * _rows_bytes(list(snap.e2e), E2E_COLUMNS) + _METADATA_BYTES, whole_file=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         try:
             with h5py.File(tmp, "w", locking=False) as f:
@@ -859,6 +1008,34 @@ class ProfileStore:
                 tmp.unlink()
         self._cache_key, self._cache = None, None
         self._digest_key, self._digest_cache = None, {}
+
+    def _check_room(self, need_bytes: int, *, whole_file: bool = False) -> None:
+        """Refuse a write the file system or the file size limit (``RLIMIT_FSIZE``) has no room
+        for, before HDF5 starts it: HDF5 meeting a full disk or the limit mid-write crashed the
+        process (a segfault in its clean-up), where this names the store and writes nothing.
+        ``whole_file``: a new file is written beside the store (which stays until the move)."""
+        import resource
+
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            size = 0
+        if whole_file:
+            # the rewrite copies what other tables keep in the file (link curves) as they are
+            need_bytes += size
+        try:
+            st = os.statvfs(self.path.parent)
+        except OSError:
+            return  # no folder yet: the write itself says why
+        room, why = st.f_bavail * st.f_frsize, f"free on the file system of {self.path.parent}"
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if soft != resource.RLIM_INFINITY:
+            grows_from = 0 if whole_file else size
+            if soft - grows_from < room:
+                room, why = max(0, soft - grows_from), f"left under this process's file size limit ({soft:,} bytes)"
+        if need_bytes > room:
+            raise StoreFull(f"{self.path}: no room to write the profile store: about {need_bytes / 2**20:.1f} MiB "
+                            f"needed, {room / 2**20:.1f} MiB {why}; nothing was written")
 
     def _carry_other_groups(self, f: Any) -> None:
         """Groups other tables keep in the same file (``/comm``: the link curves of
