@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "memx_hpc"
 RANK = {"<foundation>": 0, "profile": 1, "model": 2, "search": 3, "slurm": 4, "train": 5, "planner": 6, "sitegen": 6,
         "cli": 7, "__main__": 8}
 FOUNDATION = {"__init__", "errors", "spec", "catalog", "datapaths", "records", "planfile", "megatron_cpu", "data",
-              "tables", "shellsafe", "params", "hfconfig", "placement"}
+              "tables", "shellsafe", "params", "hfconfig", "placement", "megatron_args"}
 
 
 def floor_of(module: str) -> str:

@@ -17,6 +17,7 @@ from the ``test`` extra.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import shlex
@@ -258,3 +259,74 @@ def test_megatron_lm_accepts_a_training_launch_with_data_schedule_and_checkpoint
         with pytest.raises(SpecError) as e:
             job_from_mapping({**doc, "data": bad})
         assert e.value.field == field
+
+
+def _dense_args(m) -> list[str]:
+    """The dense shape's arguments as the renderer writes them (slurm/render.py ``_model_args``)."""
+    a = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size), "--ffn-hidden-size",
+         str(m.ffn_hidden_size), "--num-attention-heads", str(m.num_attention_heads),
+         "--seq-length", str(m.seq_length), "--max-position-embeddings", str(m.seq_length),
+         "--swiglu", "--untie-embeddings-and-output-weights", "--position-embedding-type", "rope",
+         "--normalization", "RMSNorm", "--disable-bias-linear"]
+    if m.num_query_groups != m.num_attention_heads:
+        a += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
+    return a
+
+
+HF_CONFIGS = ROOT / "tests" / "data" / "hf_configs"
+
+
+@pytest.mark.parametrize("source,world,par", [
+    ("Mixtral-8x7B", 16, dict(tp=2, pp=1, sequence_parallel=True, ep=8)),
+    ("Qwen3-30B-A3B", 32, dict(tp=2, pp=2, sequence_parallel=True, ep=8, etp=1, virtual_stages=3)),
+    ("DeepSeek-V2-Lite", 8, dict(tp=1, pp=1, ep=8)),
+    ("DeepSeek-V3.json", 64, dict(tp=2, pp=1, sequence_parallel=True, ep=8, etp=1)),  # 61 layers: no even PP
+    ("Qwen1.5-MoE-A2.7B.json", 8, dict(tp=2, pp=1, sequence_parallel=True, ep=4)),
+    ("Llama-3.1-405B", 64, dict(tp=8, pp=4, sequence_parallel=True, virtual_stages=3, cp=2)),
+    ("Llama-3-70B", 64, dict(tp=4, pp=8, sequence_parallel=True, virtual_stages=5)),
+])
+def test_megatron_lm_accepts_moe_mla_and_the_new_parallel_degrees(source, world, par, monkeypatch):
+    """Megatron-LM's parse_args + validate_args on the model and parallelism arguments of
+    memx_hpc.megatron_args, for the MoE/MLA presets and configs and a long-context and a
+    70B-class dense layout (NVIDIA's Llama-3-70B recipe: TP4 PP8, 5 virtual stages)."""
+    from memx_hpc.catalog import preset
+    from memx_hpc.hfconfig import read_hf_config
+    from memx_hpc.megatron_args import flat, model_extension_args, parallel_args
+    from memx_hpc.spec import ModelSpec
+
+    m = ModelSpec(**read_hf_config(HF_CONFIGS / source)) if source.endswith(".json") else preset(source)
+    if source.startswith("DeepSeek-V3"):
+        m = dataclasses.replace(m, seq_length=4096)
+    pp = par.pop("pp")
+    argv = (_dense_args(m) + flat(model_extension_args(m)) + flat(parallel_args(m, **par))
+            + ["--tensor-model-parallel-size", str(par["tp"]), "--pipeline-model-parallel-size", str(pp),
+               "--micro-batch-size", "1", "--global-batch-size", str(world * 4), "--train-iters", "1",
+               "--lr", "1e-4", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size",
+               str(m.vocab_size), "--bf16", "--use-distributed-optimizer"])
+    args = judge(argv, world, monkeypatch, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    assert args.num_experts == m.num_experts
+    assert args.expert_model_parallel_size == par.get("ep", 1)
+    assert args.context_parallel_size == par.get("cp", 1)
+    assert (args.virtual_pipeline_model_parallel_size or 1) == par.get("virtual_stages", 1)
+    assert args.sequence_parallel == par.get("sequence_parallel", False)
+    if m.is_moe:
+        pattern = args.moe_layer_freq
+        got = [i % pattern == 0 for i in range(m.num_layers)] if isinstance(pattern, int) else [bool(x) for x in pattern]
+        assert tuple(got) == m.moe_layers
+        assert args.moe_router_topk == m.moe_router_topk and args.moe_ffn_hidden_size == m.expert_ffn_hidden_size
+    if m.multi_latent_attention:
+        assert (args.kv_lora_rank, args.q_lora_rank, args.qk_pos_emb_head_dim) == \
+            (m.kv_lora_rank, m.q_lora_rank, m.qk_pos_emb_head_dim)
+    assert args.rotary_base == m.rotary_base
+
+
+def test_megatron_lm_refuses_more_expert_ranks_than_experts(monkeypatch):
+    from memx_hpc.catalog import preset
+    from memx_hpc.megatron_args import flat, model_extension_args, parallel_args
+
+    m = preset("Mixtral-8x7B")
+    argv = (_dense_args(m) + flat(model_extension_args(m)) + flat(parallel_args(m, tp=1, ep=16))
+            + ["--micro-batch-size", "1", "--global-batch-size", "64", "--train-iters", "1", "--lr", "1e-4",
+               "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(m.vocab_size), "--bf16"])
+    with pytest.raises(AssertionError):
+        judge(argv, 16, monkeypatch, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
