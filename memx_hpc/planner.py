@@ -262,8 +262,10 @@ def load_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[
     calibrated by the end-to-end runs the store holds for the site (see
     :mod:`memx_hpc.model.calibrate`) unless ``calibrate`` is False or ``analytic`` is set.
     ``progress``: say on stderr when the predictor is fitted or reloaded, and how long it took."""
+    from .profile.store import ProfileStore
+    store = ProfileStore(store_path)  # one object: the file is read once, however many parts read it
     model = _uncalibrated_cost_model(site, job, store_path, analytic=analytic, notes=notes, fit=fit,
-                                     progress=progress)
+                                     progress=progress, store=store)
     # every p2p and collective of the composition reads the site's link curves: measured
     # and imported ones from the store, the site's figures (labelled so) for the rest
     from .model.links import load_links
@@ -273,18 +275,19 @@ def load_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[
         notes.append("links from the site file's figures (no measured or imported curve): " + ", ".join(fallback))
     if analytic or not calibrate or not store_path.is_file():
         return model
-    return calibrated(model, site, job, store_path, notes)
+    return calibrated(model, site, job, store_path, notes, store=store)
 
 
-def calibrated(model, site, job, store_path: Path, notes: list[str]):
+def calibrated(model, site, job, store_path: Path, notes: list[str], *, store=None):
     """``model`` wrapped in the calibration from the store's end-to-end runs of ``site``
-    (``model`` itself when there are none); what was used goes into ``notes``."""
-    from .model.calibrate import CalibratedCostModel
+    (``model`` itself when there are none); what was used goes into ``notes``. ``store``:
+    the ProfileStore of ``store_path`` when the caller has one (its snapshot is reused)."""
     from .profile.store import ProfileStore
 
-    records = ProfileStore(store_path).e2e_records(site=site.name)
+    records = (store if store is not None else ProfileStore(store_path)).e2e_records(site=site.name)
     if not records:
         return model
+    from .model.calibrate import CalibratedCostModel
     cm = CalibratedCostModel(model, records, site, job).fit()
     cal = cm.calibration_
     if not cal.runs:
@@ -303,7 +306,7 @@ def base_of(model):
 
 
 def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[str], fit: bool = True,
-                             progress: bool = True):
+                             progress: bool = True, store=None):
     from .model.api import AnalyticCostModel
     from .model.routed import RoutedCostModel
     fallback = AnalyticCostModel(site)
@@ -317,7 +320,7 @@ def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, not
         return fallback
     from .model.api import with_store_figures
     from .profile.store import ProfileStore
-    store = ProfileStore(store_path)
+    store = store if store is not None else ProfileStore(store_path)
     samples = store.samples()
     # CPU "devices" (measured_at_profile_time): the speeds measured when profiling, as
     # memx-hpc fit uses them, so both fit the same model from the same figures

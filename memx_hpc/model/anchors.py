@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -62,6 +63,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..spec import LayerShape, LayerSample
+from .analytic import ATTENTION_KINDS
 from .api import LayerQuery, analytic_activation_bytes, resolve_gpu, roofline_components
 
 #: How an answer was obtained, from most to least direct.
@@ -82,8 +84,22 @@ def plain_dict(obj: Any) -> dict[str, Any]:
     out = {}
     for name in _field_names(type(obj)):
         v = getattr(obj, name)
-        out[name] = plain_dict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+        out[name] = plain_dict(v) if hasattr(type(v), "__dataclass_fields__") else v
     return out
+
+
+def named_values(obj: Any) -> tuple:
+    """A spec of plain values as ``((field, value), ...)`` in field order, nested specs the
+    same way: :func:`plain_dict` as a tuple, for hashing."""
+    out = []
+    for name in _field_names(type(obj)):
+        v = getattr(obj, name)
+        if hasattr(type(v), "__dataclass_fields__"):
+            v = named_values(v)
+        elif hasattr(v, "item") and not isinstance(v, (bool, int, float, str)):
+            v = v.item()  # a NumPy scalar: the Python value, whose repr does not name its type
+        out.append((name, v))
+    return tuple(out)
 
 
 def _shape_key(s: LayerShape | dict[str, Any], kind: str) -> tuple:
@@ -174,9 +190,12 @@ class Anchors:
     (:meth:`to_json`) and bound to a Site/Catalog (:meth:`bind`) to compute rooflines.
     """
 
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
+    def __init__(self, rows: list[dict[str, Any]], parts: dict[str, Any] | None = None) -> None:
         self.rows = rows
         self._bound: Any = None
+        #: parts fits saved with a predictor (:meth:`parts_json`), used when a binding
+        #: resolves every GPU name to the same figures as the one they were fitted on
+        self._saved_parts = parts
 
     # -------------------------------------------------------------- building
 
@@ -214,8 +233,21 @@ class Anchors:
         return self.rows
 
     @classmethod
-    def from_json(cls, rows: list[dict[str, Any]]) -> "Anchors":
-        return cls(list(rows))
+    def from_json(cls, rows: list[dict[str, Any]], parts: dict[str, Any] | None = None) -> "Anchors":
+        return cls(list(rows), parts)
+
+    def parts_json(self) -> dict[str, Any]:
+        """Every parts fit (:meth:`_parts_fit`) a query can ask of this binding, with the
+        binding's fingerprint: saved with a predictor, they spare a reload the fits (and
+        SciPy's import, a quarter of a warm ``predict`` that estimates a GPU never profiled)."""
+        fits = []
+        kinds = sorted({k for _, k in self.by_chip})
+        for kind in kinds:
+            for pc in sorted(set(_PRECISION_CLASS.values())):
+                for attention in ATTENTION_KINDS:
+                    fit = self._parts_fit(kind, pc, attention)
+                    fits.append([kind, pc, attention, None if fit is None else [fit[0].tolist(), fit[1]]])
+        return {"binding": self._binding, "fits": fits}
 
     @staticmethod
     def _query(d: dict[str, Any], shapes: dict[tuple, LayerShape] | None = None) -> LayerQuery:
@@ -282,6 +314,14 @@ class Anchors:
                     best = max(best, r[1] + r[4])
         self._bound = gpus
         self._curves = {}
+        # what the binding depends on besides the rows: the figures each GPU name resolves to
+        self._binding = hashlib.sha256(repr(sorted(
+            (n, repr(g)) for n, g in gpu_of.items())).encode()).hexdigest()
+        saved = self._saved_parts
+        if saved and saved.get("binding") == self._binding:
+            for kind, pc, attention, fit in saved["fits"]:
+                self._curves[("parts", kind, pc, attention)] = (
+                    None if fit is None else (np.asarray(fit[0], dtype=np.float64), float(fit[1])))
         return self
 
     def datasheet(self, q: LayerQuery, g: Any) -> float:

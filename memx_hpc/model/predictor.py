@@ -96,19 +96,20 @@ DEFAULT_PARAMS = {
 }
 
 
-def sample_key(s: LayerSample) -> dict[str, Any]:
-    """The fields of a sample that a fit depends on (canonical, for hashing)."""
-    p = s.point
-    return {"point": anchors_mod.plain_dict(p), "fwd": round(s.forward_ms, 9), "bwd": round(s.backward_ms, 9),
-            "act": int(s.activation_bytes), "peak": int(s.peak_allocated_bytes),
-            "foot": int(s.device_footprint_bytes), "inf": bool(s.infeasible), "origin": s.origin,
-            "w": round(s.weight, 9)}
+def sample_key(s: LayerSample) -> tuple:
+    """The fields of a sample that a fit depends on, as ``(name, value)`` pairs (the point's
+    fields, its shape's nested, then the measured values; canonical, for hashing)."""
+    return (("point", anchors_mod.named_values(s.point)), ("fwd", round(float(s.forward_ms), 9)),
+            ("bwd", round(float(s.backward_ms), 9)), ("act", int(s.activation_bytes)),
+            ("peak", int(s.peak_allocated_bytes)), ("foot", int(s.device_footprint_bytes)),
+            ("inf", bool(s.infeasible)), ("origin", str(s.origin)), ("w", round(float(s.weight), 9)))
 
 
 def samples_hash(samples: Sequence[LayerSample]) -> str:
-    """Order-independent SHA-256 of the samples' contents."""
-    rows = sorted(hashlib.sha256(json.dumps(sample_key(s), sort_keys=True, default=str).encode()).hexdigest()
-                  for s in samples)
+    """Order-independent SHA-256 of the samples' contents: of the sorted digests of each
+    sample's :func:`sample_key` as ``repr`` writes it (floats in their shortest round-trip
+    form; a tenth of the cost of canonical JSON, which was most of a warm ``predict``)."""
+    rows = sorted(hashlib.sha256(repr(sample_key(s)).encode()).hexdigest() for s in samples)
     return hashlib.sha256("\n".join(rows).encode()).hexdigest()
 
 
@@ -495,7 +496,7 @@ class Predictor:
                 "has_memory": self.has_memory_, "n_samples": self.n_samples_, "provenance": self.provenance_,
                 "overhead": self.overhead_, "global_boosters": len(self.boosters_),
                 "present": [b is not None for b in self.boosters_],
-                "anchors": self.anchors_.to_json()}
+                "anchors": self.anchors_.to_json(), "parts": self.anchors_.bind(self.gpus).parts_json()}
 
     def save(self, path: str | Path) -> Path:
         """Write ``.ubj`` (one file per booster: ``path`` and, for two single-output boosters,
@@ -609,7 +610,7 @@ class Predictor:
         self.provenance_ = meta["provenance"]
         self.overhead_ = {k: int(v) for k, v in meta["overhead"].items()}
         self.identity = meta["identity"]
-        self.anchors_ = anchors_mod.Anchors.from_json(meta["anchors"])
+        self.anchors_ = anchors_mod.Anchors.from_json(meta["anchors"], meta.get("parts"))
         if site is None:
             from ..catalog import catalog
             site = catalog()
