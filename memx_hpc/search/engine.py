@@ -20,11 +20,11 @@ import os
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..errors import SpecError, SystemFailure
+from ..errors import MemxError, SpecError, SystemFailure
 from ..model.api import LayerQuery
 from ..model.compose import (MODE_NAMES, Composer, CostOptions, Prediction, context_queries, link_model_for,
                              memory_scale_of, predict_plan, required_queries)
@@ -271,17 +271,35 @@ class _Keeper:
 # --------------------------------------------------------------------------- predictions
 
 
+def cache_on_root(comm, fn: Callable[[], Any]) -> Any:
+    """``fn()`` (a use of the prediction cache file, which only rank 0 opens) on rank 0, its
+    result on every rank. A damaged or locked cache fails on rank 0 alone; the other ranks
+    would wait for it in the next collective forever, so the failure is sent to them too and
+    every rank raises it: all exit with the message."""
+    if comm is None:
+        return fn()
+    outcome: tuple[Any, tuple[int, str] | None] = (None, None)
+    if comm.Get_rank() == 0:
+        try:
+            outcome = (fn(), None)
+        except MemxError as e:
+            outcome = (None, (e.exit_code, str(e)))
+    value, failure = comm.bcast(outcome, root=0)
+    if failure is not None:
+        code, message = failure
+        raise SpecError(message) if code == SpecError.exit_code else SystemFailure(message)
+    return value
+
+
+
 def _predict_all(queries: list[LayerQuery], cost_model, cache: PredictionCache | None, comm,
                  stats: CacheStats) -> dict[LayerQuery, tuple[float, float]]:
     """Answers for every unique query: cache hits, then the misses predicted (split over ranks)."""
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
     identity = cost_model.identity
     sigs = [signature(identity, q) for q in queries]
-    known: dict[str, tuple[float, float]] = {}
-    if rank == 0 and cache is not None:
-        known = cache.get_many(sigs)
-    if comm is not None:
-        known = comm.bcast(known, root=0)
+    known: dict[str, tuple[float, float]] = cache_on_root(comm, lambda: cache.get_many(sigs)) \
+        if cache is not None else {}
     missing = [i for i, s in enumerate(sigs) if s not in known]
     mine = missing[rank::size]
     vals = cost_model.predict([queries[i] for i in mine]) if mine else np.zeros((0, 2))
@@ -292,8 +310,8 @@ def _predict_all(queries: list[LayerQuery], cost_model, cache: PredictionCache |
     else:
         known.update(part)
     new = {sigs[i]: known[sigs[i]] for i in missing}
-    if rank == 0 and cache is not None and new:
-        cache.put_many(new)
+    if cache is not None and new:
+        cache_on_root(comm, lambda: cache.put_many(new))
     stats.unique = len(queries)
     stats.hits = len(queries) - len(missing)
     stats.predicted = len(missing)

@@ -130,3 +130,18 @@ def test_search_under_mpiexec_stops_every_rank_when_the_store_is_unreadable(tmp_
     store.write_text("not an HDF5 file\n")
     _two_ranks_stop_on_a_fault(mpiexec, "search", store, tmp_path / "out")
     assert store.read_text() == "not an HDF5 file\n"
+
+
+def test_search_under_mpiexec_stops_every_rank_when_the_cache_is_damaged(tmp_path, mpiexec):
+    """Only rank 0 opens the prediction cache; when it is not SQLite (or is locked past its
+    busy timeout) rank 0 failed and rank 1 waited for it forever. Every rank now exits 2 naming it."""
+    cache = tmp_path / "store.cache.sqlite"
+    cache.write_bytes(b"\x01" * 8192)
+    args = ["-m", "memx_hpc", "search", "--site", str(ROOT / "site_configs" / "local.yaml"), "--analytic",
+            "--job", str(ROOT / "jobs" / "tiny-gpt.yaml"), "--store", str(tmp_path / "store.h5"),
+            "--out", str(tmp_path / "out"), "--max-stages", "2", "--mpi"]
+    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, *args], capture_output=True, text=True, env=_env(),
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.count(str(cache)) >= 2 and "Traceback" not in proc.stderr  # both ranks said why
+    assert cache.read_bytes() == b"\x01" * 8192
