@@ -1127,6 +1127,10 @@ class ModelSpec:
 
 TOKENIZER_TYPES = ("NullTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer",
                    "GPTSentencePieceTokenizer", "Llama2Tokenizer", "TikTokenizer")
+#: what the project's megatron-core entry (cross-vendor plans) builds from local files
+#: (memx_hpc/train/tokenizer.py); Megatron-LM's pretrain_gpt.py builds every TOKENIZER_TYPES entry
+PROJECT_ENTRY_TOKENIZERS = ("NullTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer", "GPTSentencePieceTokenizer",
+                            "Llama2Tokenizer")
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 
 
@@ -1206,7 +1210,15 @@ class TrainJob:
     #: whether the job named its recompute modes: the search then keeps every one of them
     #: (by default it leaves out selective recompute where fused attention makes it dominated)
     recompute_modes_given: bool = False
-    train_iters: int = 20
+    # The training length: at most one of these (Megatron-LM's --train-iters / --train-samples;
+    # tokens become samples of seq_length). None of them: a job with data cannot be launched,
+    # one without is a synthetic-data run of SYNTHETIC_TRAIN_ITERS iterations.
+    train_iters: int | None = None
+    train_samples: int | None = None
+    train_tokens: int | None = None
+    log_interval: int = 10
+    eval_interval: int = 1000
+    eval_iters: int = 10  # only where the data's split has a validation part
     max_pipeline_stages: int | None = None
     # what a training launch (render, plan --submit) uses; verify's short runs keep mock data
     data: TrainData | None = None
@@ -1248,7 +1260,16 @@ class TrainJob:
         if not isinstance(self.recompute_modes_given, bool):
             raise SpecError("expected true or false", field="recompute_modes_given",
                             found=_short(self.recompute_modes_given))
-        _whole(self.train_iters, "train_iters", 1, MAX_TRAIN_ITERS)
+        for name, hi in (("train_iters", MAX_TRAIN_ITERS), ("train_samples", MAX_TRAIN_ITERS * MAX_GLOBAL_BATCH),
+                         ("train_tokens", MAX_TRAIN_ITERS * MAX_GLOBAL_BATCH * MAX_SEQ_LENGTH)):
+            _whole(getattr(self, name), name, 1, hi, optional=True)
+        given = [n for n in ("train_iters", "train_samples", "train_tokens") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise SpecError("give the training length one way only", field=given[1], found=getattr(self, given[1]),
+                            allowed="one of train_iters, train_samples, train_tokens")
+        _whole(self.log_interval, "log_interval", 1, MAX_TRAIN_ITERS)
+        _whole(self.eval_interval, "eval_interval", 1, MAX_TRAIN_ITERS)
+        _whole(self.eval_iters, "eval_iters", 0, MAX_TRAIN_ITERS)
         _whole(self.max_pipeline_stages, "max_pipeline_stages", 1, MAX_LAYERS, optional=True)
 
     @property
@@ -1656,8 +1677,8 @@ def site_from_mapping(data: Any, *, source_file: str | None = None) -> Site:
 
 
 JOB_KEYS = ("name", "model", "global_batch_size", "precision", "optimizer", "distributed_optimizer",
-            "attention", "micro_batch_sizes", "recompute_modes", "train_iters", "max_pipeline_stages", "data",
-            "lr_schedule", "checkpoint")
+            "attention", "micro_batch_sizes", "recompute_modes", "train_iters", "train_samples", "train_tokens",
+            "log_interval", "eval_interval", "eval_iters", "max_pipeline_stages", "data", "lr_schedule", "checkpoint")
 MODEL_KEYS = ("preset", "hf_config", "name", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
               "ffn_hidden_size", "vocab_size", "seq_length", "activation", "tied_embeddings",
               "position_embedding", "normalization", "add_bias_linear") + MODEL_EXTENSION_FIELDS
@@ -1812,7 +1833,12 @@ def job_from_mapping(data: Any, *, source_file: str | None = None) -> TrainJob:
         micro_batch_sizes=tuple(mbs),
         recompute_modes=r.str_list("recompute_modes", RECOMPUTE_MODES),
         recompute_modes_given=r.has("recompute_modes"),
-        train_iters=r.int("train_iters", 20),
+        train_iters=r.int("train_iters", None),
+        train_samples=r.int("train_samples", None),
+        train_tokens=r.int("train_tokens", None),
+        log_interval=r.int("log_interval", 10),
+        eval_interval=r.int("eval_interval", 1000),
+        eval_iters=r.int("eval_iters", 10),
         max_pipeline_stages=r.int("max_pipeline_stages", None),
         data=_data_from(r.sub("data")),
         lr_schedule=_lr_from(r.sub("lr_schedule")),

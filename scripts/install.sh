@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one install command for a developer or CI machine (CPU-only, Python 3.11+).
 #
-#   scripts/install.sh                 # .venv + memx-hpc with the cpu, profile, test extras
+#   scripts/install.sh                 # .venv + memx-hpc with the cpu, profile, test, data extras
 #   scripts/install.sh --with-slurm    # also the Debian packages for the local Slurm
 #                                      # cluster (scripts/slurm-local.sh install; root)
 #   scripts/install.sh -- ARGS...      # extra arguments passed on to pip install
@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=.venv
 CONSTRAINTS=constraints/cpu.txt
-EXTRAS='.[cpu,profile,test]'
+EXTRAS='.[cpu,profile,test,data]'
 
 log() { printf '[install] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }

@@ -15,7 +15,8 @@ from ..errors import MemxError
 # One module per subcommand under memx_hpc/cli/. Each defines
 #   register(subparsers) -> argparse.ArgumentParser   (argparse only; no heavy imports)
 #   run(args) -> int
-SUBCOMMANDS = ("plan", "profile", "fit", "search", "predict", "render", "verify", "simulate", "validate", "status", "site")
+SUBCOMMANDS = ("plan", "profile", "fit", "search", "predict", "render", "verify", "simulate", "validate", "status", "site",
+               "data")
 
 DESCRIPTION = """\
 Plan Megatron-LM training on heterogeneous, cross-vendor Slurm clusters.

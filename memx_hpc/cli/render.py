@@ -16,6 +16,11 @@ Render a plan (from 'memx-hpc plan', or written by hand) into an sbatch script w
 one srun across the components, and the Megatron-LM command line (argument names of
 Megatron-LM core_r0.16.0) with each component's own recompute flags.
 
+The run is the job file's: its data: section (prepared with 'memx-hpc data prepare'),
+training length (train_iters, train_samples or train_tokens), lr_schedule, log/eval
+intervals and checkpoint: folders. A job without data: renders a synthetic-data run
+(mock data) and the script's first line says so. The job's log folder is created.
+
 Plans Megatron-LM cannot run are refused with the reason (unknown partition, TP larger
 than a node, more nodes than the partition has, a cross-vendor pipeline without
 pipeline_comm.backend: ucc, ...). The script is checked with 'bash -n'; when Slurm
@@ -39,11 +44,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--log-dir", metavar="DIR", help="folder for the job's output (default: the site's work_dir)")
     p.add_argument("--chdir", metavar="DIR", help="the job's working directory (default: where it is submitted)")
     p.add_argument("--extra", action="append", default=[], metavar="ARG",
-                   help="a further Megatron-LM argument for every rank (repeat; e.g. --extra=--data-path "
-                        "--extra=/data/mix); with data arguments also pass --no-mock-data")
-    p.add_argument("--no-mock-data", action="store_true",
-                   help="do not add --mock-data/--tokenizer-type NullTokenizer (default: mock data unless the job "
-                        "file has a data: section; otherwise give data arguments via --extra)")
+                   help="a further Megatron-LM argument for every rank, after the rendered ones (repeat; e.g. "
+                        "--extra=--seed --extra=7); data, tokenizer and checkpoints come from the job file")
     p.add_argument("--no-test-only", action="store_true",
                    help="skip 'sbatch --test-only' (e.g. when rendering for another cluster)")
     p.add_argument("--submit", action="store_true", help="submit the script and print the job id")
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("a general plan (per-replica GPU types or TP) can be predicted but Megatron-LM cannot "
                         "run it; render needs uniform tp and dp with one partition per stage", file=args.plan)
     request = r.describe(plan, site, job, iters=args.iters, extra=args.extra, log_dir=args.log_dir,
-                         workdir=args.chdir, mock_data=False if args.no_mock_data else None)
+                         workdir=args.chdir)
     script = r.render_request(request)
     out = Path(args.out) if args.out else Path(args.plan).with_suffix(".sbatch")
     if out.exists() and out.resolve() == Path(args.plan).resolve():
@@ -79,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise SystemFailure(f"{out}: cannot write the script: {e.strerror or e}") from None
     r.check_syntax(out)
+    for d in r.output_dirs(out):  # the job's log folder: Slurm does not create it
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SystemFailure(f"{d}: cannot create the job's log folder: {e.strerror or e}") from None
 
     verdict = None
     if not args.no_test_only:

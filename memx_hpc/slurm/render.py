@@ -27,6 +27,7 @@ stage the plan put it on.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -40,12 +41,13 @@ from ..errors import SpecError, SystemFailure
 from ..placement import comm_vendor, place
 from ..spec import Partition, Plan, Recompute, Site, Stage, TrainJob
 from ..shellsafe import check_entry, check_partition, check_path, check_setup_line
+from .cmdline import ComponentShape, command_line, pipeline_layout, project_entry_refusal, recompute_args
 from .groups import GroupBackend, encode_rank_vendors, format_map, group_backends
 
 __all__ = ["SUPPORTED_MEGATRON_VERSIONS", "SbatchOption", "EnvVar", "Component", "LaunchRequest",
            "VendorLaunch", "describe", "render", "render_request", "pipeline_layout", "recompute_args",
            "process_groups", "rank_vendors", "transformer_impl_of", "PROJECT_ENTRY",
-           "check_syntax", "TestOnly", "test_only", "submit", "JobOutcome", "job_states", "wait", "TEMPLATE"]
+           "check_syntax", "output_dirs", "TestOnly", "test_only", "submit", "JobOutcome", "job_states", "wait", "TEMPLATE"]
 
 #: The Megatron-LM versions whose argument names this renderer emits.
 SUPPORTED_MEGATRON_VERSIONS = ("core_r0.16.0",)
@@ -169,6 +171,8 @@ class LaunchRequest:
     cross_vendor: bool  # ranks on more than one vendor: the project's megatron-core entry runs
     preflight_code: str  # memx_hpc/slurm/preflight.py, run with python -c by every rank first
     extra_args: tuple[str, ...] = ()  # the caller's further arguments, last (argparse: later flags win)
+    run_kind: str = "train"  # train | synthetic | measure (memx_hpc.slurm.cmdline)
+    banner: str = ""  # one line: what kind of run this is, first in the script and in its log
     master_port_base: int = 20000
     master_port_span: int = 20000
 
@@ -213,68 +217,8 @@ def _env(name: str, value: str, field: str) -> EnvVar:
 
 
 # --------------------------------------------------------------------------- Megatron arguments
-
-
-def pipeline_layout(stages: Sequence[Stage]) -> str:
-    """Megatron's ``--pipeline-model-parallel-layout`` for these stages: ``E`` before the first
-    stage's layers, ``L`` after the last stage's, ``|`` between stages (core_r0.16.0,
-    megatron/core/transformer/pipeline_parallel_layer_layout.py)."""
-    parts = []
-    for i, s in enumerate(stages):
-        body = "t" if s.num_layers == 1 else f"t*{s.num_layers}"
-        if i == 0:
-            body = "E" + body
-        if i == len(stages) - 1:
-            body = body + "L"
-        parts.append(body)
-    return "|".join(parts)
-
-
-def recompute_args(recompute: Recompute, num_layers: int) -> tuple[tuple[str, ...], ...]:
-    """Megatron-LM's recompute flags for one stage of ``num_layers`` layers.
-
-    ``selective`` recomputes core attention (Megatron-LM's default module); ``full`` every
-    layer (``uniform`` method, one layer per checkpointed chunk); ``full:K`` the first K
-    layers of the stage (``block`` method: "the number of individual Transformer layers to
-    recompute within each pipeline stage").
-    """
-    if recompute.mode == "none":
-        return ()
-    if recompute.mode == "selective":
-        return (("--recompute-granularity", "selective"),)
-    k = recompute.num_layers
-    if k is not None and k == 0:
-        return ()
-    if k is None:
-        return (("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
-                ("--recompute-num-layers", "1"))
-    return (("--recompute-granularity", "full"), ("--recompute-method", "block"),
-            ("--recompute-num-layers", str(min(k, num_layers))))
-
-
-def _model_args(job: TrainJob) -> list[tuple[str, ...]]:
-    m = job.model
-    a: list[tuple[str, ...]] = [
-        ("--num-layers", str(m.num_layers)), ("--hidden-size", str(m.hidden_size)),
-        ("--ffn-hidden-size", str(m.ffn_hidden_size)), ("--num-attention-heads", str(m.num_attention_heads)),
-    ]
-    if m.num_query_groups != m.num_attention_heads:
-        a += [("--group-query-attention",), ("--num-query-groups", str(m.num_query_groups))]
-    a += [("--seq-length", str(m.seq_length)), ("--max-position-embeddings", str(m.seq_length))]
-    if m.activation == "swiglu":
-        a.append(("--swiglu",))
-    if not m.tied_embeddings:
-        a.append(("--untie-embeddings-and-output-weights",))
-    if m.position_embedding == "rope":
-        a.append(("--position-embedding-type", "rope"))
-    if m.normalization == "rmsnorm":
-        a.append(("--normalization", "RMSNorm"))
-    if not m.add_bias_linear:
-        a.append(("--disable-bias-linear",))
-    if job.attention == "core":
-        # the unfused kernel that keeps the s x s attention matrices ("sdpa" = Megatron's default)
-        a.append(("--attention-backend", "unfused"))
-    return a
+# One rule for every plan's command line: memx_hpc/slurm/cmdline.py (pipeline_layout and
+# recompute_args are re-exported here for callers of this module).
 
 
 # --------------------------------------------------------------------------- describe
@@ -286,12 +230,12 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
     """The checked launch request for ``plan`` on ``site``; raises SpecError for anything
     Megatron-LM cannot run or that cannot be written into a script safely.
 
-    ``iters`` overrides the job's ``train_iters``; ``extra`` are further Megatron-LM
-    arguments for every rank (e.g. ``--data-path``; later flags override earlier ones in
-    Megatron-LM's argparse). ``mock_data`` adds ``--mock-data`` with the NullTokenizer
-    (Megatron-LM's synthetic data), what short measured runs use (verify passes True); None
-    means the job's ``data`` section when it has one, else mock data. The job's learning-rate
-    schedule and checkpoint directories are always rendered. ``log_dir`` is where the
+    The Megatron-LM command line is :func:`memx_hpc.slurm.cmdline.command_line`'s: a training
+    run on the job's ``data:`` section, or, when the job has none, a synthetic-data run that
+    says so on the script's first lines. ``mock_data=True`` makes it a measurement run
+    (what ``verify`` times: mock data, no warm-up, evaluation or checkpoints). ``iters``
+    overrides the job's training length; ``extra`` are further Megatron-LM arguments for
+    every rank (later flags override earlier ones in Megatron-LM's argparse). ``log_dir`` is where the
     job's output goes (default: the site's ``work_dir``); ``workdir`` the job's working
     directory (default: where it is submitted from).
     """
@@ -313,8 +257,6 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
     if plan.sequence_parallel and tp == 1:
         raise SpecError("sequence parallelism needs tensor-parallel size > 1 (Megatron-LM refuses it)",
                         field="sequence_parallel", found=True)
-    if iters is not None and iters < 1:
-        raise SpecError("must be >= 1", field="iters", found=iters)
 
     placement = place(plan, site, job)  # the one fit rule: SpecError naming the field when it does not fit
     partitions = {}
@@ -337,6 +279,8 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
 
     first_layer_of = [sum(s.num_layers for s in plan.stages[:i]) for i in range(pp)]
     comps: list[Component] = []
+    shapes: list[ComponentShape] = []
+    time_limits: list[int] = []
     comm_env = [_env(k, v, f"pipeline_comm.env.{k}") for k, v in site.pipeline_comm_env] \
         if cross_vendor else []
     for pc in placement.components:
@@ -402,48 +346,31 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
             srun.append(SbatchOption(name="cpus-per-task", value=str(p.cpus_per_task)))
         srun.append(SbatchOption(name="kill-on-bad-exit", value="1"))
         impl = transformer_impl_of(p, vendor)
+        shapes.append(ComponentShape(transformer_impl=impl, recompute=recompute,
+                                     max_stage_layers=max(plan.stages[i].num_layers for i in idx)))
+        time_limits.append(p.time_limit_min or site.time_limit_min)
         comps.append(Component(
             index=ci, partition=pname, vendor=vendor, stages=tuple(idx), first_rank=first_rank, num_ranks=ranks,
             nodes=nodes, tasks_per_node=per_node, first_layer=first_layer_of[idx[0]], num_layers=n_layers,
             recompute=recompute, sbatch=tuple(sb), srun=tuple(srun), setup=setup, env=tuple(env),
             python=python, entry=entry, entry_path=entry[0] if entry[0] != "-m" else None,
-            backends=tuple(backends),
-            args=(("--transformer-impl", impl),) + recompute_args(recompute,
-                                                                  max(plan.stages[i].num_layers for i in idx))))
+            backends=tuple(backends), args=()))
 
     layout = pipeline_layout(plan.stages) if pp > 1 else None
-    common: list[tuple[str, ...]] = _model_args(job)
-    common += [("--tensor-model-parallel-size", str(tp)), ("--pipeline-model-parallel-size", str(pp))]
-    if layout is not None:
-        common.append(("--pipeline-model-parallel-layout", layout))
-    if plan.sequence_parallel:
-        common.append(("--sequence-parallel",))
-    if cross_vendor and pp > 1:
-        common.append(("--pipeline-model-parallel-comm-backend", site.pipeline_comm_backend))
-    common += [("--micro-batch-size", str(plan.micro_batch_size)),
-               ("--global-batch-size", str(plan.global_batch_size))]
-    if job.precision == "bf16":
-        common.append(("--bf16",))
-    elif job.precision == "fp16":
-        common.append(("--fp16",))
-    if job.distributed_optimizer:
-        common.append(("--use-distributed-optimizer",))
-    if job.optimizer != "adam":
-        common.append(("--optimizer", job.optimizer))
-    common += [("--train-iters", str(iters if iters is not None else job.train_iters)), ("--log-interval", "1"),
-               ("--eval-iters", "0")]
-    common += _schedule_args(job)
-    if mock_data is None:
-        mock_data = job.data is None
     if mock_data:
-        common += [("--mock-data",), ("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(model.vocab_size))]
-    elif job.data is not None:
-        if cross_vendor and job.data.tokenizer_type != "NullTokenizer":
-            raise SpecError("a cross-vendor plan runs the project's megatron-core entry, which reads pre-tokenized "
-                            "data only: give tokenizer type NullTokenizer (the model's vocab_size is the "
-                            "tokenizer's)", field="data.tokenizer.type", found=job.data.tokenizer_type,
-                            allowed="NullTokenizer")
-        common += _data_args(job)
+        kind = "measure"
+    else:
+        kind = "train" if job.data is not None else "synthetic"
+    if cross_vendor:
+        why = project_entry_refusal(job)
+        if why is not None:
+            raise SpecError(why, field="data.tokenizer.type", file=job.source_file,
+                            found=job.data.tokenizer_type if job.data else None)
+    cmd = command_line(plan, job, components=shapes, cross_vendor=cross_vendor,
+                       pipeline_backend=site.pipeline_comm_backend, kind=kind, iters=iters,
+                       time_limit_min=min(time_limits))
+    _no_control(cmd.banner, "data.paths")  # it goes into comment lines
+    comps = [dataclasses.replace(c, args=a) for c, a in zip(comps, cmd.per_component)]
     for k, e in enumerate(extra):
         _no_control(e, f"extra[{k}]")
 
@@ -453,8 +380,8 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
     return LaunchRequest(
         tool_version=__version__, site_name=site.name, job_name=name, megatron_version=site.megatron_version,
         summary=summary, tp=tp, pp=pp, dp=dp, world_size=plan.world_size, layout=layout,
-        components=tuple(comps), common_args=tuple(common), groups=groups, cross_vendor=cross_vendor,
-        preflight_code=_preflight_source(), extra_args=tuple(extra))
+        components=tuple(comps), common_args=cmd.common, groups=groups, cross_vendor=cross_vendor,
+        preflight_code=_preflight_source(), extra_args=tuple(extra), run_kind=cmd.kind, banner=cmd.banner)
 
 
 #: the UCX transport that moves GPU memory, per vendor
@@ -521,35 +448,6 @@ def transformer_impl_of(p: Partition, vendor: str) -> str:
     return "transformer_engine" if vendor == "nvidia" else "local"
 
 
-def _schedule_args(job: TrainJob) -> list[tuple[str, ...]]:
-    """The learning-rate schedule and checkpoint arguments of a job (Megatron-LM's names)."""
-    lr = job.lr_schedule
-    a: list[tuple[str, ...]] = [("--lr", repr(lr.lr)), ("--min-lr", repr(lr.min_lr)),
-                                ("--lr-decay-style", lr.decay_style), ("--lr-warmup-iters", str(lr.warmup_iters))]
-    if lr.decay_iters is not None:
-        a.append(("--lr-decay-iters", str(lr.decay_iters)))
-    ck = job.checkpoint
-    if ck is not None:
-        if ck.save_dir is not None:
-            a.append(("--save", ck.save_dir))
-        if ck.load_dir is not None:
-            a.append(("--load", ck.load_dir))
-        if ck.save_interval is not None:
-            a.append(("--save-interval", str(ck.save_interval)))
-    return a
-
-
-def _data_args(job: TrainJob) -> list[tuple[str, ...]]:
-    d = job.data
-    assert d is not None
-    a: list[tuple[str, ...]] = [("--data-path", *d.paths), ("--split", d.split), ("--tokenizer-type", d.tokenizer_type)]
-    for flag, value in (("--tokenizer-model", d.tokenizer_model), ("--vocab-file", d.vocab_file),
-                        ("--merge-file", d.merge_file)):
-        if value is not None:
-            a.append((flag, value))
-    if d.tokenizer_type == "NullTokenizer":
-        a.append(("--vocab-size", str(job.model.vocab_size)))
-    return a
 
 
 # --------------------------------------------------------------------------- render
@@ -633,7 +531,9 @@ def _sbatch() -> str:
     return exe
 
 
-def _output_dirs(script_path: str | Path) -> list[Path]:
+def output_dirs(script_path: str | Path) -> list[Path]:
+    """The folders the script's ``#SBATCH --output``/``--error`` files go into: Slurm does not
+    create them, and a job whose log folder is missing dies without a log."""
     dirs = []
     for line in Path(script_path).read_text(encoding="utf-8").splitlines():
         m = re.match(r"#SBATCH --(?:output|error)=(.*)$", line)
@@ -665,7 +565,7 @@ def test_only(script_path: str | Path, *, timeout_s: float = 30.0) -> TestOnly:
 def submit(script_path: str | Path, *, timeout_s: float = 60.0) -> str:
     """Submit the script with ``sbatch``; returns the job id (a hetjob's leader id).
     Creates the folder of the script's ``--output`` first (Slurm does not)."""
-    for d in _output_dirs(script_path):
+    for d in output_dirs(script_path):
         d.mkdir(parents=True, exist_ok=True)
     r = _sbatch_run(["--parsable", str(script_path)], timeout_s)
     if r.returncode != 0:

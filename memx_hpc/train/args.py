@@ -44,7 +44,8 @@ class TrainArgs:
     num_query_groups: int | None
     seq_length: int
     max_position_embeddings: int | None
-    vocab_size: int
+    vocab_size: int | None  # NullTokenizer's; other tokenizers bring their own
+    rotary_base: int
     make_vocab_size_divisible_by: int
     swiglu: bool
     untie_embeddings_and_output_weights: bool
@@ -67,7 +68,8 @@ class TrainArgs:
     use_distributed_optimizer: bool
     micro_batch_size: int
     global_batch_size: int | None
-    train_iters: int
+    train_iters: int | None
+    train_samples: int | None
     log_interval: int
     eval_iters: int
     eval_interval: int
@@ -76,6 +78,8 @@ class TrainArgs:
     lr_decay_style: str
     lr_warmup_iters: int
     lr_decay_iters: int | None
+    lr_warmup_samples: int
+    lr_decay_samples: int | None
     weight_decay: float
     clip_grad: float
     adam_beta1: float
@@ -90,11 +94,18 @@ class TrainArgs:
     recompute_modules: tuple[str, ...] | None
     mock_data: bool
     tokenizer_type: str | None
+    tokenizer_model: str | None
+    vocab_file: str | None
+    merge_file: str | None
     data_path: tuple[str, ...] | None
     split: str
     save: str | None
     load: str | None
     save_interval: int | None
+    ckpt_format: str
+    exit_duration_in_mins: float | None
+    exit_signal_handler: bool
+    exit_interval: int | None
     bf16: bool
     fp16: bool
     ignored: tuple[tuple[str, str], ...]  # (flag, why) for the log
@@ -116,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--max-position-embeddings", type=int, default=None)
     m.add_argument("--position-embedding-type", default="learned_absolute",
                    choices=["learned_absolute", "rope", "none"])
+    m.add_argument("--rotary-base", type=int, default=10000)
     m.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
     m.add_argument("--swiglu", action="store_true")
     m.add_argument("--untie-embeddings-and-output-weights", action="store_true")
@@ -142,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = p.add_argument_group("training")
     t.add_argument("--micro-batch-size", type=int, required=True)
     t.add_argument("--global-batch-size", type=int, default=None)
-    t.add_argument("--train-iters", type=int, required=True)
+    t.add_argument("--train-iters", type=int, default=None)
+    t.add_argument("--train-samples", type=int, default=None)
     t.add_argument("--log-interval", type=int, default=100)
     t.add_argument("--eval-iters", type=int, default=100)
     t.add_argument("--eval-interval", type=int, default=1000)
@@ -152,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
     t.add_argument("--lr-warmup-iters", type=int, default=0)
     t.add_argument("--lr-decay-iters", type=int, default=None)
+    t.add_argument("--lr-warmup-samples", type=int, default=0)
+    t.add_argument("--lr-decay-samples", type=int, default=None)
     t.add_argument("--weight-decay", type=float, default=0.01)
     t.add_argument("--clip-grad", type=float, default=1.0)
     t.add_argument("--adam-beta1", type=float, default=0.9)
@@ -169,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     data = p.add_argument_group("data and tokenizer")
     data.add_argument("--mock-data", action="store_true")
     data.add_argument("--seq-length", type=int, required=True)
-    data.add_argument("--vocab-size", type=int, required=True)
+    data.add_argument("--vocab-size", type=int, default=None)
     data.add_argument("--tokenizer-type", default=None)
     data.add_argument("--tokenizer-model", default=None)
     data.add_argument("--vocab-file", default=None)
@@ -181,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--save", default=None)
     ck.add_argument("--load", default=None)
     ck.add_argument("--save-interval", type=int, default=None)
+    ck.add_argument("--ckpt-format", default="torch_dist", choices=["torch_dist"],
+                    help="megatron-core's distributed checkpoint (any TP/PP/DP loads it)")
+    ck.add_argument("--exit-duration-in-mins", type=float, default=None,
+                    help="save and stop after this many minutes (before a Slurm time limit)")
+    ck.add_argument("--exit-signal-handler", action="store_true",
+                    help="on SIGTERM (Slurm's time limit, scancel, preemption) save and stop after the iteration")
+    ck.add_argument("--exit-interval", type=int, default=None, help="save and stop at an iteration divisible by it")
 
     mp = p.add_argument_group("mixed precision")
     mp.add_argument("--bf16", action="store_true")
@@ -216,22 +238,31 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
         p.error("--mock-data and --data-path are mutually exclusive")
     if not ns.mock_data and not ns.data_path:
         p.error("give --data-path (pre-tokenized Megatron-LM .bin/.idx prefixes) or --mock-data")
-    if ns.tokenizer_type not in (None, "NullTokenizer"):
-        p.error(f"--tokenizer-type {ns.tokenizer_type}: this entry reads pre-tokenized data with NullTokenizer and "
-                f"--vocab-size (it builds no tokenizer)")
+    from .tokenizer import BUILT_HERE
+
+    if ns.tokenizer_type is not None and ns.tokenizer_type not in BUILT_HERE:
+        p.error(f"--tokenizer-type {ns.tokenizer_type}: this entry builds {', '.join(BUILT_HERE)} from local files")
+    if ns.tokenizer_type in (None, "NullTokenizer") and ns.vocab_size is None:
+        p.error("--vocab-size is needed with the NullTokenizer (mock or pre-tokenized data)")
+    if (ns.train_iters is None) == (ns.train_samples is None):
+        p.error("give one of --train-iters and --train-samples")
+    if ns.train_samples is not None and (ns.lr_warmup_iters or ns.lr_decay_iters is not None):
+        p.error("sample-based training takes --lr-warmup-samples / --lr-decay-samples (as Megatron-LM)")
+    if ns.train_iters is not None and (ns.lr_warmup_samples or ns.lr_decay_samples is not None):
+        p.error("iteration-based training takes --lr-warmup-iters / --lr-decay-iters (as Megatron-LM)")
     if ns.lr_decay_style == "WSD":
         p.error("--lr-decay-style WSD is not supported by this entry (constant, linear, cosine, inverse-square-root)")
     if ns.save_interval is not None and ns.save is None:
         p.error("--save-interval needs --save")
     for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size",
-                 "train_iters", "log_interval"):
-        if getattr(ns, name) < 1:
+                 "train_iters", "train_samples", "log_interval"):
+        if getattr(ns, name) is not None and getattr(ns, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     return TrainArgs(
         num_layers=ns.num_layers, hidden_size=ns.hidden_size, ffn_hidden_size=ns.ffn_hidden_size,
         num_attention_heads=ns.num_attention_heads, group_query_attention=ns.group_query_attention,
         num_query_groups=ns.num_query_groups, seq_length=ns.seq_length,
-        max_position_embeddings=ns.max_position_embeddings, vocab_size=ns.vocab_size,
+        max_position_embeddings=ns.max_position_embeddings, vocab_size=ns.vocab_size, rotary_base=ns.rotary_base,
         make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by, swiglu=ns.swiglu,
         untie_embeddings_and_output_weights=ns.untie_embeddings_and_output_weights,
         position_embedding_type=ns.position_embedding_type, normalization=ns.normalization,
@@ -248,16 +279,20 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
         distributed_timeout_minutes=ns.distributed_timeout_minutes,
         use_distributed_optimizer=ns.use_distributed_optimizer,
         micro_batch_size=ns.micro_batch_size, global_batch_size=ns.global_batch_size,
-        train_iters=ns.train_iters, log_interval=ns.log_interval, eval_iters=ns.eval_iters,
+        train_iters=ns.train_iters, train_samples=ns.train_samples, log_interval=ns.log_interval, eval_iters=ns.eval_iters,
         eval_interval=ns.eval_interval, lr=ns.lr if ns.lr is not None else 1.0e-4, min_lr=ns.min_lr,
         lr_decay_style=ns.lr_decay_style, lr_warmup_iters=ns.lr_warmup_iters, lr_decay_iters=ns.lr_decay_iters,
+        lr_warmup_samples=ns.lr_warmup_samples, lr_decay_samples=ns.lr_decay_samples,
         weight_decay=ns.weight_decay, clip_grad=ns.clip_grad, adam_beta1=ns.adam_beta1,
         adam_beta2=ns.adam_beta2, adam_eps=ns.adam_eps, optimizer=ns.optimizer, seed=ns.seed,
         init_method_std=ns.init_method_std, recompute_granularity=ns.recompute_granularity,
         recompute_method=ns.recompute_method, recompute_num_layers=ns.recompute_num_layers,
         recompute_modules=tuple(ns.recompute_modules) if ns.recompute_modules is not None else None,
-        mock_data=ns.mock_data, tokenizer_type=ns.tokenizer_type,
+        mock_data=ns.mock_data, tokenizer_type=ns.tokenizer_type, tokenizer_model=ns.tokenizer_model,
+        vocab_file=ns.vocab_file, merge_file=ns.merge_file,
         data_path=tuple(ns.data_path) if ns.data_path else None, split=ns.split, save=ns.save, load=ns.load,
-        save_interval=ns.save_interval, bf16=ns.bf16, fp16=ns.fp16,
+        save_interval=ns.save_interval, ckpt_format=ns.ckpt_format,
+        exit_duration_in_mins=ns.exit_duration_in_mins, exit_signal_handler=ns.exit_signal_handler,
+        exit_interval=ns.exit_interval, bf16=ns.bf16, fp16=ns.fp16,
         ignored=ignored,
     )

@@ -119,81 +119,41 @@ def _synthetic_batches(*, seed: int, dp_rank: int, micro_batch_size: int, seq_le
                "loss_mask": loss_mask, "attention_mask": attention_mask, "position_ids": position_ids}
 
 
-class _PreTokenized:
-    """What megatron-core's GPTDataset needs of a tokenizer for data that is already tokens
-    (Megatron-LM's NullTokenizer: ids 0..vocab_size-1, end-of-document = vocab_size)."""
-
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size + 1
-        self.eod = vocab_size
-        self.pad = -1
-        self.unique_identifiers = {"class": "NullTokenizer", "vocab_size": vocab_size}
-
-
-def _dataset_batches(*, args: TrainArgs, seed: int, dp_rank: int, dp: int, torch: Any,
-                     device: Any = "cpu") -> Iterator[dict[str, Any]]:
-    """Batches of Megatron-LM's pre-tokenized ``.bin``/``.idx`` data (``--data-path``, optionally
-    ``weight prefix ...``) through megatron-core's GPTDataset: micro-batch k of data-parallel
-    rank d holds samples ``k*mbs*dp + d*mbs ...`` (Megatron-LM's pretraining sampler order)."""
+def _datasets(*, args: TrainArgs, tokenizer: Any, seed: int, train_samples: int, valid_samples: int) -> tuple[Any, Any]:
+    """Megatron-LM's GPT train and validation datasets over ``--data-path`` (optionally
+    ``weight prefix ...``) and ``--split``, built by megatron-core's BlendedMegatronDatasetBuilder
+    as Megatron-LM's pretrain_gpt.py builds them (``core_gpt_dataset_config_from_args``)."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     from megatron.core.datasets.utils import get_blend_from_list
 
-    gbs = args.global_batch_size or args.micro_batch_size * dp
     config = GPTDatasetConfig(
         random_seed=seed, sequence_length=args.seq_length, blend=get_blend_from_list(list(args.data_path or ())),
-        split=args.split, tokenizer=_PreTokenized(args.vocab_size), reset_position_ids=False,
+        split=args.split, tokenizer=tokenizer, reset_position_ids=False,
         reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=True)
-    train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [args.train_iters * gbs, 0, 0], lambda: True,
-                                                config).build()
+    train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, [train_samples, valid_samples, 0], lambda: True,
+                                                    config).build()
     if train is None:
         raise ValueError(f"--split {args.split} leaves no training data")
-    mbs = args.micro_batch_size
-    k = 0
+    return train, valid
+
+
+def _dataset_batches(dataset: Any, *, micro_batch_size: int, dp_rank: int, dp: int, start_microbatch: int,
+                     torch: Any, device: Any = "cpu") -> Iterator[dict[str, Any]]:
+    """Micro-batches of a GPTDataset: micro-batch k of data-parallel rank d holds samples
+    ``k*mbs*dp + d*mbs ...`` (Megatron-LM's pretraining sampler order), so iteration i always
+    trains on samples ``[i*gbs, (i+1)*gbs)`` whatever the plan's TP, PP, DP and micro-batch:
+    a run resumed under another plan sees the same data."""
+    mbs = micro_batch_size
+    k = start_microbatch
     while True:
-        first = (k * mbs * dp + dp_rank * mbs) % len(train)
-        items = [train[(first + j) % len(train)] for j in range(mbs)]
+        first = (k * mbs * dp + dp_rank * mbs) % len(dataset)
+        items = [dataset[(first + j) % len(dataset)] for j in range(mbs)]
         batch = {key: torch.stack([torch.as_tensor(it[key]) for it in items]) for key in
                  ("tokens", "labels", "loss_mask", "position_ids")}
         batch["attention_mask"] = torch.as_tensor(items[0]["attention_mask"]).unsqueeze(0)
         yield {key: v.to(device) for key, v in batch.items()}
         k += 1
-
-
-def _checkpoint_file(base: str, iteration: int, rank: int) -> str:
-    return os.path.join(base, f"iter_{iteration:07d}", f"rank_{rank:05d}.pt")
-
-
-def _save_checkpoint(*, base: str, iteration: int, rank: int, shape: tuple[int, int, int], model: Any,
-                     optimizer: Any, scheduler: Any, torch: Any) -> None:
-    """Every rank writes its own shard (model, optimizer, scheduler); rank 0 then names the
-    iteration in ``latest_checkpointed_iteration.txt`` (Megatron-LM's tracker file)."""
-    path = _checkpoint_file(base, iteration, rank)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save({"iteration": iteration, "tp_pp_dp": shape, "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, path)
-    torch.distributed.barrier()
-    if rank == 0:
-        with open(os.path.join(base, "latest_checkpointed_iteration.txt"), "w", encoding="utf-8") as f:
-            f.write(str(iteration))
-
-
-def _load_checkpoint(*, base: str, rank: int, shape: tuple[int, int, int], model: Any, optimizer: Any,
-                     scheduler: Any, torch: Any) -> int:
-    """The iteration to resume after (0 when ``base`` holds no checkpoint yet)."""
-    tracker = os.path.join(base, "latest_checkpointed_iteration.txt")
-    if not os.path.isfile(tracker):
-        return 0
-    with open(tracker, encoding="utf-8") as f:
-        iteration = int(f.read().strip())
-    state = torch.load(_checkpoint_file(base, iteration, rank), map_location="cpu", weights_only=False)
-    if tuple(state["tp_pp_dp"]) != tuple(shape):
-        raise ValueError(f"checkpoint {base} iteration {iteration} was written by tp, pp, dp = "
-                         f"{tuple(state['tp_pp_dp'])}, this job is {shape}")
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    return iteration
 
 
 def _loss_func(loss_mask: Any, output_tensor: Any) -> tuple[Any, Any, dict[str, Any]]:
@@ -322,6 +282,19 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
                    f"{args.micro_batch_size} times data-parallel size {dp}")
         return 1
     num_microbatches = gbs // (args.micro_batch_size * dp)
+    # Megatron-LM: sample-based training runs train_samples // global batch iterations
+    train_iters = args.train_iters if args.train_iters is not None else args.train_samples // gbs
+    if train_iters < 1:
+        _log(rank, f"error: --train-samples {args.train_samples} is less than one global batch ({gbs})")
+        return 1
+    from .tokenizer import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(args.tokenizer_type or "NullTokenizer", model=args.tokenizer_model,
+                                   vocab_file=args.vocab_file, merge_file=args.merge_file, vocab_size=args.vocab_size)
+    except Exception as e:  # noqa: BLE001 - SpecError: a file the job names is missing or wrong
+        _log(rank, f"error: {e}")
+        return 1
 
     if on_cpu:
         for flag, why in args.ignored:
@@ -415,9 +388,10 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         gradient_accumulation_fusion=False,
         deallocate_pipeline_outputs=True,
     )
-    from ..params import padded_vocab_size
 
-    vocab = padded_vocab_size(args.vocab_size, tp, args.make_vocab_size_divisible_by)
+    # Megatron-LM's _vocab_size_with_padding of the tokenizer's vocabulary (NullTokenizer: V + 1)
+    multiple = args.make_vocab_size_divisible_by * tp
+    vocab = -(-tokenizer.vocab_size // multiple) * multiple
     pre = ps.is_pipeline_first_stage()
     post = ps.is_pipeline_last_stage()
     if use_te:
@@ -442,7 +416,8 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         vocab_size=vocab, max_sequence_length=args.max_position_embeddings or args.seq_length,
         pre_process=pre, post_process=post, parallel_output=True,
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type, **({"pg_collection": pgc} if pgc else {}))
+        position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base,
+        **({"pg_collection": pgc} if pgc else {}))
     if not on_cpu:
         model.cuda(torch.cuda.current_device())
     ddp_config = DistributedDataParallelConfig(
@@ -463,10 +438,13 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
                                                              if pgc else {}))
     config.grad_scale_func = optimizer.scale_loss  # as Megatron-LM's setup: fp16 loss scaling
     scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=0.0 if args.lr_warmup_iters else args.lr, max_lr=args.lr, min_lr=args.min_lr,
-        lr_warmup_steps=args.lr_warmup_iters * gbs, lr_decay_steps=(args.lr_decay_iters or args.train_iters) * gbs,
+        optimizer, init_lr=0.0 if (args.lr_warmup_iters or args.lr_warmup_samples) else args.lr, max_lr=args.lr, min_lr=args.min_lr,
+        # Megatron-LM's get_optimizer_param_scheduler: steps are samples
+        lr_warmup_steps=args.lr_warmup_iters * gbs if args.train_iters is not None else args.lr_warmup_samples,
+        lr_decay_steps=(args.lr_decay_iters or train_iters) * gbs if args.train_iters is not None
+        else (args.lr_decay_samples or args.train_samples),
         lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
-        wd_incr_steps=args.train_iters * gbs, wd_incr_style="constant")
+        wd_incr_steps=train_iters * gbs, wd_incr_style="constant")
 
     stage = ps.get_pipeline_model_parallel_rank()
     n_layers = get_num_layers_to_build(config, pp_rank=stage)
@@ -489,22 +467,41 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
     })[len(f"[Rank {rank}] "):])
 
     device = "cpu" if on_cpu else torch.device("cuda", torch.cuda.current_device())
+    dp_group = pgc.dp if pgc is not None else ps.get_data_parallel_group()
+    ranks = {"pp_rank": stage, "pp": pp, "tp_rank": ps.get_tensor_model_parallel_rank(), "tp": tp,
+             "dp_rank": ps.get_data_parallel_rank()}
+    ckpt_args = checkpoint_args(args, world=world, dp=dp, padded_vocab_size=vocab, tokenizer=tokenizer)
+    from . import checkpoint as ckpt
+
+    start = 0
+    if args.load:
+        try:
+            got = ckpt.load(args.load, model=model, optimizer=optimizer, scheduler=scheduler, args=ckpt_args,
+                            dp_group=dp_group, ranks=dict(ranks, pp=pp, tp=tp), torch=torch)
+        except Exception as e:  # noqa: BLE001 - a checkpoint of another model: say what, stop
+            _log(rank, f"error: cannot load the checkpoint in {args.load}: {type(e).__name__}: {e}")
+            return 1
+        if got is not None:
+            start, note = got
+            _log(rank, f"resumed from {args.load} at iteration {start} ({note})")
+    eval_on = bool(args.data_path) and args.eval_iters > 0
+    valid_data = None
     if args.data_path:
-        data = _dataset_batches(args=args, seed=args.seed, dp_rank=ps.get_data_parallel_rank(), dp=dp, torch=torch,
-                                device=device)
+        n_evals = train_iters // args.eval_interval + 1 if eval_on else 0
+        train_set, valid_set = _datasets(args=args, tokenizer=tokenizer, seed=args.seed, train_samples=train_iters * gbs,
+                                         valid_samples=n_evals * args.eval_iters * gbs)
+        data = _dataset_batches(train_set, micro_batch_size=args.micro_batch_size, dp_rank=ps.get_data_parallel_rank(),
+                                dp=dp, start_microbatch=start * num_microbatches, torch=torch, device=device)
+        if eval_on and valid_set is not None:
+            valid_data = valid_set
+        else:
+            eval_on = False
     else:
         data = _synthetic_batches(seed=args.seed, dp_rank=ps.get_data_parallel_rank(),
                                   micro_batch_size=args.micro_batch_size, seq_length=args.seq_length,
                                   vocab_size=args.vocab_size, torch=torch, device=device)
-    shape = (tp, pp, dp)
-    start = 0
-    if args.load:
-        start = _load_checkpoint(base=args.load, rank=rank, shape=shape, model=ddp, optimizer=optimizer,
-                                 scheduler=scheduler, torch=torch)
-        if start:
-            _log(rank, f"resumed from {args.load} at iteration {start}")
-            for _ in range(start * num_microbatches):  # the data position of the resumed iteration
-                next(data)
+        for _ in range(start * num_microbatches):  # the data position of the resumed iteration
+            next(data)
     fwd_bwd = get_forward_backward_func()
     schedule_groups: dict[str, Any] = {}
     if pgc is not None:
@@ -514,7 +511,6 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         if pp > 1:
             schedule_groups["p2p_communicator"] = P2PCommunicator(pp_group=pgc.pp, config=config)
     last_rank = world - 1
-    dp_group = pgc.dp if pgc is not None else ps.get_data_parallel_group()
     interval_ms: list[float] = []
     reported_memory = False
 
@@ -537,7 +533,45 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
                        f"of {total / 2**20:.1f} MB")
         print(line, flush=True)
 
-    for iteration in range(start + 1, args.train_iters + 1):
+    def lm_loss_of(losses: Any) -> float | None:
+        if not (post and losses):
+            return None
+        tot = torch.stack([x["lm loss"] for x in losses]).sum(dim=0)
+        torch.distributed.all_reduce(tot, group=dp_group)
+        return float(tot[0] / max(tot[1].item(), 1.0))
+
+    def evaluate(iteration: int) -> None:
+        # Megatron-LM's evaluate(): eval_iters global batches of the validation set, forward only;
+        # evaluation k reads the k-th block of eval_iters batches (the validation sampler's order)
+        k = iteration // args.eval_interval if iteration % args.eval_interval == 0 else train_iters // args.eval_interval
+        vdata = _dataset_batches(valid_data, micro_batch_size=args.micro_batch_size,
+                                 dp_rank=ps.get_data_parallel_rank(), dp=dp,
+                                 start_microbatch=k * args.eval_iters * num_microbatches, torch=torch, device=device)
+        out = []
+        with torch.no_grad():
+            for _ in range(args.eval_iters):
+                out += fwd_bwd(forward_step_func=_forward_step, data_iterator=vdata, model=[ddp],
+                               num_microbatches=num_microbatches, seq_length=args.seq_length,
+                               micro_batch_size=args.micro_batch_size, decoder_seq_length=args.seq_length,
+                               forward_only=True, **schedule_groups)
+        loss = lm_loss_of(out)
+        if rank == last_rank and loss is not None:
+            import math
+
+            print(f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | "
+                  f"lm loss PPL: {math.exp(min(loss, 20.0)):.6E} |", flush=True)
+
+    def save(iteration: int) -> None:
+        ckpt.save(args.save, iteration=iteration, model=model, optimizer=optimizer, scheduler=scheduler,
+                  args=ckpt_args, dp_group=dp_group, ranks=ranks, torch=torch)
+        if rank == 0:
+            _log(rank, f"saved checkpoint at iteration {iteration} to {args.save}")
+
+    stop = _StopRequest(args.exit_signal_handler)
+    t_start = time.monotonic()
+    iteration = start
+    saved_at = start if args.load and args.save == args.load else None
+    for iteration in range(start + 1, train_iters + 1):
         torch.distributed.barrier()
         t0 = time.perf_counter()
         ddp.zero_grad_buffer()
@@ -551,15 +585,11 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         torch.distributed.barrier()  # the iteration ends when the slowest stage is done
         interval_ms.append((time.perf_counter() - t0) * 1000.0)
 
-        if iteration % args.log_interval == 0 or iteration == args.train_iters:
-            lm_loss = None
-            if post and losses:
-                tot = torch.stack([x["lm loss"] for x in losses]).sum(dim=0)
-                torch.distributed.all_reduce(tot, group=dp_group)
-                lm_loss = float(tot[0] / max(tot[1].item(), 1.0))
+        if iteration % args.log_interval == 0 or iteration == train_iters:
+            lm_loss = lm_loss_of(losses)
             if rank == last_rank:
                 print(iteration_line(
-                    iteration=iteration, train_iters=args.train_iters, consumed_samples=iteration * gbs,
+                    iteration=iteration, train_iters=train_iters, consumed_samples=iteration * gbs,
                     elapsed_ms=sum(interval_ms) / len(interval_ms),
                     learning_rate=optimizer.param_groups[0]["lr"], global_batch_size=gbs, lm_loss=lm_loss,
                     grad_norm=float(grad_norm) if grad_norm is not None else None, timestamp=_now()),
@@ -568,17 +598,66 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
             if not reported_memory:
                 report_memory(iteration)
                 reported_memory = True
-        if args.save and ((args.save_interval and iteration % args.save_interval == 0)
-                          or iteration == args.train_iters):
-            _save_checkpoint(base=args.save, iteration=iteration, rank=rank, shape=shape, model=ddp,
-                             optimizer=optimizer, scheduler=scheduler, torch=torch)
+        if eval_on and iteration % args.eval_interval == 0:
+            evaluate(iteration)
+        if args.save and args.save_interval and iteration % args.save_interval == 0:
+            save(iteration)
+            saved_at = iteration
+        # Megatron-LM's exit conditions, decided together (any rank's request stops all)
+        want = stop.requested() or (args.exit_interval is not None and iteration % args.exit_interval == 0) or \
+            (args.exit_duration_in_mins is not None and (time.monotonic() - t_start) / 60.0 > args.exit_duration_in_mins)
+        flag = torch.tensor([1 if want else 0], dtype=torch.int)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        if flag.item() and iteration < train_iters:
+            if args.save and saved_at != iteration:
+                save(iteration)
             if rank == 0:
-                _log(rank, f"saved checkpoint at iteration {iteration} to {args.save}")
-    report_memory(args.train_iters)
+                _log(rank, f"exiting at iteration {iteration} of {train_iters} (signal, --exit-interval or "
+                           f"--exit-duration-in-mins); the same command with --load {args.save or args.load} goes on")
+            return 0
+    if eval_on and train_iters % args.eval_interval:
+        evaluate(train_iters)
+    if args.save and saved_at != train_iters and iteration == train_iters:
+        save(train_iters)
+    report_memory(train_iters)
     torch.distributed.barrier()
     if rank == 0:
         print(f"[after training is done] datetime: {_now()}", flush=True)
     return 0
+
+
+class _StopRequest:
+    """Megatron-LM's --exit-signal-handler: SIGTERM (Slurm's time limit, scancel, preemption)
+    asks the run to save and stop after the current iteration instead of dying mid-step."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._hit = False
+        if enabled:
+            import signal
+
+            signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:  # noqa: ARG002 - signal's signature
+        self._hit = True
+
+    def requested(self) -> bool:
+        return self._hit
+
+
+def checkpoint_args(args: TrainArgs, *, world: int, dp: int, padded_vocab_size: int, tokenizer: Any) -> Any:
+    """The ``args`` a checkpoint keeps, under Megatron-LM's names: what its loader compares
+    (check_checkpoint_args) and what ``--use-checkpoint-args`` and ``plan --resume`` read."""
+    from argparse import Namespace
+    from dataclasses import asdict
+
+    d = {k: v for k, v in asdict(args).items() if k != "ignored"}
+    d.update(world_size=world, data_parallel_size=dp, padded_vocab_size=padded_vocab_size,
+             add_position_embedding=args.position_embedding_type == "learned_absolute",
+             tokenizer_type=args.tokenizer_type or "NullTokenizer", use_dist_ckpt=True,
+             orig_vocab_size=tokenizer.vocab_size, data_path=list(args.data_path) if args.data_path else None,
+             max_position_embeddings=args.max_position_embeddings or args.seq_length,
+             num_query_groups=args.num_query_groups or args.num_attention_heads)
+    return Namespace(**d)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

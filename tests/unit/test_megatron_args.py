@@ -205,11 +205,25 @@ def test_megatron_lm_accepts_the_top_plans_of_both_example_sites(tmp_path: Path,
     for site_file, job_file, plans in searched_plans:
         site, job = load_site(site_file), load_job(job_file)
         assert plans, f"no plans searched for {site_file.name} + {job_file.name}"
+        # and each as a training run: data, a tokenizer, sample-based length, checkpoints
+        from dataclasses import replace
+
+        from memx_hpc.spec import Checkpointing, TrainData
+
+        trained = replace(job, train_iters=None, train_samples=100 * job.global_batch_size,
+                          data=TrainData(paths=("0.6", "/d/a_text_document", "0.4", "/d/b_text_document"),
+                                         tokenizer_type="HuggingFaceTokenizer", tokenizer_model="/d/tokenizer",
+                                         split="98,2,0"),
+                          checkpoint=Checkpointing(save_dir="/ck/run", load_dir="/ck/run", save_interval=50))
         for plan in plans:
-            req = describe(plan, site, job)
-            text = render(plan, site, job)
-            for c in range(len(req.components)):
-                judge(_argv_of(text, c), req.world_size, monkeypatch, _judged_env(text, c))
+            for j in (job, trained):
+                req = describe(plan, site, j)
+                text = render(plan, site, j)
+                for c in range(len(req.components)):
+                    args = judge(_argv_of(text, c), req.world_size, monkeypatch, _judged_env(text, c))
+                    if j is trained:
+                        assert (args.mock_data, args.ckpt_format, args.load) == (False, "torch_dist", "/ck/run")
+                        assert args.train_samples == 100 * job.global_batch_size and args.train_iters is None
             for g in req.groups:  # and the groups follow the rule
                 assert g.backend in (("ucc", "gloo", "cpu:gloo,cuda:ucc") if g.cross_vendor else ("nccl", "gloo"))
 
@@ -229,7 +243,7 @@ def test_megatron_lm_accepts_a_training_launch_with_data_schedule_and_checkpoint
                                    "merge_file": "/data/gpt2-merges.txt"}, "split": "98,2,0"},
                lr_schedule={"lr": 3.0e-4, "min_lr": 3.0e-5, "decay_style": "cosine", "warmup_iters": 100,
                             "decay_iters": 5000},
-               checkpoint={"save": "/ckpt/gpt3", "load": "/ckpt/gpt3", "interval": 500})
+               checkpoint={"save": "/ckpt/gpt3", "load": "/ckpt/gpt3", "interval": 500}, train_iters=10000)
     job = job_from_mapping(doc)
     site = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml")
     from memx_hpc.spec import Plan, Stage
@@ -248,11 +262,20 @@ def test_megatron_lm_accepts_a_training_launch_with_data_schedule_and_checkpoint
         assert (args.save, args.load, args.save_interval) == ("/ckpt/gpt3", "/ckpt/gpt3", 500)
     short = describe(plan, site, job, mock_data=True).megatron_argv[0]
     assert "--mock-data" in short and "--data-path" not in short
-    # the project's entry (cross-vendor plans) reads pre-tokenized data only: refused, with the reason
+    # the project's entry (cross-vendor plans) builds GPT-2 BPE too: accepted by Megatron-LM as well;
+    # a tokenizer it cannot build is refused, with the reason
     cross = Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=64,
                  stages=(Stage(partition="gpu_a100", num_layers=20), Stage(partition="gpu_mi250x", num_layers=12)))
+    text = render(cross, site, job)
+    req = describe(cross, site, job)
+    for c in range(len(req.components)):
+        args = judge(_argv_of(text, c), req.world_size, monkeypatch, _judged_env(text, c))
+        assert (args.tokenizer_type, args.ckpt_format, args.train_iters) == ("GPT2BPETokenizer", "torch_dist", 10000)
+        assert args.exit_duration_in_mins is not None and args.eval_iters == 10
+    tik = job_from_mapping({**doc, "data": {**doc["data"], "tokenizer": {"type": "TikTokenizer",
+                                                                        "model": "/data/tok.json"}}})
     with pytest.raises(SpecError) as e:
-        describe(cross, site, job)
+        describe(cross, site, tik)
     assert e.value.field == "data.tokenizer.type"
     for bad, field in (({"paths": ["/d/a;rm -rf x"], "tokenizer": {"type": "NullTokenizer"}}, "data.paths[0]"),
                        ({"paths": ["/d/a"], "tokenizer": {"type": "BertWordPiece"}}, "data.tokenizer.type")):

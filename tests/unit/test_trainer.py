@@ -150,7 +150,7 @@ def test_real_data_lr_schedule_and_checkpoint_resume(tmp_path: Path) -> None:
     assert all(i.lm_loss is not None and 3.0 < i.lm_loss < 7.0 for i in log.iterations)
     assert _lrs(r.stdout)[0] == pytest.approx(0.001)  # end of the 1-iteration warm-up
     assert (ck / "latest_checkpointed_iteration.txt").read_text() == "2"
-    assert (ck / "iter_0000001" / "rank_00000.pt").is_file()
+    assert (ck / "iter_0000001" / "common.pt").is_file() and (ck / "iter_0000001" / ".metadata").is_file()
     (r2,) = _launch([*common, "--train-iters", "3", "--load", str(ck)], 1)
     assert r2.returncode == 0, r2.stdout[-3000:]
     assert "resumed from" in r2.stdout and [i.iteration for i in parse_log(r2.stdout).iterations] == [3]

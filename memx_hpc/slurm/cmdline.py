@@ -1,0 +1,322 @@
+"""The one rule for a component's Megatron-LM command line, for every plan.
+
+:func:`command_line` turns ``(Plan, TrainJob, what kind of run)`` into the arguments every
+rank shares and each hetjob component's own, in Megatron-LM core_r0.16.0's names
+(``megatron/training/arguments.py``). Single-vendor plans hand them to Megatron-LM's
+``pretrain_gpt.py``, cross-vendor plans to the project's entry
+(``python -m memx_hpc.train.pretrain_gpt``), which takes the same command line: the rule
+does not depend on the entry.
+
+Three kinds of run, and the script says which on its first lines:
+
+* ``train``: the job's ``data:`` section, its training length (``train_iters``,
+  ``train_samples`` or ``train_tokens``), learning-rate schedule, evaluation and logging
+  intervals, and checkpoints in megatron-core's distributed format (``torch_dist``);
+* ``synthetic``: the job names no data; Megatron-LM's mock data with the NullTokenizer,
+  otherwise the same schedule (what a user gets who has not prepared data yet);
+* ``measure``: the short runs ``memx-hpc verify`` times (mock data, a few iterations,
+  logged every iteration, no warm-up, no evaluation, no checkpoints).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..errors import SpecError
+from ..spec import PROJECT_ENTRY_TOKENIZERS, Plan, Recompute, Stage, TrainJob
+
+__all__ = ["SYNTHETIC_TRAIN_ITERS", "RUN_KINDS", "TrainingLength", "ComponentShape", "CommandLine",
+           "training_length", "command_line", "pipeline_layout", "recompute_args", "project_entry_refusal",
+           "CHECKPOINT_FORMAT"]
+
+#: The length of a synthetic-data run whose job names none (what the job file used to default to).
+SYNTHETIC_TRAIN_ITERS = 20
+RUN_KINDS = ("train", "synthetic", "measure")
+#: megatron-core's distributed checkpoint format: any TP/PP/DP loads it (Megatron-LM's default).
+CHECKPOINT_FORMAT = "torch_dist"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingLength:
+    """How long a run trains: iterations or samples (Megatron-LM takes one of the two), and
+    where the number comes from (for the script's banner)."""
+
+    iters: int | None
+    samples: int | None
+    source: str
+
+    def __post_init__(self) -> None:
+        if (self.iters is None) == (self.samples is None):
+            raise SpecError("a training length is iterations or samples, not both or neither (internal error)")
+
+    def label(self) -> str:
+        return f"{self.iters} iterations" if self.iters is not None else f"{self.samples} samples"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentShape:
+    """What differs between hetjob components: the transformer layer implementation and the
+    recompute setting of its stages (the most layers one of its stages holds)."""
+
+    transformer_impl: str
+    recompute: Recompute
+    max_stage_layers: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandLine:
+    """Every rank's arguments (``common``), each component's own (``per_component``) and what
+    kind of run they make (``kind``, ``banner``: one line for the script's head and log)."""
+
+    kind: str
+    banner: str
+    length: TrainingLength
+    common: tuple[tuple[str, ...], ...]
+    per_component: tuple[tuple[tuple[str, ...], ...], ...]
+
+
+def pipeline_layout(stages: Sequence[Stage]) -> str:
+    """Megatron's ``--pipeline-model-parallel-layout`` for these stages: ``E`` before the first
+    stage's layers, ``L`` after the last stage's, ``|`` between stages (core_r0.16.0,
+    megatron/core/transformer/pipeline_parallel_layer_layout.py)."""
+    parts = []
+    for i, s in enumerate(stages):
+        body = "t" if s.num_layers == 1 else f"t*{s.num_layers}"
+        if i == 0:
+            body = "E" + body
+        if i == len(stages) - 1:
+            body = body + "L"
+        parts.append(body)
+    return "|".join(parts)
+
+
+def recompute_args(recompute: Recompute, num_layers: int) -> tuple[tuple[str, ...], ...]:
+    """Megatron-LM's recompute flags for one stage of ``num_layers`` layers.
+
+    ``selective`` recomputes core attention (Megatron-LM's default module); ``full`` every
+    layer (``uniform`` method, one layer per checkpointed chunk); ``full:K`` the first K
+    layers of the stage (``block`` method: "the number of individual Transformer layers to
+    recompute within each pipeline stage").
+    """
+    if recompute.mode == "none":
+        return ()
+    if recompute.mode == "selective":
+        return (("--recompute-granularity", "selective"),)
+    k = recompute.num_layers
+    if k is not None and k == 0:
+        return ()
+    if k is None:
+        return (("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                ("--recompute-num-layers", "1"))
+    return (("--recompute-granularity", "full"), ("--recompute-method", "block"),
+            ("--recompute-num-layers", str(min(k, num_layers))))
+
+
+def project_entry_refusal(job: TrainJob) -> str | None:
+    """Why the project's entry (cross-vendor plans) cannot train ``job``, or None. The search
+    space and render ask the same question (:mod:`memx_hpc.planner` excludes such plans)."""
+    d = job.data
+    if d is not None and d.tokenizer_type not in PROJECT_ENTRY_TOKENIZERS:
+        return (f"tokenizer {d.tokenizer_type}: the project's megatron-core entry, which cross-vendor plans run, "
+                f"builds {', '.join(PROJECT_ENTRY_TOKENIZERS)} from local files")
+    return None
+
+
+def training_length(job: TrainJob, *, iters: int | None = None, kind: str = "train") -> TrainingLength:
+    """The run's length: ``iters`` when given (``--iters``, verify), else the job's
+    ``train_iters`` / ``train_samples`` / ``train_tokens`` (tokens: whole samples of the
+    model's sequence length, rounded up). A training run on data must name one; a synthetic
+    run that names none trains SYNTHETIC_TRAIN_ITERS iterations and says so."""
+    if iters is not None:
+        if iters < 1:
+            raise SpecError("must be >= 1", field="iters", found=iters)
+        return TrainingLength(iters=iters, samples=None, source="--iters")
+    if job.train_iters is not None:
+        return TrainingLength(iters=job.train_iters, samples=None, source="train_iters")
+    if job.train_samples is not None:
+        return TrainingLength(iters=None, samples=job.train_samples, source="train_samples")
+    if job.train_tokens is not None:
+        return TrainingLength(iters=None, samples=math.ceil(job.train_tokens / job.model.seq_length),
+                              source=f"train_tokens {job.train_tokens} / seq_length {job.model.seq_length}")
+    if kind == "train":
+        raise SpecError("a training run on the job's data needs its length", field="train_iters",
+                        file=job.source_file, allowed="train_iters, train_samples or train_tokens in the job file "
+                                                      "(or render --iters N)")
+    return TrainingLength(iters=SYNTHETIC_TRAIN_ITERS, samples=None,
+                          source="the job names no length")
+
+
+def _model_args(job: TrainJob) -> list[tuple[str, ...]]:
+    m = job.model
+    a: list[tuple[str, ...]] = [
+        ("--num-layers", str(m.num_layers)), ("--hidden-size", str(m.hidden_size)),
+        ("--ffn-hidden-size", str(m.ffn_hidden_size)), ("--num-attention-heads", str(m.num_attention_heads)),
+    ]
+    if m.num_query_groups != m.num_attention_heads:
+        a += [("--group-query-attention",), ("--num-query-groups", str(m.num_query_groups))]
+    a += [("--seq-length", str(m.seq_length)), ("--max-position-embeddings", str(m.seq_length))]
+    if m.activation == "swiglu":
+        a.append(("--swiglu",))
+    if not m.tied_embeddings:
+        a.append(("--untie-embeddings-and-output-weights",))
+    if m.position_embedding == "rope":
+        a += [("--position-embedding-type", "rope"), ("--rotary-base", str(m.rotary_base))]
+    if m.normalization == "rmsnorm":
+        a.append(("--normalization", "RMSNorm"))
+    if not m.add_bias_linear:
+        a.append(("--disable-bias-linear",))
+    if job.attention == "core":
+        # the unfused kernel that keeps the s x s attention matrices ("sdpa" = Megatron's default)
+        a.append(("--attention-backend", "unfused"))
+    return a
+
+
+def _parallel_args(plan: Plan, *, cross_vendor: bool, pipeline_backend: str) -> list[tuple[str, ...]]:
+    a: list[tuple[str, ...]] = [("--tensor-model-parallel-size", str(plan.tp)),
+                                ("--pipeline-model-parallel-size", str(plan.pp))]
+    if plan.pp > 1:
+        a.append(("--pipeline-model-parallel-layout", pipeline_layout(plan.stages)))
+    if plan.sequence_parallel:
+        a.append(("--sequence-parallel",))
+    if cross_vendor and plan.pp > 1:
+        a.append(("--pipeline-model-parallel-comm-backend", pipeline_backend))
+    a += [("--micro-batch-size", str(plan.micro_batch_size)), ("--global-batch-size", str(plan.global_batch_size))]
+    return a
+
+
+def _precision_args(job: TrainJob) -> list[tuple[str, ...]]:
+    a: list[tuple[str, ...]] = []
+    if job.precision == "bf16":
+        a.append(("--bf16",))
+    elif job.precision == "fp16":
+        a.append(("--fp16",))
+    if job.distributed_optimizer:
+        a.append(("--use-distributed-optimizer",))
+    if job.optimizer != "adam":
+        a.append(("--optimizer", job.optimizer))
+    return a
+
+
+def _schedule_args(job: TrainJob, length: TrainingLength, *, global_batch_size: int,
+                   kind: str) -> list[tuple[str, ...]]:
+    """Length and learning-rate schedule. Megatron-LM takes iteration- or sample-based
+    options, never both (validate_args asserts it): a sample-based run gets its warm-up and
+    decay in samples, the job's iterations times the global batch."""
+    lr = job.lr_schedule
+    a: list[tuple[str, ...]] = [("--lr", repr(lr.lr)), ("--min-lr", repr(lr.min_lr)),
+                                ("--lr-decay-style", lr.decay_style)]
+    if kind == "measure":
+        # a timed run of a few iterations: the schedule's shape is not what is measured, and a
+        # warm-up longer than the run would be refused by megatron-core's scheduler
+        return [("--train-iters", str(length.iters))] + a
+    if length.iters is not None:
+        total = length.iters
+        a = [("--train-iters", str(total))] + a + [("--lr-warmup-iters", str(lr.warmup_iters))]
+        if lr.decay_iters is not None:
+            a.append(("--lr-decay-iters", str(lr.decay_iters)))
+        decay = lr.decay_iters or total
+        unit = "iterations"
+    else:
+        assert length.samples is not None
+        total = length.samples
+        a = [("--train-samples", str(total))] + a + [("--lr-warmup-samples", str(lr.warmup_iters * global_batch_size))]
+        if lr.decay_iters is not None:
+            a.append(("--lr-decay-samples", str(lr.decay_iters * global_batch_size)))
+        decay = (lr.decay_iters or math.ceil(total / global_batch_size)) * global_batch_size
+        total_w = lr.warmup_iters * global_batch_size
+        if total_w and total_w >= decay:
+            raise SpecError(f"the warm-up ({total_w} samples) must end before the decay does ({decay} samples): "
+                            "megatron-core's scheduler refuses it", field="lr_schedule.warmup_iters",
+                            file=job.source_file, found=lr.warmup_iters)
+        return a
+    if lr.warmup_iters and lr.warmup_iters >= decay:
+        raise SpecError(f"the warm-up must end before the decay does ({decay} {unit}, from "
+                        f"{'lr_schedule.decay_iters' if lr.decay_iters else length.source}): megatron-core's "
+                        f"scheduler refuses it", field="lr_schedule.warmup_iters", file=job.source_file,
+                        found=lr.warmup_iters)
+    return a
+
+
+def _data_args(job: TrainJob) -> list[tuple[str, ...]]:
+    d = job.data
+    assert d is not None
+    a: list[tuple[str, ...]] = [("--data-path", *d.paths), ("--split", d.split), ("--tokenizer-type", d.tokenizer_type)]
+    for flag, value in (("--tokenizer-model", d.tokenizer_model), ("--vocab-file", d.vocab_file),
+                        ("--merge-file", d.merge_file)):
+        if value is not None:
+            a.append((flag, value))
+    if d.tokenizer_type == "NullTokenizer":
+        a.append(("--vocab-size", str(job.model.vocab_size)))
+    return a
+
+
+def _eval_args(job: TrainJob, kind: str) -> list[tuple[str, ...]]:
+    has_valid = kind == "train" and job.data is not None and len(job.data.split.split(",")) > 1 \
+        and int(job.data.split.split(",")[1]) > 0
+    iters = job.eval_iters if has_valid else 0
+    a: list[tuple[str, ...]] = [("--log-interval", "1" if kind == "measure" else str(job.log_interval)),
+                                ("--eval-iters", str(iters))]
+    if iters:
+        a.append(("--eval-interval", str(job.eval_interval)))
+    return a
+
+
+def _checkpoint_args(job: TrainJob, kind: str, *, exit_duration_min: int | None) -> list[tuple[str, ...]]:
+    ck = job.checkpoint
+    if kind == "measure" or ck is None:
+        return []
+    a: list[tuple[str, ...]] = []
+    if ck.save_dir is not None:
+        a.append(("--save", ck.save_dir))
+    if ck.load_dir is not None:
+        a.append(("--load", ck.load_dir))
+    if ck.save_interval is not None:
+        a.append(("--save-interval", str(ck.save_interval)))
+    if ck.save_dir is not None or ck.load_dir is not None:
+        a.append(("--ckpt-format", CHECKPOINT_FORMAT))
+    if ck.save_dir is not None and exit_duration_min is not None:
+        # save and stop cleanly before Slurm's time limit kills the job; the same script,
+        # submitted again, loads the checkpoint and goes on (--load names the save folder)
+        a.append(("--exit-duration-in-mins", str(exit_duration_min)))
+    return a
+
+
+def command_line(plan: Plan, job: TrainJob, *, components: Sequence[ComponentShape], cross_vendor: bool,
+                 pipeline_backend: str, kind: str, iters: int | None = None,
+                 time_limit_min: int | None = None) -> CommandLine:
+    """The Megatron-LM command line of every component of ``plan`` for a run of ``kind``.
+
+    ``time_limit_min`` is the job's Slurm time limit: a training run that saves checkpoints
+    stops (and saves) 10 % of it, at least 2 and at most 30 minutes, before the limit.
+    """
+    if kind not in RUN_KINDS:
+        raise SpecError("unknown kind of run (internal error)", found=kind, allowed=", ".join(RUN_KINDS))
+    if kind == "train" and job.data is None:
+        raise SpecError("a training run needs the job's data: section", field="data", file=job.source_file)
+    length = training_length(job, iters=iters, kind=kind)
+    common = _model_args(job) + _parallel_args(plan, cross_vendor=cross_vendor, pipeline_backend=pipeline_backend)
+    common += _precision_args(job)
+    common += _schedule_args(job, length, global_batch_size=plan.global_batch_size, kind=kind)
+    common += _eval_args(job, kind)
+    exit_min = None
+    if time_limit_min is not None and time_limit_min > 4:
+        exit_min = time_limit_min - min(30, max(2, time_limit_min // 10))
+    common += _checkpoint_args(job, kind, exit_duration_min=exit_min)
+    if kind == "train":
+        common += _data_args(job)
+    else:
+        common += [("--mock-data",), ("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(job.model.vocab_size))]
+    per = tuple((("--transformer-impl", c.transformer_impl),) + recompute_args(c.recompute, c.max_stage_layers)
+                for c in components)
+    if kind == "train":
+        banner = (f"TRAINING RUN: {length.label()} ({length.source}) on {' '.join(job.data.paths)} "
+                  f"with {job.data.tokenizer_type}")
+    elif kind == "synthetic":
+        banner = (f"SYNTHETIC-DATA RUN: the job has no data: section, so this trains on Megatron-LM's mock data "
+                  f"(random tokens, NullTokenizer) for {length.label()} ({length.source}); prepare data with "
+                  f"'memx-hpc data prepare' and name it in the job file to train for real")
+    else:
+        banner = (f"MEASUREMENT RUN (memx-hpc verify): {length.label()} of mock data, timed; not a training run")
+    return CommandLine(kind=kind, banner=banner, length=length, common=tuple(common), per_component=per)

@@ -1,0 +1,165 @@
+"""Checkpoints in megatron-core's distributed format (``torch_dist``), laid out as
+Megatron-LM's ``save_checkpoint`` lays them out (megatron/training/checkpointing.py,
+core_r0.16.0), so that
+
+* a run resumes where it stopped (model, optimizer, learning-rate scheduler, RNG and the
+  data position, which is the iteration: :func:`memx_hpc.train.pretrain_gpt._dataset_batches`);
+* a checkpoint written under one plan loads under another TP/PP/DP: every tensor is a
+  ``ShardedTensor`` with its global shape and offset (megatron-core's ``sharded_state_dict``
+  of GPTModel and of the optimizer), and ``dist_checkpointing.load`` reshards;
+* stock Megatron-LM reads it: ``SAVE/latest_checkpointed_iteration.txt``,
+  ``SAVE/iter_0000010/`` with megatron-core's files, and the same top-level keys
+  (``args``, ``checkpoint_version`` 3.0, ``iteration``, ``model``, ``optimizer``,
+  ``opt_param_scheduler``, ``rng_state``, ``num_floating_point_operations_so_far``).
+
+The RNG state is sharded by (PP, TP) rank as Megatron-LM shards it; a checkpoint loaded
+under another TP/PP starts its RNG from the seed instead (Megatron-LM's ``--no-load-rng``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from argparse import Namespace
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["TRACKER", "checkpoint_dir", "read_tracker", "CheckpointInfo", "read_info", "save", "load"]
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def checkpoint_dir(base: str, iteration: int) -> str:
+    """Megatron-LM's ``get_checkpoint_name`` for a distributed checkpoint."""
+    return os.path.join(base, f"iter_{iteration:07d}")
+
+
+def read_tracker(base: str) -> int | None:
+    """The iteration ``base`` last saved, or None when it holds no checkpoint."""
+    path = os.path.join(base, TRACKER)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        text = f.read().strip()
+    if text == "release":
+        return 0
+    return int(text)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointInfo:
+    """What a checkpoint says about the run that wrote it (its ``args`` and ``iteration``)."""
+
+    path: str
+    iteration: int
+    args: Namespace
+
+
+def read_info(base: str) -> CheckpointInfo:
+    """The latest checkpoint of ``base``: iteration and the writer's arguments (no process
+    group needed: megatron-core's common state is one file)."""
+    from megatron.core import dist_checkpointing
+
+    it = read_tracker(base)
+    if it is None:
+        raise FileNotFoundError(os.path.join(base, TRACKER))
+    path = checkpoint_dir(base, it)
+    common = dist_checkpointing.load_common_state_dict(path)
+    return CheckpointInfo(path=path, iteration=int(common.get("iteration", it)), args=common["args"])
+
+
+def _metadata(dp_group: Any) -> dict[str, Any]:
+    # Megatron-LM's _build_sharded_state_dict_metadata for a non-distributed optimizer
+    return {"singleton_local_shards": False, "chained_optim_avoid_prefix": True, "dp_cp_group": dp_group}
+
+
+def _rng_state(torch: Any, *, pp_rank: int, pp: int, tp_rank: int, tp: int, dp_rank: int) -> Any:
+    import numpy as np
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    state = {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
+             "torch_rng_state": torch.get_rng_state(),
+             "cuda_rng_state": torch.cuda.get_rng_state() if torch.cuda.is_available() else torch.get_rng_state(),
+             "rng_tracker_states": get_cuda_rng_tracker().get_states()}
+    return ShardedObject("rng_state", [state], (pp, tp), (pp_rank, tp_rank), replica_id=dp_rank)
+
+
+def _state_dict(*, model: Any, optimizer: Any, scheduler: Any, iteration: int, args: Namespace, dp_group: Any,
+                rng: Any, is_loading: bool) -> dict[str, Any]:
+    meta = _metadata(dp_group)
+    sd: dict[str, Any] = {"args": args, "checkpoint_version": 3.0, "iteration": iteration,
+                          "model": model.sharded_state_dict(metadata=meta)}
+    sd["optimizer"] = optimizer.sharded_state_dict(sd, is_loading=is_loading, metadata=meta)
+    sd["opt_param_scheduler"] = scheduler.state_dict()
+    if rng is not None:
+        sd["rng_state"] = rng
+    sd["num_floating_point_operations_so_far"] = 0
+    return sd
+
+
+def save(base: str, *, iteration: int, model: Any, optimizer: Any, scheduler: Any, args: Namespace,
+         dp_group: Any, ranks: dict[str, int], torch: Any) -> str:
+    """Write iteration ``iteration`` under ``base`` (every rank calls it); rank 0 then names
+    it in the tracker file, as Megatron-LM does, only once every rank has written."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+
+    path = checkpoint_dir(base, iteration)
+    if torch.distributed.get_rank() == 0:
+        os.makedirs(path, exist_ok=True)
+    torch.distributed.barrier()
+    rng = _rng_state(torch, **ranks)
+    sd = _state_dict(model=model, optimizer=optimizer, scheduler=scheduler, iteration=iteration, args=args,
+                     dp_group=dp_group, rng=rng, is_loading=False)
+    meta = {k: v for k, v in _metadata(dp_group).items() if k != "dp_cp_group"}
+    dist_checkpointing.save(sd, path, get_default_save_sharded_strategy("torch_dist"), content_metadata=meta)
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        tmp = os.path.join(base, TRACKER + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(str(iteration))
+        os.replace(tmp, os.path.join(base, TRACKER))
+    torch.distributed.barrier()
+    return path
+
+
+def load(base: str, *, model: Any, optimizer: Any, scheduler: Any, args: Namespace, dp_group: Any,
+         ranks: dict[str, int], torch: Any) -> tuple[int, str] | None:
+    """Load the latest checkpoint of ``base`` into model, optimizer and scheduler (resharded
+    to this plan); returns ``(iteration, note)``, None when ``base`` holds none yet."""
+    from megatron.core import dist_checkpointing
+
+    it = read_tracker(base)
+    if it is None:
+        return None
+    path = checkpoint_dir(base, it)
+    common = dist_checkpointing.load_common_state_dict(path)
+    old = common.get("args")
+    same_shape = old is not None and (getattr(old, "tensor_model_parallel_size", None),
+                                      getattr(old, "pipeline_model_parallel_size", None)) == \
+        (ranks["tp"], ranks["pp"])
+    rng = _rng_state(torch, **ranks) if same_shape else None
+    sd = _state_dict(model=model, optimizer=optimizer, scheduler=scheduler, iteration=it, args=args,
+                     dp_group=dp_group, rng=rng, is_loading=True)
+    sd.pop("args")
+    loaded = dist_checkpointing.load(sd, path)
+    model.load_state_dict(loaded["model"])
+    optimizer.load_state_dict(loaded["optimizer"])
+    scheduler.load_state_dict(loaded["opt_param_scheduler"])
+    note = "same TP/PP: RNG restored"
+    if rng is not None and "rng_state" in loaded:
+        st = loaded["rng_state"][0] if isinstance(loaded["rng_state"], list) else loaded["rng_state"]
+        import numpy as np
+        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+        random.setstate(st["random_rng_state"])
+        np.random.set_state(st["np_rng_state"])
+        torch.set_rng_state(st["torch_rng_state"])
+        if torch.cuda.is_available():
+            torch.cuda.set_rng_state(st["cuda_rng_state"])
+        get_cuda_rng_tracker().set_states(st["rng_tracker_states"])
+    else:
+        note = (f"written under tp={getattr(old, 'tensor_model_parallel_size', '?')} "
+                f"pp={getattr(old, 'pipeline_model_parallel_size', '?')}, resharded; RNG from the seed")
+    return int(loaded.get("iteration", it)), note

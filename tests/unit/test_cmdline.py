@@ -1,0 +1,141 @@
+"""The one rule for a component's Megatron-LM command line (memx_hpc/slurm/cmdline.py): a
+training run is the job file's (length, schedule, intervals, data, checkpoints), a job
+without data renders a synthetic-data run that says so first, verify's runs stay short."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from memx_hpc.cli.main import main
+from memx_hpc.errors import SpecError
+from memx_hpc.slurm.render import describe, render
+from memx_hpc.spec import Plan, Stage, job_from_mapping, load_site
+
+ROOT = Path(__file__).resolve().parents[2]
+CROSS = ROOT / "site_configs" / "example-cross-vendor.yaml"
+DATA = {"paths": ["/data/web_text_document"],
+        "tokenizer": {"type": "HuggingFaceTokenizer", "model": "/data/tokenizer"}, "split": "98,2,0"}
+PLAN = Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=64,
+            stages=(Stage(partition="gpu_a100", num_layers=20), Stage(partition="gpu_v100", num_layers=12)))
+CROSS_PLAN = Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=64,
+                  stages=(Stage(partition="gpu_a100", num_layers=20), Stage(partition="gpu_mi250x", num_layers=12)))
+
+
+def _job(**kw):
+    doc = yaml.safe_load((ROOT / "jobs" / "gpt3-2.7b.yaml").read_text())
+    doc.update(kw)
+    return job_from_mapping(doc)
+
+
+def _argv(req) -> list[str]:
+    return req.megatron_argv[0]
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_a_job_with_data_and_a_warmup_never_renders_twenty_iterations() -> None:
+    site = load_site(CROSS)
+    job = _job(data=DATA, lr_schedule={"warmup_iters": 2000})
+    with pytest.raises(SpecError) as e:  # no length: refused, never a silent default
+        describe(PLAN, site, job)
+    assert e.value.field == "train_iters" and "train_samples" in str(e.value)
+    job = _job(data=DATA, lr_schedule={"warmup_iters": 2000, "decay_style": "cosine"}, train_iters=50000,
+               log_interval=20, eval_interval=500, eval_iters=5, checkpoint={"save": "/ck", "load": "/ck",
+                                                                             "interval": 1000})
+    for plan in (PLAN, CROSS_PLAN):  # one rule for single- and cross-vendor plans
+        req = describe(plan, site, job)
+        argv = _argv(req)
+        assert req.run_kind == "train" and "--mock-data" not in argv
+        assert (_flag(argv, "--train-iters"), _flag(argv, "--lr-warmup-iters")) == ("50000", "2000")
+        assert (_flag(argv, "--log-interval"), _flag(argv, "--eval-interval"), _flag(argv, "--eval-iters")) == \
+            ("20", "500", "5")
+        assert (_flag(argv, "--ckpt-format"), _flag(argv, "--save"), _flag(argv, "--load")) == \
+            ("torch_dist", "/ck", "/ck")
+        # stop (and save) before the site's time limit
+        assert 0 < int(_flag(argv, "--exit-duration-in-mins")) < site.time_limit_min
+        assert (_flag(argv, "--tokenizer-type"), _flag(argv, "--tokenizer-model")) == \
+            ("HuggingFaceTokenizer", "/data/tokenizer")
+    text = render(PLAN, site, job)
+    assert text.splitlines()[1].startswith("# TRAINING RUN: 50000 iterations")
+    with pytest.raises(SpecError) as e:  # a warm-up as long as the run
+        describe(PLAN, site, _job(data=DATA, lr_schedule={"warmup_iters": 2000}, train_iters=2000))
+    assert e.value.field == "lr_schedule.warmup_iters"
+
+
+def test_samples_and_tokens_give_sample_based_schedules() -> None:
+    site = load_site(CROSS)
+    job = _job(data=DATA, train_tokens=2048 * 64 * 1000 + 1, lr_schedule={"warmup_iters": 10, "decay_iters": 900})
+    argv = _argv(describe(PLAN, site, job))
+    assert "--train-iters" not in argv and "--lr-warmup-iters" not in argv
+    seq = job.model.seq_length
+    assert int(_flag(argv, "--train-samples")) == -(-(2048 * 64 * 1000 + 1) // seq)
+    assert (_flag(argv, "--lr-warmup-samples"), _flag(argv, "--lr-decay-samples")) == ("640", "57600")
+    with pytest.raises(SpecError) as e:
+        _job(train_iters=5, train_samples=10)
+    assert e.value.field == "train_samples"
+
+
+def test_without_data_the_script_says_first_it_is_synthetic() -> None:
+    site = load_site(CROSS)
+    job = _job(train_iters=300)
+    req = describe(PLAN, site, job)
+    assert req.run_kind == "synthetic" and "--mock-data" in _argv(req)
+    text = render(PLAN, site, job)
+    lines = text.splitlines()
+    assert lines[1].startswith("# SYNTHETIC-DATA RUN") and "300 iterations" in lines[1]
+    assert "echo \"memx-hpc: \"'SYNTHETIC-DATA RUN" in text  # and in the job's log
+    for c in range(len(req.components)):  # first line of every component
+        body = text.split(f"memx_component_{c}() {{\n", 1)[1]
+        assert body.startswith("  # SYNTHETIC-DATA RUN")
+    # no length at all: the default is said, not hidden
+    assert "20 iterations (the job names no length)" in describe(PLAN, site, _job()).banner
+
+
+def test_verify_runs_stay_short_mock_runs_and_say_so() -> None:
+    site = load_site(CROSS)
+    job = _job(data=DATA, train_iters=50000, lr_schedule={"warmup_iters": 2000},
+               checkpoint={"save": "/ck", "interval": 100})
+    req = describe(PLAN, site, job, iters=4, mock_data=True)
+    argv = _argv(req)
+    assert req.run_kind == "measure" and req.banner.startswith("MEASUREMENT RUN")
+    assert "--mock-data" in argv and "--data-path" not in argv and "--save" not in argv
+    assert _flag(argv, "--train-iters") == "4" and "--lr-warmup-iters" not in argv
+    assert _flag(argv, "--log-interval") == "1" and _flag(argv, "--eval-iters") == "0"
+
+
+def test_llama3_renders_its_rotary_base() -> None:
+    site = load_site(CROSS)
+    doc = {"name": "l3", "model": "Llama-3-8B", "global_batch_size": 64, "train_iters": 10}
+    job = job_from_mapping(doc)
+    plan = Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=64,
+                stages=(Stage(partition="gpu_a100", num_layers=16), Stage(partition="gpu_v100", num_layers=16)))
+    argv = _argv(describe(plan, site, job))
+    assert _flag(argv, "--rotary-base") == "500000"
+    argv = _argv(describe(plan, site, job_from_mapping({**doc, "model": "Llama-2-7B"})))
+    assert _flag(argv, "--rotary-base") == "10000"
+
+
+def test_cross_vendor_plans_refuse_only_tokenizers_the_entry_cannot_build() -> None:
+    site = load_site(CROSS)
+    job = _job(data={**DATA, "tokenizer": {"type": "TikTokenizer", "model": "/t.json"}}, train_iters=10)
+    describe(PLAN, site, job)  # Megatron-LM's own entry builds it
+    with pytest.raises(SpecError) as e:
+        describe(CROSS_PLAN, site, job)
+    assert e.value.field == "data.tokenizer.type" and "TikTokenizer" in str(e.value)
+
+
+def test_render_creates_the_log_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    plan_file = ROOT / "tests" / "golden" / "plans" / "local-pp3.json"
+    logs = tmp_path / "not" / "yet" / "there"
+    rc = main(["render", "--site", str(ROOT / "site_configs" / "local.yaml"), "--job", str(ROOT / "jobs" / "tiny-gpt.yaml"),
+               "--plan", str(plan_file), "--out", str(tmp_path / "s.sbatch"), "--log-dir", str(logs),
+               "--no-test-only", "--json"])
+    assert rc == 0, capsys.readouterr().err
+    assert logs.is_dir()
+    assert json.loads(capsys.readouterr().out)["script"] == str(tmp_path / "s.sbatch")
