@@ -1300,6 +1300,44 @@ class Recompute:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RecomputeLevel:
+    """A partition group's recompute setting as the search assigns it: ``base`` mode for the
+    layers not fully recomputed, and the fraction of the group's largest stage under full
+    recompute. :meth:`for_stage` gives the :class:`Recompute` of each of its stages.
+
+    Megatron takes one ``--recompute-num-layers k`` per hetjob component (a partition
+    group's stages share a command line), and a stage with ``n < k`` layers recomputes all
+    n (the block method checkpoints layers ``0..k-1`` of each stage). So k is set per
+    group, ``k = ceil(n_max * full_fraction)`` with ``n_max`` the group's largest stage,
+    and a stage recomputes ``min(k, n)`` layers: what the rendered job runs.
+    """
+
+    base: str = "none"
+    full_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        _choice(self.base, "recompute level base", ("none", "selective"))
+        _real(self.full_fraction, "full_fraction", 0.0, 1.0)
+
+    def for_stage(self, num_layers: int, group_max_layers: int | None = None) -> Recompute:
+        k = min(num_layers, full_layers(group_max_layers or num_layers, self.full_fraction))
+        if k == 0:
+            return Recompute(mode=self.base)
+        return Recompute(mode="full", num_layers=None if k == num_layers else k)
+
+    def label(self) -> str:
+        if self.full_fraction == 0:
+            return self.base
+        return "full" if self.full_fraction == 1 else f"full:{self.full_fraction:g}"
+
+
+def full_layers(num_layers: int, fraction: float) -> int:
+    """k = ceil(n * fraction). The small epsilon keeps exact products (4 x 0.5) from rounding
+    up through binary fractions (1/3 x 3 = 1.0000000000000002)."""
+    return int(math.ceil(num_layers * fraction - 1e-9))
+
+
+@dataclass(frozen=True, kw_only=True)
 class Stage:
     """One pipeline stage: consecutive layers on GPUs of one partition."""
 

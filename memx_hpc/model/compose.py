@@ -40,8 +40,9 @@ bytes kept per in-flight micro-batch):
 Gradients travel in fp32 under bf16 (Megatron-LM sets ``accumulate_allreduce_grads_in_fp32``
 for bf16 in ``megatron/training/arguments.py``), in the parameter dtype otherwise.
 
-:class:`Composer` evaluates blocks of plans of a :class:`~memx_hpc.search.space.PlanSpace`
-with numpy; :func:`predict_plan` and :func:`predict_general` evaluate one plan (the same
+:class:`Composer` evaluates :class:`Block` s of plans with numpy, from plain inputs (the
+layouts' placements, the recompute levels: :class:`CompositionInputs`); :func:`predict_plan`
+and :func:`predict_general` evaluate one plan (the same
 formulas; the tests check that they agree).
 """
 
@@ -54,7 +55,7 @@ import numpy as np
 
 from ..errors import SpecError
 from ..placement import Placement, place, place_groups
-from ..spec import BYTES_PER_ELEMENT, GeneralPlan, LayerShape, Plan, Site, TrainJob
+from ..spec import BYTES_PER_ELEMENT, GeneralPlan, LayerShape, Plan, RecomputeLevel, Site, TrainJob
 from . import analytic
 from .api import LayerQuery, forward_fraction
 from .host import HOST_US_PER_OP, host_bound, host_us_per_op
@@ -63,9 +64,6 @@ from .schedule import pipeline_finish_batch
 # Codes of the per-layer recompute mode used by the vectorised cost composition.
 MODE_NONE, MODE_SELECTIVE, MODE_FULL = 0, 1, 2
 MODE_NAMES = ("none", "selective", "full")
-
-# ``PlanSpace`` and ``Block`` in annotations below are :mod:`memx_hpc.search.space` types;
-# they are used, not imported, so that this module stays below the search.
 
 #: Bytes per parameter of the gradients that DP synchronises (see the module docstring).
 GRAD_BYTES_PER_PARAM = {"bf16": 4, "fp16": 2, "fp32": 4}
@@ -373,118 +371,218 @@ class BlockCost:
     risk_utilisation: np.ndarray
 
 
-class Composer:
-    """Composes the plans of a space from a table of per-query predictions."""
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """One parallel layout the composer prices: where its stages run (a
+    :class:`~memx_hpc.placement.Placement`) and its micro-batch size. A search skeleton in
+    the model's terms; a new parallel dimension is a field of the placement and of this."""
 
-    def __init__(self, space: PlanSpace, predictions: Predictions, *, overhead_bytes: Mapping[str, int],
+    placement: Placement
+    micro_batch_size: int
+
+    @property
+    def tp(self) -> int:
+        return self.placement.tp
+
+    @property
+    def dp(self) -> int:
+        return self.placement.dp
+
+    @property
+    def pp(self) -> int:
+        return self.placement.pp
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompositionInputs:
+    """What the vectorised composition needs to know of the plans it will be given: the site,
+    the job, every layout (a :class:`Block`'s ``skeleton`` indexes ``layouts``) and the
+    recompute levels (its ``levels`` index ``levels``)."""
+
+    site: Site
+    job: TrainJob
+    layouts: tuple[Layout, ...]
+    levels: tuple[RecomputeLevel, ...]
+    sequence_parallel: bool = False
+
+    @property
+    def max_pp(self) -> int:
+        return max((lay.pp for lay in self.layouts), default=1)
+
+    def contexts(self) -> list[tuple[str, int, int]]:
+        """Every (GPU type, TP, micro-batch) some stage of some layout runs, sorted."""
+        return sorted({(c.gpu_type, lay.tp, lay.micro_batch_size) for lay in self.layouts
+                       for c in lay.placement.components})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Block:
+    """A run of consecutive plans as arrays (B plans, P = most stages), what the composer prices.
+
+    ``skeleton`` indexes :attr:`CompositionInputs.layouts`; ``layers`` / ``levels`` are (B, P)
+    with 0 / -1 past a plan's last stage (``levels`` index :attr:`CompositionInputs.levels`);
+    ``group_max`` holds, per stage, the most layers of a stage in its partition group (what
+    full recompute's k is taken from, see :class:`~memx_hpc.spec.RecomputeLevel`).
+    """
+
+    start: int
+    skeleton: np.ndarray
+    layers: np.ndarray
+    levels: np.ndarray
+    group_max: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.skeleton.shape[0])
+
+    @property
+    def indices(self) -> np.ndarray:
+        return np.arange(self.start, self.start + len(self), dtype=np.int64)
+
+
+class _LayoutTables:
+    """Per layout and stage, indices into tables of the numbers that do not depend on the
+    layer split: the (GPU, TP, micro-batch) context, the state bytes, optimizer step and DP
+    synchronisation by layer count, the link to the next stage, the tied-embedding sync.
+    Rows are shared between layouts that need the same numbers (most do)."""
+
+    def __init__(self, inputs: CompositionInputs, links, options_sp: bool, context_row) -> None:
+        self.inputs, self.links, self.sp, self._context_row = inputs, links, options_sp, context_row
+        S, P = len(inputs.layouts), max(inputs.max_pp, 1)
+        self.ns = np.arange(inputs.job.model.num_layers + 1)
+        self.ctx_ids: dict[tuple[str, int, int], int] = {}
+        self.ctx_rows: list[list[float]] = []
+        self._state_ids: dict[tuple, int] = {}
+        self.state_rows: list[np.ndarray] = []
+        self.param_rows: list[np.ndarray] = []
+        self._opt_ids: dict[tuple, int] = {}
+        self.opt_rows: list[np.ndarray] = []
+        self._sync_ids: dict[tuple, int] = {}
+        self.sync_rows: list[np.ndarray] = []
+        self._send_memo: dict[tuple, float] = {}
+        self.sk = {name: np.zeros((S, P), dtype=np.int64) for name in ("ctx", "state", "opt", "sync")}
+        self.sk.update({name: np.zeros((S, P), dtype=np.float64)
+                        for name in ("inflight", "first", "last", "link", "tied")})
+        self.m = np.zeros(S, dtype=np.int64)
+        self.pp = np.zeros(S, dtype=np.int64)
+        for li, lay in enumerate(inputs.layouts):
+            self._add(li, lay)
+
+    def _add(self, li: int, lay: Layout) -> None:
+        job, site = self.inputs.job, self.inputs.site
+        pl, pp, tp, dp, mbs = lay.placement, lay.pp, lay.tp, lay.dp, lay.micro_batch_size
+        m = job.global_batch_size // (mbs * dp)
+        self.m[li], self.pp[li] = m, pp
+        names = pl.stage_partitions
+        bounds, one_node = stage_links(pl)
+        tied = tied_sync_ms(self.links, job, tp, pp, names[0], names[-1])
+        for i, name in enumerate(names):
+            gpu = site.partition(name).gpu_type
+            first, last = i == 0, i == pp - 1
+            self.sk["ctx"][li, i] = self._context(gpu, tp, mbs)
+            s = self.sk["state"][li, i] = self._state(tp, pp, dp, first, last)
+            self.sk["opt"][li, i] = self._opt(gpu, s, dp)
+            self.sk["inflight"][li, i] = in_flight(pp, i, m)
+            self.sk["first"][li, i] = first
+            self.sk["last"][li, i] = last
+            if i < pp - 1:
+                self.sk["link"][li, i] = self._send(mbs, tp, bounds[i])
+            self.sk["sync"][li, i] = self._sync(s, dp, name, one_node[i], tp)
+            if first or last:
+                self.sk["tied"][li, i] = tied
+
+    def _context(self, gpu: str, tp: int, mbs: int) -> int:
+        key = (gpu, tp, mbs)
+        c = self.ctx_ids.get(key)
+        if c is None:
+            c = self.ctx_ids[key] = len(self.ctx_rows)
+            self.ctx_rows.append(self._context_row(gpu, tp, mbs))
+        return c
+
+    def _state(self, tp: int, pp: int, dp: int, first: bool, last: bool) -> int:
+        key = (tp, pp, dp, first, last)
+        s = self._state_ids.get(key)
+        if s is None:
+            job = self.inputs.job
+            s = self._state_ids[key] = len(self.state_rows)
+            params = np.array([analytic.stage_params(job.model, int(n), first=first, last=last, tp=tp, pp=pp)
+                               for n in self.ns], dtype=np.float64)
+            self.param_rows.append(params)
+            self.state_rows.append(np.array([analytic.state_bytes(int(x), precision=job.precision,
+                                                                  optimizer=job.optimizer,
+                                                                  distributed_optimizer=job.distributed_optimizer,
+                                                                  dp=dp) for x in params], dtype=np.float64))
+        return s
+
+    def _opt(self, gpu: str, s: int, dp: int) -> int:
+        key = (gpu, s)
+        o = self._opt_ids.get(key)
+        if o is None:
+            job = self.inputs.job
+            o = self._opt_ids[key] = len(self.opt_rows)
+            g = self.inputs.site.gpu(gpu)
+            self.opt_rows.append(np.array([analytic.optimizer_step_ms(int(x), g, precision=job.precision,
+                                                                      optimizer=job.optimizer,
+                                                                      distributed_optimizer=job.distributed_optimizer,
+                                                                      dp=dp) for x in self.param_rows[s]]))
+        return o
+
+    def _send(self, mbs: int, tp: int, bound: tuple[str, str, bool]) -> float:
+        key = (mbs, tp, *bound)
+        v = self._send_memo.get(key)
+        if v is None:
+            a, b, same = bound
+            v = self._send_memo[key] = send_ms(self.links, self.inputs.job, micro_batch_size=mbs, tp=tp,
+                                               sequence_parallel=self.sp, a=a, b=b, same_node=same)
+        return v
+
+    def _sync(self, s: int, dp: int, name: str, one_node: bool, tp: int) -> int:
+        key = (s, dp, name, one_node, tp)
+        y = self._sync_ids.get(key)
+        if y is None:
+            y = self._sync_ids[key] = len(self.sync_rows)
+            streams = min(tp, self.inputs.site.partition(name).gpus_per_node)
+            self.sync_rows.append(np.array([dp_sync_ms(self.links, self.inputs.job, dp=dp, params=float(x),
+                                                       partitions=[name], one_node=one_node, streams=streams)
+                                            for x in self.param_rows[s]], dtype=np.float64))
+        return y
+
+
+class Composer:
+    """Composes blocks of plans from a table of per-query predictions (numpy, vectorised).
+
+    ``inputs`` describe the layouts and recompute levels the blocks refer to; nothing here
+    knows how they were enumerated."""
+
+    def __init__(self, inputs: CompositionInputs, predictions: Predictions, *, overhead_bytes: Mapping[str, int],
                  options: CostOptions | None = None, memory_error: Mapping[str, float] | None = None,
                  links=None, memory_scale: Mapping[str, float] | None = None,
                  host_us_per_op: float = HOST_US_PER_OP) -> None:
-        self.space = space
-        self._host_us = float(host_us_per_op)
+        self.inputs = inputs
+        self.site, self.job = inputs.site, inputs.job
         self.options = options or CostOptions()
-        site, job = space.site, space.job
-        self.site, self.job = site, job
-        self.links = link_model_for(site, None, links)
-        prior = memory_scale_of(None, site)
-        self._memory_scale = {p.gpu_type: float(prior(p.gpu_type)) for p in space.partitions}
+        self._host_us = float(host_us_per_op)
+        self._sp = inputs.sequence_parallel
+        self.links = link_model_for(self.site, None, links)
+        prior = memory_scale_of(None, self.site)
+        self._memory_scale = {p.gpu_type: float(prior(p.gpu_type)) for p in self.site.partitions}
         self._memory_scale.update(memory_scale or {})
-        sp = space.options.sequence_parallel
-        L = job.model.num_layers
-        levels = space.levels
-        self._lev_base = np.array([0 if lv.base == "none" else 1 for lv in levels], dtype=np.int64)
-        self._lev_frac = np.array([lv.full_fraction for lv in levels], dtype=np.float64)
-        ff = np.array([forward_fraction(m) for m in MODE_NAMES], dtype=np.float64)
-        self._ff = ff
+        self._lev_base = np.array([0 if lv.base == "none" else 1 for lv in inputs.levels], dtype=np.int64)
+        self._lev_frac = np.array([lv.full_fraction for lv in inputs.levels], dtype=np.float64)
+        self._ff = np.array([forward_fraction(m) for m in MODE_NAMES], dtype=np.float64)
+        def context_row(gpu: str, tp: int, mbs: int) -> list[float]:
+            return self._context_row(predictions, overhead_bytes, gpu, tp, mbs, self._sp)
 
-        S, P = len(space.skeletons), max(space.max_pp, 1)
-        ctx_ids: dict[tuple[str, int, int], int] = {}
-        ctx_rows: list[list[float]] = []
-        state_ids: dict[tuple, int] = {}
-        state_rows: list[np.ndarray] = []
-        param_rows: list[np.ndarray] = []
-        opt_ids: dict[tuple, int] = {}
-        opt_rows: list[np.ndarray] = []
-        sk_ctx = np.zeros((S, P), dtype=np.int64)
-        sk_state = np.zeros((S, P), dtype=np.int64)
-        sk_opt = np.zeros((S, P), dtype=np.int64)
-        sk_inflight = np.zeros((S, P), dtype=np.float64)
-        sk_first = np.zeros((S, P), dtype=np.float64)
-        sk_last = np.zeros((S, P), dtype=np.float64)
-        sk_link = np.zeros((S, P), dtype=np.float64)
-        sk_sync = np.zeros((S, P), dtype=np.int64)
-        sync_ids: dict[tuple, int] = {}
-        send_memo: dict[tuple, float] = {}
-        sync_rows: list[np.ndarray] = []
-        sk_tied = np.zeros((S, P), dtype=np.float64)
-        sk_m = np.zeros(S, dtype=np.int64)
-        sk_pp = np.zeros(S, dtype=np.int64)
-        ns = np.arange(L + 1)
-        for si, sk in enumerate(space.skeletons):
-            pp, tp, dp, mbs = sk.pp, sk.tp, sk.dp, sk.micro_batch_size
-            m = job.global_batch_size // (mbs * dp)
-            sk_m[si], sk_pp[si] = m, pp
-            parts = sk.stage_partitions()
-            names = [space.partitions[p].name for p in parts]
-            bounds, one_node = stage_links(place_groups(site, tp=tp, dp=dp, groups=[
-                (space.partitions[p].name, n) for p, n in sk.groups]))
-            tied = tied_sync_ms(self.links, job, tp, pp, names[0], names[-1])
-            for i, name in enumerate(names):
-                gpu = space.partitions[parts[i]].gpu_type
-                key = (gpu, tp, mbs)
-                c = ctx_ids.get(key)
-                if c is None:
-                    c = ctx_ids[key] = len(ctx_rows)
-                    ctx_rows.append(self._context_row(predictions, overhead_bytes, gpu, tp, mbs, sp))
-                sk_ctx[si, i] = c
-                first, last = i == 0, i == pp - 1
-                skey = (tp, pp, dp, first, last)
-                s = state_ids.get(skey)
-                if s is None:
-                    s = state_ids[skey] = len(state_rows)
-                    params = np.array([analytic.stage_params(job.model, int(n), first=first, last=last, tp=tp, pp=pp)
-                                       for n in ns], dtype=np.float64)
-                    param_rows.append(params)
-                    state_rows.append(np.array([analytic.state_bytes(int(x), precision=job.precision,
-                                                                     optimizer=job.optimizer,
-                                                                     distributed_optimizer=job.distributed_optimizer,
-                                                                     dp=dp) for x in params], dtype=np.float64))
-                sk_state[si, i] = s
-                okey = (gpu, s)
-                o = opt_ids.get(okey)
-                if o is None:
-                    o = opt_ids[okey] = len(opt_rows)
-                    g = site.gpu(gpu)
-                    opt_rows.append(np.array([analytic.optimizer_step_ms(int(x), g, precision=job.precision,
-                                                                         optimizer=job.optimizer,
-                                                                         distributed_optimizer=job.distributed_optimizer,
-                                                                         dp=dp) for x in param_rows[s]]))
-                sk_opt[si, i] = o
-                sk_inflight[si, i] = in_flight(pp, i, m)
-                sk_first[si, i] = first
-                sk_last[si, i] = last
-                if i < pp - 1:
-                    lkey = (mbs, tp, *bounds[i])
-                    v = send_memo.get(lkey)
-                    if v is None:
-                        a, b, same = bounds[i]
-                        v = send_memo[lkey] = send_ms(self.links, job, micro_batch_size=mbs, tp=tp,
-                                                      sequence_parallel=sp, a=a, b=b, same_node=same)
-                    sk_link[si, i] = v
-                ykey = (s, dp, name, one_node[i], tp)
-                y = sync_ids.get(ykey)
-                if y is None:
-                    y = sync_ids[ykey] = len(sync_rows)
-                    streams = min(tp, site.partition(name).gpus_per_node)
-                    sync_rows.append(np.array([dp_sync_ms(self.links, job, dp=dp, params=float(x), partitions=[name],
-                                                          one_node=one_node[i], streams=streams)
-                                               for x in param_rows[s]], dtype=np.float64))
-                sk_sync[si, i] = y
-                if first or last:
-                    sk_tied[si, i] = tied
+        tables = _LayoutTables(inputs, self.links, self._sp, context_row)
+        self._set_tables(tables)
+        # 1 + the expected relative error of the predicted peak, per context's GPU type
+        err = memory_error or {}
+        self._ctx_widen = np.array([1.0 + float(err.get(gpu, 0.0)) for gpu, _, _ in self.contexts])
+
+    def _set_tables(self, t: _LayoutTables) -> None:
+        L = self.job.model.num_layers
         # columns: t[none, selective, full], a[none, selective, full], embedding (t, a), head (t, a),
         # runtime overhead bytes, capacity bytes, memory scale (a of a·A + b)
-        ctx = np.array(ctx_rows, dtype=np.float64).reshape(len(ctx_rows), 13)
+        ctx = np.array(t.ctx_rows, dtype=np.float64).reshape(len(t.ctx_rows), 13)
         self._ctx_t = np.ascontiguousarray(ctx[:, 0:3])
         self._ctx_a = np.ascontiguousarray(ctx[:, 3:6])
         self._ctx_emb = np.ascontiguousarray(ctx[:, 6:8])
@@ -492,18 +590,13 @@ class Composer:
         self._ctx_over = ctx[:, 10]
         self._ctx_cap = ctx[:, 11]
         self._ctx_scale = ctx[:, 12]
-        self._state = np.array(state_rows).reshape(len(state_rows), L + 1)
-        self._params = np.array(param_rows).reshape(len(param_rows), L + 1)
-        self._opt = np.array(opt_rows).reshape(len(opt_rows), L + 1)
-        self._sync = np.array(sync_rows).reshape(len(sync_rows), L + 1)
-        self._sk = dict(ctx=sk_ctx, state=sk_state, opt=sk_opt, inflight=sk_inflight, first=sk_first,
-                        last=sk_last, link=sk_link, sync=sk_sync, tied=sk_tied)
-        self._sk_m, self._sk_pp = sk_m, sk_pp
-        self.contexts = tuple(ctx_ids)
-        # 1 + the expected relative error of the predicted peak, per context's GPU type
-        err = memory_error or {}
-        self._ctx_widen = np.array([1.0 + float(err.get(gpu, 0.0)) for gpu, _, _ in self.contexts])
-        self._sp = sp
+        self._state = np.array(t.state_rows).reshape(len(t.state_rows), L + 1)
+        self._params = np.array(t.param_rows).reshape(len(t.param_rows), L + 1)
+        self._opt = np.array(t.opt_rows).reshape(len(t.opt_rows), L + 1)
+        self._sync = np.array(t.sync_rows).reshape(len(t.sync_rows), L + 1)
+        self._sk = t.sk
+        self._sk_m, self._sk_pp = t.m, t.pp
+        self.contexts = tuple(t.ctx_ids)
 
     def set_predictions(self, predictions: Predictions) -> None:
         """Replace the per-layer values of every context with those ``predictions`` holds
@@ -587,14 +680,11 @@ class Composer:
                          risk_utilisation=risk)
 
 
-def required_queries(space: PlanSpace) -> list[LayerQuery]:
-    """Every query the composition of ``space`` needs, once each, in a stable order."""
-    sp = space.options.sequence_parallel
+def required_queries(inputs: CompositionInputs) -> list[LayerQuery]:
+    """Every query the composition of ``inputs``' layouts needs, once each, in a stable order."""
     seen: dict[LayerQuery, None] = {}
-    contexts = sorted({(space.partitions[p].gpu_type, sk.tp, sk.micro_batch_size)
-                       for sk in space.skeletons for p, _ in sk.groups})
-    for gpu, tp, mbs in contexts:
-        for q in context_queries(space.job, gpu, tp, mbs, sp):
+    for gpu, tp, mbs in inputs.contexts():
+        for q in context_queries(inputs.job, gpu, tp, mbs, inputs.sequence_parallel):
             seen.setdefault(q, None)
     return list(seen)
 
@@ -862,7 +952,8 @@ def _known(site: Site, name: str) -> bool:
         return False
 
 
-__all__ = ["BlockCost", "Composer", "CostOptions", "GRAD_BYTES_PER_PARAM", "Prediction", "StagePrediction",
+__all__ = ["Block", "BlockCost", "Composer", "CompositionInputs", "Layout", "CostOptions", "GRAD_BYTES_PER_PARAM",
+           "Prediction", "StagePrediction",
            "context_queries", "p2p_bytes", "predict_general", "predict_plan", "required_queries",
            "stage_layout", "stage_links", "send_ms", "dp_sync_ms", "tied_sync_ms", "link_model_for",
            "memory_scale_of", "sync_ms_per_param", "tied_embedding_sync_ms", "transfer_ms"]

@@ -357,7 +357,8 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
     t0 = time.perf_counter()
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
     stats = CacheStats()
-    queries = required_queries(space)
+    inputs = space.composition_inputs()
+    queries = required_queries(inputs)
     if options.use_cache:
         predictions = _predict_all(queries, cost_model, cache, comm, stats)
     else:
@@ -368,7 +369,7 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
     gpus = sorted({p.gpu_type for p in space.partitions})
     overhead = {g: int(cost_model.overhead_bytes(g)) for g in gpus}
     scale_of = memory_scale_of(cost_model, space.site)
-    composer = Composer(space, predictions, overhead_bytes=overhead, options=options.cost,
+    composer = Composer(inputs, predictions, overhead_bytes=overhead, options=options.cost,
                         memory_error=options.memory_error, links=link_model_for(space.site, cost_model),
                         memory_scale={g: float(scale_of(g)) for g in gpus},
                         host_us_per_op=host_us_per_op(cost_model))

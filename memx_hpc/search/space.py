@@ -21,7 +21,7 @@ times a *recompute assignment*:
 * **Recompute.** Each stage gets its own level from ``none < selective < full on
   k = ceil(n_max*j/steps) layers`` (j = 1..steps; n_max the largest stage of its
   partition group, a stage recomputing min(k, n): one ``--recompute-num-layers`` per
-  hetjob component, see :class:`Level`), restricted to the modes the job allows —
+  hetjob component, see :class:`~memx_hpc.spec.RecomputeLevel`), restricted to the modes the job allows —
   heterogeneous recomputation: memory-poor partitions recompute while memory-rich ones
   do not. Within one
   partition group the levels never increase along the pipeline: the group's stages run
@@ -47,8 +47,9 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import SpecError
-from ..placement import group_fits
-from ..spec import Plan, Recompute, Site, Stage, TrainJob
+from ..model.compose import Block, CompositionInputs, Layout
+from ..placement import group_fits, place_groups
+from ..spec import Plan, RecomputeLevel, Site, Stage, TrainJob
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,45 +104,7 @@ class SpaceOptions:
                     raise SpecError("expected whole numbers >= 1", field=name, found=getattr(self, name))
 
 
-@dataclass(frozen=True, kw_only=True)
-class Level:
-    """One recompute level: ``base`` mode for the layers not fully recomputed, and the
-    fraction under full recompute.
-
-    Megatron takes one ``--recompute-num-layers k`` per hetjob component (a partition
-    group's stages share a command line), and a stage with ``n < k`` layers recomputes all
-    n (the block method checkpoints layers ``0..k-1`` of each stage). So k is set per
-    group, ``k = ceil(n_max * full_fraction)`` with ``n_max`` the group's largest stage,
-    and a stage recomputes ``min(k, n)`` layers: what the rendered job runs.
-    """
-
-    base: str
-    full_fraction: float
-
-    def for_stage(self, num_layers: int, group_max_layers: int | None = None) -> Recompute:
-        k = min(num_layers, full_layers(group_max_layers or num_layers, self.full_fraction))
-        if k == 0:
-            return Recompute(mode=self.base)
-        return Recompute(mode="full", num_layers=None if k == num_layers else k)
-
-    def label(self) -> str:
-        if self.full_fraction == 0:
-            return self.base
-        return "full" if self.full_fraction == 1 else f"full:{self.full_fraction:g}"
-
-
-def full_layers(num_layers, fraction):
-    """k = ceil(n * fraction) for an int or an array of layer counts.
-
-    The small epsilon keeps exact products (4 x 0.5) from rounding up through binary
-    fractions (1/3 x 3 = 1.0000000000000002).
-    """
-    if isinstance(num_layers, np.ndarray):
-        return np.ceil(num_layers * fraction - 1e-9).astype(np.int64)
-    return int(math.ceil(num_layers * fraction - 1e-9))
-
-
-def recompute_levels(job: TrainJob, steps: int, *, selective_with_sdpa: bool = False) -> tuple[Level, ...]:
+def recompute_levels(job: TrainJob, steps: int, *, selective_with_sdpa: bool = False) -> tuple[RecomputeLevel, ...]:
     """Levels ordered by memory saved (and time spent): none < selective < full fractions.
 
     Selective is left out under fused attention unless asked for (see SpaceOptions) or named
@@ -150,13 +113,13 @@ def recompute_levels(job: TrainJob, steps: int, *, selective_with_sdpa: bool = F
     """
     out = []
     if "none" in job.recompute_modes:
-        out.append(Level(base="none", full_fraction=0.0))
+        out.append(RecomputeLevel(base="none", full_fraction=0.0))
     dominated = (job.attention == "sdpa" and not selective_with_sdpa and not job.recompute_modes_given
                  and "none" in job.recompute_modes)
     if "selective" in job.recompute_modes and not dominated:
-        out.append(Level(base="selective", full_fraction=0.0))
+        out.append(RecomputeLevel(base="selective", full_fraction=0.0))
     if "full" in job.recompute_modes:
-        out += [Level(base="none", full_fraction=j / steps) for j in range(1, steps + 1)]
+        out += [RecomputeLevel(base="none", full_fraction=j / steps) for j in range(1, steps + 1)]
     if not out:
         raise SpecError("no recompute mode allowed", field="recompute_modes", found=list(job.recompute_modes),
                         allowed="none, selective, full")
@@ -182,29 +145,6 @@ class Skeleton:
 
     def stage_partitions(self) -> list[int]:
         return [p for p, s in self.groups for _ in range(s)]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Block:
-    """A run of consecutive plan indices decoded into arrays (B plans, P = max stages).
-
-    ``skeleton`` indexes ``space.skeletons``; ``layers`` / ``levels`` are (B, P) with 0 / -1
-    past a plan's last stage; ``group_max`` holds, per stage, the most layers of a stage in
-    its partition group (what full recompute's k is taken from, see :class:`Level`).
-    """
-
-    start: int
-    skeleton: np.ndarray
-    layers: np.ndarray
-    levels: np.ndarray
-    group_max: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.skeleton.shape[0])
-
-    @property
-    def indices(self) -> np.ndarray:
-        return np.arange(self.start, self.start + len(self), dtype=np.int64)
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -269,6 +209,7 @@ class PlanSpace:
         # Flat per-skeleton descriptors for vectorised decoding.
         self._nlev = np.array([len(self._level_table(sk.structure)) for sk in self.skeletons], dtype=np.int64)
         self.max_pp = max((sk.pp for sk in self.skeletons), default=1)
+        self._inputs: CompositionInputs | None = None
 
     # ------------------------------------------------------------------ candidates
 
@@ -480,6 +421,17 @@ class PlanSpace:
         """The contiguous index range of ``rank`` among ``size`` (balanced to one plan)."""
         n = len(self)
         return n * rank // size, n * (rank + 1) // size
+
+    def composition_inputs(self) -> CompositionInputs:
+        """The space's layouts (one per skeleton, placed by the one fit rule) and recompute
+        levels, as the composition takes them (built once)."""
+        if self._inputs is None:
+            layouts = tuple(Layout(placement=place_groups(self.site, tp=sk.tp, dp=sk.dp, groups=[
+                (self.partitions[p].name, n) for p, n in sk.groups]), micro_batch_size=sk.micro_batch_size)
+                for sk in self.skeletons)
+            self._inputs = CompositionInputs(site=self.site, job=self.job, layouts=layouts, levels=self.levels,
+                                             sequence_parallel=self.options.sequence_parallel)
+        return self._inputs
 
     def describe(self) -> dict:
         return {"plans": len(self), "skeletons": len(self.skeletons), "layer_granularity": self.granularity,

@@ -199,8 +199,9 @@ def test_infeasible_above_capacity_minus_margin():
 
 
 def _composed(space, model, options=None):
-    preds = {q: tuple(v) for q, v in zip(required_queries(space), model.predict(required_queries(space)))}
-    comp = Composer(space, preds, overhead_bytes={p.gpu_type: model.overhead_bytes(p.gpu_type)
+    inputs = space.composition_inputs()
+    preds = {q: tuple(v) for q, v in zip(required_queries(inputs), model.predict(required_queries(inputs)))}
+    comp = Composer(inputs, preds, overhead_bytes={p.gpu_type: model.overhead_bytes(p.gpu_type)
                                                    for p in space.partitions}, options=options)
     return comp, comp.compose(space.decode(0, len(space)))
 
