@@ -31,7 +31,7 @@ from ..model.compose import (MODE_NAMES, Composer, CostOptions, Prediction, cont
 from ..model.host import host_us_per_op
 from ..spec import Plan
 from .cache import CacheStats, PredictionCache, signature
-from .objective import TIME_NOISE, Weights, log_score, risk_utilisation, tie_key
+from .objective import TIME_NOISE, Weights, band_order, in_time_band, log_score, risk_utilisation, tie_key
 from .space import PlanSpace
 
 #: Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun)
@@ -213,9 +213,7 @@ def _front(t: np.ndarray, u: np.ndarray, idx: np.ndarray) -> np.ndarray:
 def _band(t: np.ndarray, key: np.ndarray, idx: np.ndarray, noise: float):
     """The entries within ``noise`` of the fastest (all of them: the recommended plan is
     the best of these by ``key``, and a plan left out here could be it)."""
-    if not len(t):
-        return t, key, idx
-    keep = t <= t.min() * (1.0 + noise)
+    keep = in_time_band(t, noise)
     return t[keep], key[keep], idx[keep]
 
 
@@ -349,35 +347,80 @@ def _block_queries(space: PlanSpace, block, sp: bool) -> list[LayerQuery]:
 # --------------------------------------------------------------------------- the search
 
 
-def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None,
-           cache: PredictionCache | None = None, comm=None,
-           progress: Callable[[int, int], None] | None = None) -> SearchResult:
-    """Search ``space`` with ``cost_model``; see the module docstring. Every rank returns the result."""
-    options = options or SearchOptions()
-    t0 = time.perf_counter()
-    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
-    stats = CacheStats()
-    inputs = space.composition_inputs()
-    queries = required_queries(inputs)
+@dataclass(frozen=True, kw_only=True)
+class RankShare:
+    """What one rank sends rank 0 after composing its range of the space: its keepers' bests
+    (``(keys, indices)`` pairs, the band and the front as ``(time, key or utilisation,
+    index)`` triples) and its counts. The feasible times stay on the rank (they are large;
+    each reported plan's time rank is counted where they are)."""
+
+    score: tuple[np.ndarray, np.ndarray]
+    time: tuple[np.ndarray, np.ndarray]
+    safe: tuple[np.ndarray, np.ndarray]
+    band: tuple[np.ndarray, np.ndarray, np.ndarray]
+    front: tuple[np.ndarray, np.ndarray, np.ndarray]
+    plans: int
+    feasible: int
+    risk_feasible: int
+    lookups: int
+    peak_rss_bytes: int
+    compose_seconds: float
+
+    @staticmethod
+    def of(keeper: "_Keeper", *, peak_rss_bytes: int, compose_seconds: float) -> "RankShare":
+        return RankShare(score=keeper.score, time=keeper.time, safe=keeper.safe, band=keeper.band,
+                         front=keeper.front, plans=keeper.plans, feasible=keeper.feasible,
+                         risk_feasible=keeper.risk_feasible, lookups=keeper.lookups,
+                         peak_rss_bytes=peak_rss_bytes, compose_seconds=compose_seconds)
+
+
+def _merge_shares(shares: list[RankShare], k: int, noise: float) -> _Keeper:
+    """Rank 0's keeper from every rank's share: the same candidates a serial run keeps."""
+    def cat(pairs, j: int) -> np.ndarray:
+        return np.concatenate([p[j] for p in pairs])
+
+    merged = _Keeper(k=k, noise=noise)
+    for name in ("score", "time", "safe"):
+        pairs = [getattr(s, name) for s in shares]
+        setattr(merged, name, _take_best(cat(pairs, 0), cat(pairs, 1), k))
+    merged.band = _band(*(cat([s.band for s in shares], j) for j in range(3)), noise)
+    fronts = [s.front for s in shares]
+    ft, fu, fi = (cat(fronts, j) for j in range(3))
+    keep = _front(ft, fu, fi)
+    merged.front = (ft[keep], fu[keep], fi[keep])
+    merged.plans = sum(s.plans for s in shares)
+    merged.feasible = sum(s.feasible for s in shares)
+    merged.risk_feasible = sum(s.risk_feasible for s in shares)
+    merged.lookups = sum(s.lookups for s in shares)
+    return merged
+
+
+def _known_predictions(space: PlanSpace, queries: list[LayerQuery], cost_model, cache, comm, options,
+                       stats: CacheStats) -> dict[LayerQuery, tuple[float, float]]:
+    """Every query's answer (cache, then the model, split over ranks); without the cache a
+    placeholder the blocks overwrite with their own plans' answers."""
     if options.use_cache:
-        predictions = _predict_all(queries, cost_model, cache, comm, stats)
-    else:
-        # every block asks the model for its own plans' stages; until then nothing is known
-        # (a value no plan of a block uses is multiplied by zero layers)
-        predictions = {q: (0.0, 0.0) for q in queries}
-        stats.unique = len(queries)
+        return _predict_all(queries, cost_model, cache, comm, stats)
+    # every block asks the model for its own plans' stages; until then nothing is known
+    # (a value no plan of a block uses is multiplied by zero layers)
+    stats.unique = len(queries)
+    return {q: (0.0, 0.0) for q in queries}
+
+
+def _composer(space: PlanSpace, inputs, predictions, cost_model, options: SearchOptions) -> Composer:
     gpus = sorted({p.gpu_type for p in space.partitions})
-    overhead = {g: int(cost_model.overhead_bytes(g)) for g in gpus}
     scale_of = memory_scale_of(cost_model, space.site)
-    composer = Composer(inputs, predictions, overhead_bytes=overhead, options=options.cost,
-                        memory_error=options.memory_error, links=link_model_for(space.site, cost_model),
-                        memory_scale={g: float(scale_of(g)) for g in gpus},
-                        host_us_per_op=host_us_per_op(cost_model))
-    start, stop = space.rank_range(rank, size)
+    return Composer(inputs, predictions, overhead_bytes={g: int(cost_model.overhead_bytes(g)) for g in gpus},
+                    options=options.cost, memory_error=options.memory_error,
+                    links=link_model_for(space.site, cost_model), memory_scale={g: float(scale_of(g)) for g in gpus},
+                    host_us_per_op=host_us_per_op(cost_model))
+
+
+def _compose_range(space: PlanSpace, composer: Composer, cost_model, options: SearchOptions, stats: CacheStats,
+                   start: int, stop: int, *, on_block: Callable[[int], None]) -> _Keeper:
+    """Decode, compose and score plans ``start..stop-1`` block by block into a keeper."""
     keeper = _Keeper(k=options.top_k * _SPARE, noise=options.time_noise)
     sp = space.options.sequence_parallel
-    t_compose = time.perf_counter()
-    done = 0
     for block in space.iter_blocks(start, stop, block_size=options.block_size):
         if not options.use_cache:
             qs = _block_queries(space, block, sp)
@@ -391,60 +434,64 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
                    cost.balance)
         if options.use_cache:
             keeper.lookups += int((block.levels >= 0).sum())
-        done += len(block)
-        if progress is not None and rank == 0:
-            progress(min(done * size, len(space)), len(space))
-    compose_s = time.perf_counter() - t_compose
-    if options.use_cache:
-        stats.lookups = keeper.lookups
-    times = keeper.sorted_times()
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        on_block(len(block))
+    if not options.use_cache:
+        keeper.lookups = stats.lookups
+    return keeper
+
+
+def _time_ranks(space: PlanSpace, composer: Composer, keeper: _Keeper, times: np.ndarray, comm) -> dict[int, int]:
+    """Time-only rank of every reported plan: 1 + the feasible plans faster than it, counted
+    on every rank (each holds its own range's times)."""
+    targets = _report_indices(keeper)
+    target_times = _times_of(space, composer, targets)
+    faster = np.searchsorted(times, target_times, side="left") if len(targets) else np.zeros(0, dtype=np.int64)
     if comm is not None:
-        parts = comm.gather((keeper.score, keeper.time, keeper.front, keeper.plans, keeper.feasible, keeper.lookups,
-                             rss, compose_s, keeper.safe, keeper.band, keeper.risk_feasible), root=0)
-        if rank == 0:
-            merged = _Keeper(k=options.top_k * _SPARE, noise=options.time_noise)
-            merged.safe = _take_best(np.concatenate([p[8][0] for p in parts]),
-                                     np.concatenate([p[8][1] for p in parts]), options.top_k * _SPARE)
-            merged.band = _band(*(np.concatenate([p[9][j] for p in parts]) for j in range(3)), options.time_noise)
-            merged.risk_feasible = sum(p[10] for p in parts)
-            merged.score = _take_best(np.concatenate([p[0][0] for p in parts]),
-                                      np.concatenate([p[0][1] for p in parts]), options.top_k * _SPARE)
-            merged.time = _take_best(np.concatenate([p[1][0] for p in parts]),
-                                     np.concatenate([p[1][1] for p in parts]), options.top_k * _SPARE)
-            ft = np.concatenate([p[2][0] for p in parts])
-            fu = np.concatenate([p[2][1] for p in parts])
-            fi = np.concatenate([p[2][2] for p in parts])
-            keep = _front(ft, fu, fi)
-            merged.front = (ft[keep], fu[keep], fi[keep])
-            merged.plans = sum(p[3] for p in parts)
-            merged.feasible = sum(p[4] for p in parts)
-            if options.use_cache:
-                stats.lookups = sum(p[5] for p in parts)
-            rss = max(p[6] for p in parts)
-            compose_s = max(p[7] for p in parts)
-            keeper_view = merged
-        else:
-            keeper_view = None
-        keeper_view = comm.bcast(keeper_view, root=0)
-        _keep_distinct(space, keeper_view, options.top_k)
-        _recommended_order(space, keeper_view, options.top_k)
-        # time-only rank of every reported plan: count faster feasible plans on every rank
-        targets = _report_indices(keeper_view)
-        target_times = _times_of(space, composer, targets)
-        local = np.searchsorted(times, target_times, side="left") if len(targets) else np.zeros(0, dtype=np.int64)
-        faster = comm.allreduce(np.asarray(local, dtype=np.int64))
-        stats.lookups = comm.bcast(stats.lookups, root=0)
-        rss = comm.bcast(rss, root=0)
-        compose_s = comm.bcast(compose_s, root=0)
-        keeper = keeper_view
-    else:
-        _keep_distinct(space, keeper, options.top_k)
-        _recommended_order(space, keeper, options.top_k)
-        targets = _report_indices(keeper)
-        target_times = _times_of(space, composer, targets)
-        faster = np.searchsorted(times, target_times, side="left") if len(targets) else np.zeros(0, dtype=np.int64)
-    time_rank = {int(i): int(f) + 1 for i, f in zip(targets, faster)}
+        faster = comm.allreduce(np.asarray(faster, dtype=np.int64))
+    return {int(i): int(f) + 1 for i, f in zip(targets, faster)}
+
+
+def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None,
+           cache: PredictionCache | None = None, comm=None,
+           progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    """Search ``space`` with ``cost_model``; see the module docstring. Every rank returns the result."""
+    options = options or SearchOptions()
+    t0 = time.perf_counter()
+    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+    stats = CacheStats()
+    inputs = space.composition_inputs()
+    predictions = _known_predictions(space, required_queries(inputs), cost_model, cache, comm, options, stats)
+    composer = _composer(space, inputs, predictions, cost_model, options)
+    done = [0]
+
+    def on_block(n: int) -> None:
+        done[0] += n
+        if progress is not None and rank == 0:
+            progress(min(done[0] * size, len(space)), len(space))
+
+    t_compose = time.perf_counter()
+    keeper = _compose_range(space, composer, cost_model, options, stats, *space.rank_range(rank, size),
+                            on_block=on_block)
+    share = RankShare.of(keeper, peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                         compose_seconds=time.perf_counter() - t_compose)
+    times = keeper.sorted_times()
+    if comm is not None:
+        shares = comm.gather(share, root=0)
+        merged = _merge_shares(shares, options.top_k * _SPARE, options.time_noise) if rank == 0 else None
+        keeper = comm.bcast(merged, root=0)
+        share = comm.bcast(RankShare.of(keeper, peak_rss_bytes=max(s.peak_rss_bytes for s in shares),
+                                        compose_seconds=max(s.compose_seconds for s in shares))
+                           if rank == 0 else None, root=0)
+    _keep_distinct(space, keeper, options.top_k)
+    _recommended_order(space, keeper, options.top_k)
+    time_rank = _time_ranks(space, composer, keeper, times, comm)
+    stats.lookups = keeper.lookups
+    return _result(space, cost_model, options, keeper, time_rank, stats, share, t0, comm, size)
+
+
+def _result(space: PlanSpace, cost_model, options: SearchOptions, keeper: _Keeper, time_rank: dict[int, int],
+            stats: CacheStats, share: RankShare, t0: float, comm, size: int) -> SearchResult:
+    """The reported plans, each predicted on its own (the one-plan path), and the stats."""
     top = _scored(space, cost_model, options, keeper.score[1], keeper.score[0], time_rank)
     time_top = _scored(space, cost_model, options, keeper.time[1], None, time_rank)
     recommended_top = _scored(space, cost_model, options, keeper.recommended, None, time_rank)
@@ -455,8 +502,9 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
     seconds = time.perf_counter() - t0
     if comm is not None:
         seconds = comm.bcast(seconds, root=0)
-    st = SearchStats(plans=keeper.plans, feasible=keeper.feasible, seconds=seconds, compose_seconds=compose_s,
-                     ranks=size, peak_rss_bytes=int(rss), cache=stats.to_dict(), space=space.describe())
+    st = SearchStats(plans=keeper.plans, feasible=keeper.feasible, seconds=seconds,
+                     compose_seconds=share.compose_seconds, ranks=size, peak_rss_bytes=int(share.peak_rss_bytes),
+                     cache=stats.to_dict(), space=space.describe())
     return SearchResult(top=top, time_top=time_top, pareto=pareto, weights=options.weights, stats=st,
                         recommended_top=recommended_top, risk_feasible=keeper.risk_feasible,
                         fastest_safe=safe[0] if safe else None,
@@ -499,7 +547,7 @@ def _recommended_order(space: PlanSpace, k: _Keeper, top_k: int) -> None:
     widened worst-GPU utilisation and balance (then time, then index), followed by the
     other risk-feasible plans by time."""
     bt, bk, bi = k.band
-    order = np.lexsort((bi, bt, bk))
+    order = band_order(bt, bk, bi)
     in_band = set(int(i) for i in bi)
     cands = [int(i) for i in bi[order]] + [int(i) for i in k.safe[1] if int(i) not in in_band]
     k.recommended = np.asarray([cands[j] for j in _distinct(space, cands, top_k)], dtype=np.int64)

@@ -246,17 +246,30 @@ def tie_key(risk_util, balance):
     return r * 1000.0 + np.minimum(np.asarray(balance, dtype=np.float64), 999.0)
 
 
+def in_time_band(iteration_ms, noise: float = TIME_NOISE) -> np.ndarray:
+    """Step 3's band: which of these (risk-feasible) plans are within ``noise`` of the fastest."""
+    t = np.asarray(iteration_ms, dtype=np.float64)
+    if not len(t):
+        return np.zeros(0, dtype=bool)
+    return t <= t.min() * (1.0 + noise)
+
+
+def band_order(iteration_ms, key, index) -> np.ndarray:
+    """Step 3's order of the plans in the band: by :func:`tie_key`, then time, then plan index."""
+    return np.lexsort((np.asarray(index), np.asarray(iteration_ms), np.asarray(key)))
+
+
 def pick_recommended(iteration_ms, risk_util, balance, feasible, *, noise: float = TIME_NOISE) -> int | None:
     """Position of the recommended plan in a list of predicted plans (None: no plan is
-    risk-feasible): the rule above, as the search applies it, for callers that hold a
-    handful of plans (benchmarks, tests)."""
+    risk-feasible): the rule above, with the pieces the search applies (:func:`in_time_band`,
+    :func:`tie_key`, :func:`band_order`), for callers that hold a handful of plans
+    (benchmarks, tests)."""
     t = np.asarray(iteration_ms, dtype=np.float64)
     r = np.asarray(risk_util, dtype=np.float64)
     ok = np.asarray(feasible, dtype=bool) & (r <= 1.0) & np.isfinite(t)
     idx = np.flatnonzero(ok)
     if not len(idx):
         return None
-    t0 = t[idx].min()
-    band = idx[t[idx] <= t0 * (1.0 + noise)]
+    band = idx[in_time_band(t[idx], noise)]
     key = tie_key(r[band], np.asarray(balance, dtype=np.float64)[band])
-    return int(band[np.lexsort((band, t[band], key))[0]])
+    return int(band[band_order(t[band], key, band)[0]])
