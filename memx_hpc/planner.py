@@ -519,6 +519,32 @@ def _prepare(request: PlanRequest) -> _Prepared:
                      cache=cache, bands=bands)
 
 
+def launchable_space(site: Site, job: TrainJob, options: "SpaceOptions") -> tuple["SpaceOptions", list[str]]:
+    """The search options with only plans ``render`` would launch for this job and site, and
+    a note per exclusion saying what was left out and why. A plan whose stages speak more
+    than one vendor's collectives runs the project's megatron-core entry over a cross-vendor
+    backend: the space leaves such plans out when that entry cannot build the job's
+    tokenizer or the site names no cross-vendor pipeline backend (render refuses both)."""
+    from .placement import comm_vendor
+    from .slurm.cmdline import project_entry_refusal
+
+    vendors = sorted({comm_vendor(site, p) for p in site.partitions})
+    if len(vendors) < 2 or options.single_vendor:
+        return options, []
+    why = []
+    refusal = project_entry_refusal(job)
+    if refusal is not None:
+        why.append(refusal)
+    if site.pipeline_comm_backend != "ucc":
+        why.append(f"the site's pipeline_comm.backend is {site.pipeline_comm_backend}, and NCCL/RCCL do not talk "
+                   f"to each other (set it to ucc)")
+    if not why:
+        return options, []
+    note = (f"cross-vendor plans left out of the search (partitions of {', '.join(vendors)} are not mixed in one "
+            f"plan): render would refuse them: " + "; ".join(why))
+    return dataclasses.replace(options, single_vendor=True), [note]
+
+
 def plan(request: PlanRequest) -> PlanResult:
     """Profile what is missing (``request.profile``), load the cost model, search, and on
     rank 0 write the plan files, pareto.png and summary.json. Prints nothing on stdout."""
@@ -533,7 +559,9 @@ def plan(request: PlanRequest) -> PlanResult:
         view = _cluster_view(pr.comm, rank0)
         site, shrunk = usable_site(site, view)
         notes += shrunk
-    space = PlanSpace(site, job, request.space)
+    space_options, excluded = launchable_space(site, job, request.space)
+    notes += excluded
+    space = PlanSpace(site, job, space_options)
     progress = ProgressBar("search", enabled=rank0 and request.progress)
     result = search(space, cost_model, options=pr.options, cache=pr.cache, comm=pr.comm, progress=progress)
     provenance = provenance_of(cost_model, site)
@@ -633,7 +661,8 @@ def simulate_scales(request: PlanRequest, gpu_counts: tuple[int, ...] | None = N
     for gpus in (site.total_gpus,) + tuple(s for s in scales if s != site.total_gpus):
         s = site if gpus == site.total_gpus else scale_site(site, gpus)
         t0 = time.perf_counter()
-        res = search(PlanSpace(s, pr.job, request.space), pr.cost_model, options=pr.options, cache=pr.cache,
+        res = search(PlanSpace(s, pr.job, launchable_space(s, pr.job, request.space)[0]), pr.cost_model,
+                     options=pr.options, cache=pr.cache,
                      comm=pr.comm,
                      progress=ProgressBar(f"search {s.total_gpus} GPUs", enabled=pr.rank0 and request.progress))
         wall = time.perf_counter() - t0
@@ -1097,7 +1126,8 @@ def rank_by_finish(request: PlanRequest, pr: "_Prepared", site: Site, result, vi
         sub = dataclasses.replace(site, partitions=tuple(p for p in site.partitions if p.name in names),
                                   links=tuple(lk for lk in site.links if lk.a in names and lk.b in names))
         try:
-            r = search(PlanSpace(sub, job, request.space), pr.cost_model, options=pr.options, cache=pr.cache,
+            r = search(PlanSpace(sub, job, launchable_space(sub, job, request.space)[0]), pr.cost_model,
+                       options=pr.options, cache=pr.cache,
                        comm=None, progress=None)
         except SpecError as e:  # a subset on which no plan can be built (too few GPUs for the model)
             notes.append(f"no plan searched on {'+'.join(names)} alone: {e}")

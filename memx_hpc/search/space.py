@@ -48,7 +48,7 @@ import numpy as np
 
 from ..errors import SpecError
 from ..model.compose import Block, CompositionInputs, Layout
-from ..placement import group_fits, place_groups
+from ..placement import comm_vendor, group_fits, place_groups
 from ..spec import Plan, RecomputeLevel, Site, Stage, TrainJob
 
 
@@ -82,6 +82,10 @@ class SpaceOptions:
     split_within_groups: bool = False
     sequence_parallel: bool = False
     max_partitions: int | None = None
+    #: only plans whose partitions all speak one vendor's collectives: what the planner asks
+    #: for when a cross-vendor plan could not launch for this job and site (the project's
+    #: entry cannot build the job's tokenizer, or the site names no cross-vendor backend)
+    single_vendor: bool = False
     #: Refuse a space of more plans, or of more skeletons (the part held in memory), than
     #: this instead of exhausting time or memory (see :func:`space_size`).
     max_plans: int = 200_000_000
@@ -250,6 +254,9 @@ class PlanSpace:
         out = []
         for g in range(1, most + 1):
             out += list(itertools.permutations(usable, g))
+        if self.options.single_vendor:
+            vendor = [comm_vendor(self.site, p) for p in self.partitions]
+            out = [seq for seq in out if len({vendor[i] for i in seq}) == 1]
         return out
 
     def _enumerate_skeletons(self) -> list[Skeleton]:

@@ -139,3 +139,31 @@ def test_render_creates_the_log_folder(tmp_path: Path, capsys: pytest.CaptureFix
     assert rc == 0, capsys.readouterr().err
     assert logs.is_dir()
     assert json.loads(capsys.readouterr().out)["script"] == str(tmp_path / "s.sbatch")
+
+
+def test_plan_leaves_out_cross_vendor_plans_render_would_refuse(tmp_path: Path) -> None:
+    """A job whose tokenizer the project's entry cannot build: no recommended plan mixes
+    vendors (render would refuse it), and the notes say what was left out and why."""
+    from memx_hpc.placement import comm_vendor
+    from memx_hpc.planner import PlanRequest, launchable_space, plan
+    from memx_hpc.search.space import SpaceOptions
+    from memx_hpc.spec import load_job
+
+    site = load_site(ROOT / "site_configs" / "local.yaml")
+    base = load_job(ROOT / "jobs" / "tiny-gpt.yaml")
+    assert launchable_space(site, base, SpaceOptions()) == (SpaceOptions(), [])  # nothing to leave out
+    import dataclasses
+
+    from memx_hpc.spec import TrainData
+
+    job = dataclasses.replace(base, data=TrainData(paths=("/d/a",), tokenizer_type="TikTokenizer",
+                                                   tokenizer_model="/d/t.json"))
+    result = plan(PlanRequest(site=site, job=job, store=tmp_path / "store.h5", out_dir=tmp_path / "out", top_k=5,
+                              space=SpaceOptions(max_pipeline_stages=2), progress=False, write=False))
+    note = next(n for n in result.notes if n.startswith("cross-vendor plans left out"))
+    assert "TikTokenizer" in note
+    assert result.ranked
+    for r in result.ranked:
+        vendors = {comm_vendor(site, site.partition(s.partition)) for s in r.plan.stages}
+        assert len(vendors) == 1
+        describe(r.plan, site, job)  # every one renders
