@@ -63,6 +63,14 @@ __all__ = ["MIN_TYPES_FOR_DATASHEET_TRANSFER", "PlanRequest", "PlanResult", "Sca
 
 #: profiled GPU types a store needs before the predictor estimates unprofiled types itself
 MIN_TYPES_FOR_DATASHEET_TRANSFER = 3
+#: Plans each MPI rank must get before starting it pays (``PlanRequest.min_plans_per_rank``).
+#: A rank costs its own start (imports, MPI, the cost model loaded after rank 0's) and a share
+#: of the predictions exchanged; on a 2-core machine (load ~8) 2 ranks searched the
+#: cross-vendor llama2-7b space (243,153 plans) in 9.4-10.6 s against 6.3-6.6 s on one, and
+#: local.yaml's tiny-gpt space (8,208 plans) in 1.5 s against 0.7 s (benchmarks/cli_speed.py
+#: prints the current figures). Spaces of a million plans and more are where ranks pay.
+MIN_PLANS_PER_RANK = 500_000
+_OUTCOME_TAG = 7319  # the message rank 0 sends the ranks it left idle: None or (error type, text)
 
 
 # --------------------------------------------------------------------------- request and result
@@ -93,7 +101,10 @@ class PlanRequest:
     into ``out_dir`` itself instead of a new run folder under it. ``finish``: rank the best
     candidates by when they would finish that much training on the cluster as it is now
     (:func:`rank_by_finish`: Slurm's ``--test-only`` start + the predicted run time); nodes a
-    job cannot get now (down, drained, reserved) are not planned on.
+    job cannot get now (down, drained, reserved) are not planned on. ``min_plans_per_rank``:
+    under MPI, a space of fewer plans than this per rank is searched by rank 0 alone, the
+    other ranks waiting for its outcome (:data:`MIN_PLANS_PER_RANK` is what the CLI passes;
+    0: every rank searches, however small the space).
     """
 
     site: Site | str | Path
@@ -118,6 +129,7 @@ class PlanRequest:
     objective: str = "recommended"
     run_folder: bool = True
     finish: "FinishGoal | None" = None
+    min_plans_per_rank: int = 0
 
     def __post_init__(self) -> None:
         from .search.objective import OBJECTIVES
@@ -130,6 +142,9 @@ class PlanRequest:
             raise SpecError("must be a whole number >= 1", field="top", found=self.top_k)
         if self.finish is not None and not isinstance(self.finish, FinishGoal):
             raise SpecError("expected a FinishGoal (parse_finish)", field="finish", found=self.finish)
+        if (isinstance(self.min_plans_per_rank, bool) or not isinstance(self.min_plans_per_rank, int)
+                or self.min_plans_per_rank < 0):
+            raise SpecError("must be a whole number >= 0", field="min_plans_per_rank", found=self.min_plans_per_rank)
 
 
 @dataclass(kw_only=True)
@@ -545,9 +560,62 @@ def launchable_space(site: Site, job: TrainJob, options: "SpaceOptions") -> tupl
     return dataclasses.replace(options, single_vendor=True), [note]
 
 
+def _one_rank_if_small(request: PlanRequest) -> tuple[PlanRequest | None, Any]:
+    """Under MPI with a space of fewer than ``request.min_plans_per_rank`` plans per rank:
+    on rank 0 ``(the request for rank 0 alone, with a note saying why, the world)``; on the
+    other ranks it waits for rank 0's outcome (rank 0's error is raised here too, so every
+    rank says why it stopped) and returns ``(None, world)``. Otherwise ``(request, None)``."""
+    if request.min_plans_per_rank <= 0 or request.finish is not None:
+        return request, None
+    comm = _mpi(request)
+    if comm is None:
+        return request, None
+    from .search.space import PlanSpace
+    site, job = _load(request)
+    plans, size = len(PlanSpace(site, job, launchable_space(site, job, request.space)[0])), comm.Get_size()
+    if plans >= request.min_plans_per_rank * size:
+        return dataclasses.replace(request, site=site, job=job, comm=comm), None
+    if comm.Get_rank() != 0:
+        # poll rather than block: MPICH's blocking receive spins on a core rank 0 needs
+        while not comm.Iprobe(source=0, tag=_OUTCOME_TAG):
+            time.sleep(0.05)
+        failure = comm.recv(source=0, tag=_OUTCOME_TAG)
+        if failure is not None:
+            kind, message = failure
+            raise (SpecError if kind == "SpecError" else SystemFailure)(message)
+        return None, comm
+    note = (f"MPI: {size} ranks were started, but the space has {plans:,} plans, fewer than "
+            f"{request.min_plans_per_rank:,} per rank (below that a rank's start costs more than its share "
+            f"of the search): searched on rank 0 alone")
+    return dataclasses.replace(request, site=site, job=job, mpi="off", comm=None,
+                               notes=tuple(request.notes) + (note,)), comm
+
+
 def plan(request: PlanRequest) -> PlanResult:
     """Profile what is missing (``request.profile``), load the cost model, search, and on
-    rank 0 write the plan files, pareto.png and summary.json. Prints nothing on stdout."""
+    rank 0 write the plan files, pareto.png and summary.json. Prints nothing on stdout.
+    Under MPI, a space too small for its ranks is searched on rank 0 alone
+    (``request.min_plans_per_rank``); the other ranks return ``rank0=False`` and no search."""
+    request, world = _one_rank_if_small(request)
+    if request is None:
+        return PlanResult(site=None, job=None, cost_model=None, search=None, notes=[], provenance={},
+                          out_dir=Path("."), files=[], summary={}, rank0=False)
+    if world is None:
+        return _plan(request)
+    outcome = ("SystemFailure", "rank 0 stopped before it finished the search")
+    try:
+        result = _plan(request)
+        outcome = None
+        return result
+    except (SpecError, SystemFailure) as e:
+        outcome = ("SpecError" if isinstance(e, SpecError) else "SystemFailure", str(e))
+        raise
+    finally:
+        for r in range(1, world.Get_size()):
+            world.send(outcome, dest=r, tag=_OUTCOME_TAG)
+
+
+def _plan(request: PlanRequest) -> PlanResult:
     from .search.engine import search
     from .search.report import ProgressBar, new_run_dir, new_run_id, pareto_png, result_to_json, write_plan_files
     from .search.space import PlanSpace

@@ -64,6 +64,16 @@ def _positive(text: str) -> int:
     return v
 
 
+def _whole(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {v}")
+    return v
+
+
 def _spread(text: str) -> int | None:
     if text == "any":
         return None
@@ -95,6 +105,10 @@ def add_search_options(p: argparse.ArgumentParser, *, out: bool = True, top_defa
     add_json(p)
     p.add_argument("--mpi", action="store_true",
                    help="require MPI (mpiexec/srun); without it MPI is still used when launched under it")
+    p.add_argument("--min-plans-per-rank", type=_whole, default=None, metavar="N",
+                   help="under MPI, a space of fewer plans than N per rank is searched by rank 0 alone (starting "
+                        "a rank costs more than its share of a small search; a note says so); 0: every rank "
+                        "searches (default 500000)")
     p.add_argument("--analytic", action="store_true",
                    help="use the datasheet roofline model only, even where the store has measurements")
     p.add_argument("--no-cache", action="store_true",
@@ -150,7 +164,7 @@ def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=N
     """The :class:`~memx_hpc.planner.PlanRequest` the search options describe; ``site`` and
     ``job`` replace the files named by --site/--job when given (already loaded)."""
     from ..model.compose import CostOptions
-    from ..planner import PlanRequest
+    from ..planner import MIN_PLANS_PER_RANK, PlanRequest
 
     no_profile = profile and getattr(args, "no_profile", False)
     finish = getattr(args, "finish", None)
@@ -165,6 +179,8 @@ def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=N
                        out_dir=getattr(args, "out", None), mpi="require" if args.mpi else "auto",
                        analytic=args.analytic, use_cache=not args.no_cache,
                        objective=getattr(args, "objective", "recommended"), finish=finish,
+                       min_plans_per_rank=(MIN_PLANS_PER_RANK if getattr(args, "min_plans_per_rank", None) is None
+                                           else args.min_plans_per_rank),
                        notes=("--no-profile: searched with what the store already holds",) if no_profile else ())
 
 

@@ -81,8 +81,9 @@ def test_cli_search_under_mpiexec(tmp_path, mpiexec):
     args = ["-m", "memx_hpc", "search", "--site", str(ROOT / "site_configs" / "example-cross-vendor.yaml"),
             "--job", str(ROOT / "jobs" / "llama2-7b.yaml"), "--store", str(tmp_path / "store.h5"),
             "--out", str(tmp_path / "out"), "--max-stages", "2", "--top", "3", "--json"]
-    proc = subprocess.run([mpiexec, "-n", "2",
-                           sys.executable, *args, "--mpi"], capture_output=True, text=True, env=_env(), timeout=300)
+    # every rank searches, however small the space (the default leaves it to rank 0: below)
+    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, *args, "--mpi", "--min-plans-per-rank", "0"],
+                          capture_output=True, text=True, env=_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     par = json.loads(proc.stdout)
     ser = json.loads(subprocess.run([sys.executable, *args], capture_output=True, text=True, env=_env(),
@@ -93,6 +94,38 @@ def test_cli_search_under_mpiexec(tmp_path, mpiexec):
     # the three picks come out identical for 1 and 2 ranks
     for role in ("recommended", "fastest", "weighted"):
         assert par[role]["index"] == ser[role]["index"], role
+
+
+def test_a_space_too_small_for_its_ranks_is_searched_on_rank_0_alone(tmp_path, mpiexec):
+    """Two ranks on a space far below MIN_PLANS_PER_RANK per rank: rank 0 searches alone and
+    says why, the other rank prints nothing and exits 0, the picks are the serial ones."""
+    from memx_hpc.planner import MIN_PLANS_PER_RANK
+    args = ["-m", "memx_hpc", "plan", "--site", str(ROOT / "site_configs" / "example-cross-vendor.yaml"),
+            "--job", str(ROOT / "jobs" / "gpt3-2.7b.yaml"), "--store", str(tmp_path / "store.h5"),
+            "--no-profile", "--max-stages", "2", "--top", "3", "--json"]
+    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, *args, "--out", str(tmp_path / "par"), "--mpi"],
+                          capture_output=True, text=True, env=_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    par = json.loads(proc.stdout)  # one JSON document: the idle rank printed nothing
+    ser = json.loads(subprocess.run([sys.executable, *args, "--out", str(tmp_path / "ser")], capture_output=True,
+                                    text=True, env=_env(), timeout=300, check=True).stdout)
+    assert par["stats"]["ranks"] == 1 and par["stats"]["plans"] < 2 * MIN_PLANS_PER_RANK
+    assert [n for n in par["notes"] if n.startswith("MPI: 2 ranks were started")]
+    for role in ("recommended", "fastest", "weighted"):
+        assert par[role]["index"] == ser[role]["index"], role
+
+
+def test_an_error_on_rank_0_alone_stops_the_idle_ranks_with_it(tmp_path, mpiexec):
+    """Rank 0 searches alone and cannot write its plans: the idle rank exits 2 with the same message."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    args = ["-m", "memx_hpc", "plan", "--site", str(ROOT / "site_configs" / "example-cross-vendor.yaml"),
+            "--job", str(ROOT / "jobs" / "gpt3-2.7b.yaml"), "--store", str(tmp_path / "store.h5"), "--no-profile",
+            "--max-stages", "1", "--out", str(blocker / "out"), "--mpi"]
+    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, *args], capture_output=True, text=True, env=_env(),
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.count(str(blocker)) >= 2 and "Traceback" not in proc.stderr
 
 
 def test_mpi_flag_without_launcher_is_a_system_error(tmp_path):
