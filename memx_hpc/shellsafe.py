@@ -29,8 +29,9 @@ __all__ = ["check_path", "check_entry", "check_setup_line", "check_partition", "
 
 #: The characters a path field may hold (a readable statement for error messages).
 PATH_CHARS = "letters, digits and _ . / + @ : % = , - (one word, not starting with '-')"
-_PATH = re.compile(r"^[A-Za-z0-9_./+@:%=,][A-Za-z0-9_./+@:%=,-]*$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+# \Z, not $: '$' also matches before a final newline, so "a\n" passed as a path
+_PATH = re.compile(r"^[A-Za-z0-9_./+@:%=,][A-Za-z0-9_./+@:%=,-]*\Z")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _CONTROL = ("\n", "\r", "\x00")
 
 

@@ -157,6 +157,9 @@ def _str_pairs(value: Any, name: str) -> None:
             raise SpecError("environment variable names are letters, digits and _", field=f"{name}.{k}", found=k)
         if not isinstance(v, str):
             raise SpecError("expected a string", field=f"{name}.{k}", found=_short(v))
+        if any(ch in v for ch in ("\n", "\r", "\x00")):  # refused here, not first by render
+            raise SpecError("must be a single line (no newline, carriage return or NUL): it goes into a "
+                            "shell script", field=f"{name}.{k}", found=_short(v))
 
 
 def _str_tuple(value: Any, name: str) -> None:
@@ -1711,7 +1714,29 @@ def site_from_mapping(data: Any, *, source_file: str | None = None) -> Site:
         **kw,
     )
     r.finish(SITE_KEYS)
+    if source_file is not None:
+        for i, part in enumerate(site.partitions):
+            if "/" in part.python and not os.path.isabs(part.python) \
+                    and find_relative_to_site(part.python, source_file) is None:
+                # found nowhere, it is run as given from the job's folder on the node, where it is
+                # not either: every task would die before writing a line
+                raise SpecError("a relative Python path names no file from the site file's folder, the folders "
+                                "above it or the current folder; give the absolute path of the nodes' Python",
+                                field=f"partitions[{i}].python", found=part.python)
     return site
+
+
+def find_relative_to_site(path: str, source_file: str | None) -> Path | None:
+    """A relative path (a partition's ``python``) found from the site file's folder or a folder
+    above it (a repository's ``.venv/bin/python`` named in ``site_configs/local.yaml``), else
+    from the current folder; None when it names no file there."""
+    if source_file:
+        base = Path(source_file).resolve().parent
+        for d in (base, *base.parents):
+            if (d / path).exists():
+                return d / path
+    cand = Path.cwd() / path
+    return cand.resolve() if cand.exists() else None
 
 
 JOB_KEYS = ("name", "model", "global_batch_size", "precision", "optimizer", "distributed_optimizer",

@@ -48,7 +48,7 @@ from ..errors import SpecError, SystemFailure
 from ..profile.points import estimate_seconds, full_grid, grid_axes, layer_points, minimal_set, missing_points
 from ..profile.runner import ProfileTask, RunSettings, TaskResult, world_size_of
 from ..profile.store import ProfileStore
-from ..spec import LayerSample, Partition, ProfilePoint, Site, TrainJob, load_json
+from ..spec import LayerSample, Partition, ProfilePoint, Site, TrainJob, find_relative_to_site, load_json
 from ..shellsafe import check_partition, check_path, setup_commands
 from .render import transformer_impl_of
 
@@ -244,14 +244,8 @@ def resolve_python(site: Site, partition: Partition) -> str:
     py = check_path(partition.python, f"partitions[{[q.name for q in site.partitions].index(partition.name)}].python")
     if os.path.isabs(py) or "/" not in py:
         return py
-    if site.source_file:
-        base = Path(site.source_file).resolve().parent
-        for d in (base, *base.parents):
-            cand = d / py
-            if cand.exists():
-                return str(cand)
-    cand = Path.cwd() / py
-    return str(cand.resolve()) if cand.exists() else py
+    found = find_relative_to_site(py, site.source_file)  # the rule the site loader checks
+    return str(found) if found is not None else py
 
 
 def _slurm_params(site: Site, part: Partition, task: PlannedTask) -> dict[str, Any]:

@@ -328,6 +328,21 @@ CASES = [
                                                          + GPU.replace("X1:", "a/b:").format(memory=8, tflops=1, hbm=1,
                                                                                              alias="ab"))), 1,
          ("gpu_types.a/b.name", "not a safe name")),
+    # ---------------------------------------------------------------- what reaches a shell: refused at load, not by render
+    Case("env-value-newline", lambda t: V("site", site(t, text=SITE.replace("gpus_per_node: 2}", 'gpus_per_node: 2, '
+                                                                            'env: {FOO: "x\\ny"}}', 1))),
+         1, ("site.yaml", "partitions[0].env.FOO", "single line")),
+    Case("pipeline-env-value-newline", lambda t: V("site", site(t, 'pipeline_comm: {env: {UCC_TLS: "ucp\\rx"}}\n')),
+         1, ("site.yaml", "pipeline_comm.env.UCC_TLS", "single line")),
+    Case("data-path-newline", lambda t: V("job", job(t, JOB + 'data: {paths: ["/data/mix\\n"], tokenizer: '
+                                                             '{type: NullTokenizer}}\n')),
+         1, ("job.yaml", "data.paths[0]", "not a plain path")),
+    Case("python-newline", lambda t: V("site", site(t, text=SITE.replace("gpus_per_node: 2}", 'gpus_per_node: 2, '
+                                                                         'python: "/usr/bin/python3\\n"}', 1))),
+         1, ("site.yaml", "partitions[0].python")),
+    Case("python-relative-names-no-file", lambda t: V("site", site(t, text=SITE.replace(
+        "gpus_per_node: 2}", "gpus_per_node: 2, python: ../elsewhere/bin/python}", 1))),
+         1, ("site.yaml", "partitions[0].python", "../elsewhere/bin/python", "absolute path")),
     # ---------------------------------------------------------------- GPU alias collisions
     Case("gpu-alias-names-catalog-type", lambda t: V("site", gpu_site(t, alias="A100")), 1,
          ("gpu_types.X1.aliases[0]", "A100-80")),
