@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from .common import add_json, add_site, emit_json, step, table
@@ -55,10 +56,14 @@ def run(args: argparse.Namespace) -> int:
     kw = {"augment": not args.no_augment}
     cv = None
     if not args.no_cv:
+        from ..search.report import ProgressBar
         with step(f"fit: cross-validation on {len(samples):,} samples (one fit per held-out micro-batch size)"):
-            cv = cross_validate(samples, gpus, **kw)
+            cv = cross_validate(samples, gpus, progress=ProgressBar("fit: cross-validation folds"), **kw)
     with step(f"fit: fitting the predictor on {len(samples):,} samples"):
-        predictor = Predictor(**kw).fit(samples, gpus)
+        predictor = Predictor(**kw)
+        predictor.progress = lambda line: print(line, file=sys.stderr, flush=True)  # every 2 s of boosting
+        predictor.fit(samples, gpus)
+        predictor.progress = None
     out = Path(args.out) if args.out else store_paths(site, store_path).predictor
     predictor.save(out)
     gpu_types = sorted({s.point.gpu_type for s in samples})

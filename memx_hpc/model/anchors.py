@@ -196,6 +196,10 @@ class Anchors:
         #: parts fits saved with a predictor (:meth:`parts_json`), used when a binding
         #: resolves every GPU name to the same figures as the one they were fitted on
         self._saved_parts = parts
+        #: per binding target (held, so its id is not reused), each row's query, GPU type and
+        #: roofline figures: shared by the anchors :meth:`without` makes, which bind the same
+        #: rows again (a cross-validation fold each)
+        self._row_values: dict[int, tuple[Any, dict[int, Any]]] = {}
 
     # -------------------------------------------------------------- building
 
@@ -227,7 +231,9 @@ class Anchors:
         """The anchors of the same samples less those at ``micro_batch_size``: equal to
         :meth:`from_samples` of those samples (a row is one exact point, and the rows stay
         in their order), without regrouping them."""
-        return Anchors([r for r in self.rows if r["q"]["micro_batch_size"] != micro_batch_size])
+        out = Anchors([r for r in self.rows if r["q"]["micro_batch_size"] != micro_batch_size])
+        out._row_values = self._row_values
+        return out
 
     def to_json(self) -> list[dict[str, Any]]:
         return self.rows
@@ -275,27 +281,21 @@ class Anchors:
         self.chip_of: dict[str, str] = {}
         shapes: dict[tuple, LayerShape] = {}
         gpu_of: dict[str, Any] = {}
+        done = self._row_values.setdefault(id(gpus), (gpus, {}))[1]
         for row in self.rows:
-            try:
-                q = self._query(row["q"], shapes)
-                g = gpu_of.get(q.gpu_type)
-                if g is None:
-                    g = gpu_of[q.gpu_type] = resolve_gpu(gpus, q.gpu_type)
-            except Exception:  # a GPU name this site/catalog does not know: unusable here
+            entry = done.get(id(row))
+            if entry is None:
+                entry = done[id(row)] = self._row_entry(row, gpus, shapes, gpu_of)
+            if entry is False:
                 continue
-            c = roofline_components(q, g)
-            roof = c["compute_ms"] + c["memory_ms"] + c["comm_ms"]
-            rt = math.log(row["t"] / roof) if row["t"] else math.nan
-            rm = math.log(row["m"] / max(analytic_activation_bytes(q), 1)) if row["m"] else math.nan
-            key = (g.name, q.kind, _cfg(q), _shape_key(row["q"]["shape"], q.kind))
+            q, g, key, values = entry
+            gpu_of.setdefault(q.gpu_type, g)
             ser = series.get(key)
             if ser is None:
                 ser = series[key] = _Series(gpu=g.name, kind=q.kind, cfg=_cfg(q), shape=q.shape, skey=key[3])
                 self.by_chip[(g.chip_id, q.kind)].append(ser)
                 self.by_shape[(q.kind, key[3], _cfg(q))].append(ser)
-            ser.by_tp.setdefault(q.tp, []).append([float(q.micro_batch_size), rt, rm, math.log(max(c["flops"], 1.0)),
-                                                   math.log(roof), c["compute_ms"], c["memory_ms"], c["comm_ms"],
-                                                   _flops_per_watt(q, g)])
+            ser.by_tp.setdefault(q.tp, []).append(list(values))  # a copy: the running maximum below edits it
             self.gpu_names.add(g.name)
             self.chip_of[g.name] = g.chip_id
         for ser in series.values():
@@ -323,6 +323,25 @@ class Anchors:
                 self._curves[("parts", kind, pc, attention)] = (
                     None if fit is None else (np.asarray(fit[0], dtype=np.float64), float(fit[1])))
         return self
+
+    def _row_entry(self, row: dict[str, Any], gpus: Any, shapes: dict, gpu_of: dict) -> Any:
+        """``(query, GPU type, series key, [mbs, r_time, r_mem, log flops, log roofline ms,
+        compute ms, memory ms, comm ms, flops per W])`` of a stored row through ``gpus``;
+        False for a row this binding cannot use."""
+        try:
+            q = self._query(row["q"], shapes)
+            g = gpu_of.get(q.gpu_type)
+            if g is None:
+                g = gpu_of[q.gpu_type] = resolve_gpu(gpus, q.gpu_type)
+        except Exception:  # a GPU name this site/catalog does not know: unusable here
+            return False
+        c = roofline_components(q, g)
+        roof = c["compute_ms"] + c["memory_ms"] + c["comm_ms"]
+        rt = math.log(row["t"] / roof) if row["t"] else math.nan
+        rm = math.log(row["m"] / max(analytic_activation_bytes(q), 1)) if row["m"] else math.nan
+        key = (g.name, q.kind, _cfg(q), _shape_key(row["q"]["shape"], q.kind))
+        return q, g, key, (float(q.micro_batch_size), rt, rm, math.log(max(c["flops"], 1.0)), math.log(roof),
+                           c["compute_ms"], c["memory_ms"], c["comm_ms"], _flops_per_watt(q, g))
 
     def datasheet(self, q: LayerQuery, g: Any) -> float:
         """Log ratio to the roofline for a chip with no measurement, from the roofline's own

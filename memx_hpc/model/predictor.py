@@ -273,10 +273,11 @@ class Predictor:
 
     def _fit(self, samples: Sequence[LayerSample], site_or_catalog: Any, *, lazy: bool = False,
              anchors: "anchors_mod.Anchors | None" = None) -> "Predictor":
-        """:meth:`fit`. ``lazy``: train the boosters when a query first needs them and leave
-        out the data hash and identity (for :func:`cross_validate`, whose held-out points the
-        anchors answer: its folds then fit no trees); the boosters come out the same either
-        way. ``anchors``: the anchors of these samples, built already."""
+        """:meth:`fit`. ``lazy``: augment and train the boosters when a query first needs
+        them, and leave out what predictions do not use (the row count, provenance and
+        overhead tables, the data hash and identity): for :func:`cross_validate`, whose
+        held-out points the anchors answer, so that its folds fit no trees; the boosters
+        come out the same either way. ``anchors``: the anchors of these samples, built already."""
         train = [s for s in samples if usable(s)]
         if not train:
             raise SpecError("no usable samples to fit on (layer/embedding/head samples with a time or memory)",
@@ -285,20 +286,25 @@ class Predictor:
         real = [s for s in train if s.origin != "augmented"]
         derived = [s for s in train if s.origin == "augmented"]
         self.transformer_impls_ = transformer_impls(real)  # refuses a GPU type measured with two
-        if self.augment:
-            derived = derived + augment_mod.augment(real, weight=self.augment_weight)
-        rows = real + derived
         self.feature_names_ = features.feature_names(physics=self.physics)
-        # a target is known where it was measured (see _targets: NaN elsewhere)
-        if not any(s.forward_ms + s.backward_ms > 0 for s in rows):
+        # A target is known where it was measured (see _targets: NaN elsewhere). Augmented
+        # rows are interpolated between measured ones, so they neither add nor remove one.
+        if not any(s.forward_ms + s.backward_ms > 0 for s in train):
             raise SpecError("no sample carries a time; the predictor needs forward/backward times")
-        self.has_memory_ = any(s.activation_bytes > 0 for s in rows)
+        self.has_memory_ = any(s.activation_bytes > 0 for s in train)
+
+        def training_rows() -> list[LayerSample]:
+            extra = augment_mod.augment(real, weight=self.augment_weight) if self.augment else []
+            return real + derived + extra
+
+        rows = [] if lazy else training_rows()
 
         def boosters() -> list[Any]:
-            queries = [features.query_of(s) for s in rows]
+            rows_ = rows or training_rows()
+            queries = [features.query_of(s) for s in rows_]
             X, base = features.build(queries, site_or_catalog, physics=self.physics)
-            Y = self._targets(rows, base)
-            w = np.array([s.weight for s in rows], dtype=np.float64)
+            Y = self._targets(rows_, base)
+            w = np.array([s.weight for s in rows_], dtype=np.float64)
             return self._fit_boosters(X, Y, w, base, self.feature_names_)
 
         if lazy:
@@ -308,11 +314,11 @@ class Predictor:
         if anchors is None:
             anchors = anchors_mod.Anchors.from_samples(real if self.anchors else [])
         self.anchors_ = anchors.bind(site_or_catalog)
+        if lazy:
+            return self
         self.n_samples_ = len(rows)
         self.provenance_ = self._provenance_table(rows, site_or_catalog)
         self.overhead_ = self._overhead_table(rows, site_or_catalog)
-        if lazy:
-            return self
         self.data_hash_ = samples_hash(train)
         self.identity = hashlib.sha256(json.dumps(
             {"format": MODEL_FORMAT, "version": MODEL_FORMAT_VERSION, "schema": features.FEATURE_SCHEMA_VERSION,
@@ -332,8 +338,11 @@ class Predictor:
     def _provenance_table(cls, train: Sequence[LayerSample], gpus: Any) -> dict[str, str]:
         rank = {"measured": 0, "imported": 1, "augmented": 2}
         out: dict[str, str] = {}
+        names: dict[str, str] = {}  # thousands of samples, a few dozen GPU names
         for s in train:
-            g = cls._name(gpus, s.point.gpu_type)
+            g = names.get(s.point.gpu_type)
+            if g is None:
+                g = names[s.point.gpu_type] = cls._name(gpus, s.point.gpu_type)
             cur = out.get(g)
             if cur is None or rank[s.origin] < rank[cur]:
                 out[g] = s.origin
@@ -343,9 +352,13 @@ class Predictor:
     def _overhead_table(cls, train: Sequence[LayerSample], gpus: Any) -> dict[str, int]:
         """Median of (device footprint - peak allocated) over samples that measured both."""
         per: dict[str, list[int]] = {}
+        names: dict[str, str] = {}
         for s in train:
             if s.device_footprint_bytes > 0 and s.peak_allocated_bytes > 0:
-                per.setdefault(cls._name(gpus, s.point.gpu_type), []).append(
+                g = names.get(s.point.gpu_type)
+                if g is None:
+                    g = names[s.point.gpu_type] = cls._name(gpus, s.point.gpu_type)
+                per.setdefault(g, []).append(
                     s.device_footprint_bytes - s.peak_allocated_bytes)
         return {g: int(np.median(v)) for g, v in per.items()}
 
@@ -725,8 +738,10 @@ def _fold_micro_batches(samples: Sequence[LayerSample], folds: list[tuple[list[i
     return [samples[test[0]].point.micro_batch_size for _, test in folds]
 
 
-def cross_validate(samples: Sequence[LayerSample], site_or_catalog: Any, **predictor_kw: Any) -> dict[str, Any]:
-    """Leave-one-micro-batch-size-out error of the predictor on ``samples``.
+def cross_validate(samples: Sequence[LayerSample], site_or_catalog: Any, *, progress: Any = None,
+                   **predictor_kw: Any) -> dict[str, Any]:
+    """Leave-one-micro-batch-size-out error of the predictor on ``samples``. ``progress``:
+    called with (folds done, folds) after each fold.
 
     Returns per-target summaries (``time``: forward+backward ms; ``memory``: activation
     bytes, where measured), overall and per GPU type, and the number of folds.
@@ -739,10 +754,12 @@ def cross_validate(samples: Sequence[LayerSample], site_or_catalog: Any, **predi
     # once; its boosters are trained only if a held-out point is not anchored.
     anchored = predictor_kw.get("anchors", True)
     whole = anchors_mod.Anchors.from_samples(data if anchored else [])
-    for m, (train, test) in zip(_fold_micro_batches(data, folds), folds):
+    for k, (m, (train, test)) in enumerate(zip(_fold_micro_batches(data, folds), folds)):
         p = Predictor(**predictor_kw)._fit([data[i] for i in train], site_or_catalog, lazy=True,
                                            anchors=whole.without(micro_batch_size=m))
         pred[test] = p.predict([features.query_of(data[i]) for i in test])
+        if progress is not None:
+            progress(k + 1, len(folds))
     scored = ~np.isnan(pred[:, 0])
     t = np.array([s.forward_ms + s.backward_ms for s in data])
     m = np.array([s.activation_bytes for s in data], dtype=np.float64)
