@@ -128,7 +128,9 @@ def add_search_options(p: argparse.ArgumentParser, *, out: bool = True, top_defa
                    help="micro-batch sizes (default: the job's)")
     g.add_argument("--split-within-groups", action="store_true",
                    help="enumerate every stage's layer count on the grid, not only per partition")
-    g.add_argument("--sequence-parallel", action="store_true", help="plans with TP > 1 use sequence parallelism")
+    g.add_argument("--sequence-parallel", choices=("search", "on", "off"), default="search",
+                   help="sequence parallelism for plans with TP > 1: searched with and without (default), "
+                        "always on, or off")
     g.add_argument("--selective-with-sdpa", action="store_true",
                    help="also enumerate selective recompute under fused attention")
     g.add_argument("--overlap-grad-reduce", action="store_true",
@@ -156,7 +158,7 @@ def space_options(args: argparse.Namespace):
     return SpaceOptions(layer_granularity=args.layer_granularity, max_pipeline_stages=args.max_stages,
                         tp_degrees=args.tp or (), micro_batch_sizes=args.micro_batch_sizes or (),
                         full_recompute_steps=args.full_recompute_steps, recompute_spread=args.recompute_spread,
-                        split_within_groups=args.split_within_groups, sequence_parallel=args.sequence_parallel,
+                        split_within_groups=args.split_within_groups, sequence_parallel={"search": None, "on": True, "off": False}[args.sequence_parallel],
                         selective_with_sdpa=args.selective_with_sdpa)
 
 

@@ -379,6 +379,8 @@ class Layout:
 
     placement: Placement
     micro_batch_size: int
+    #: Megatron-LM's --sequence-parallel (TP > 1 only): its layer predictions, 1/TP sends
+    sequence_parallel: bool = False
 
     @property
     def tp(self) -> int:
@@ -403,15 +405,14 @@ class CompositionInputs:
     job: TrainJob
     layouts: tuple[Layout, ...]
     levels: tuple[RecomputeLevel, ...]
-    sequence_parallel: bool = False
 
     @property
     def max_pp(self) -> int:
         return max((lay.pp for lay in self.layouts), default=1)
 
-    def contexts(self) -> list[tuple[str, int, int]]:
-        """Every (GPU type, TP, micro-batch) some stage of some layout runs, sorted."""
-        return sorted({(c.gpu_type, lay.tp, lay.micro_batch_size) for lay in self.layouts
+    def contexts(self) -> list[tuple[str, int, int, bool]]:
+        """Every (GPU type, TP, micro-batch, sequence parallel) some stage of some layout runs, sorted."""
+        return sorted({(c.gpu_type, lay.tp, lay.micro_batch_size, lay.sequence_parallel) for lay in self.layouts
                        for c in lay.placement.components})
 
 
@@ -445,11 +446,11 @@ class _LayoutTables:
     synchronisation by layer count, the link to the next stage, the tied-embedding sync.
     Rows are shared between layouts that need the same numbers (most do)."""
 
-    def __init__(self, inputs: CompositionInputs, links, options_sp: bool, context_row) -> None:
-        self.inputs, self.links, self.sp, self._context_row = inputs, links, options_sp, context_row
+    def __init__(self, inputs: CompositionInputs, links, context_row) -> None:
+        self.inputs, self.links, self._context_row = inputs, links, context_row
         S, P = len(inputs.layouts), max(inputs.max_pp, 1)
         self.ns = np.arange(inputs.job.model.num_layers + 1)
-        self.ctx_ids: dict[tuple[str, int, int], int] = {}
+        self.ctx_ids: dict[tuple[str, int, int, bool], int] = {}
         self.ctx_rows: list[list[float]] = []
         self._state_ids: dict[tuple, int] = {}
         self.state_rows: list[np.ndarray] = []
@@ -470,6 +471,7 @@ class _LayoutTables:
     def _add(self, li: int, lay: Layout) -> None:
         job, site = self.inputs.job, self.inputs.site
         pl, pp, tp, dp, mbs = lay.placement, lay.pp, lay.tp, lay.dp, lay.micro_batch_size
+        sp = lay.sequence_parallel
         m = job.global_batch_size // (mbs * dp)
         self.m[li], self.pp[li] = m, pp
         names = pl.stage_partitions
@@ -478,24 +480,24 @@ class _LayoutTables:
         for i, name in enumerate(names):
             gpu = site.partition(name).gpu_type
             first, last = i == 0, i == pp - 1
-            self.sk["ctx"][li, i] = self._context(gpu, tp, mbs)
+            self.sk["ctx"][li, i] = self._context(gpu, tp, mbs, sp)
             s = self.sk["state"][li, i] = self._state(tp, pp, dp, first, last)
             self.sk["opt"][li, i] = self._opt(gpu, s, dp)
             self.sk["inflight"][li, i] = in_flight(pp, i, m)
             self.sk["first"][li, i] = first
             self.sk["last"][li, i] = last
             if i < pp - 1:
-                self.sk["link"][li, i] = self._send(mbs, tp, bounds[i])
+                self.sk["link"][li, i] = self._send(mbs, tp, sp, bounds[i])
             self.sk["sync"][li, i] = self._sync(s, dp, name, one_node[i], tp)
             if first or last:
                 self.sk["tied"][li, i] = tied
 
-    def _context(self, gpu: str, tp: int, mbs: int) -> int:
-        key = (gpu, tp, mbs)
+    def _context(self, gpu: str, tp: int, mbs: int, sp: bool) -> int:
+        key = (gpu, tp, mbs, sp)
         c = self.ctx_ids.get(key)
         if c is None:
             c = self.ctx_ids[key] = len(self.ctx_rows)
-            self.ctx_rows.append(self._context_row(gpu, tp, mbs))
+            self.ctx_rows.append(self._context_row(gpu, tp, mbs, sp))
         return c
 
     def _state(self, tp: int, pp: int, dp: int, first: bool, last: bool) -> int:
@@ -526,13 +528,13 @@ class _LayoutTables:
                                                                       dp=dp) for x in self.param_rows[s]]))
         return o
 
-    def _send(self, mbs: int, tp: int, bound: tuple[str, str, bool]) -> float:
-        key = (mbs, tp, *bound)
+    def _send(self, mbs: int, tp: int, sp: bool, bound: tuple[str, str, bool]) -> float:
+        key = (mbs, tp, sp, *bound)
         v = self._send_memo.get(key)
         if v is None:
             a, b, same = bound
             v = self._send_memo[key] = send_ms(self.links, self.inputs.job, micro_batch_size=mbs, tp=tp,
-                                               sequence_parallel=self.sp, a=a, b=b, same_node=same)
+                                               sequence_parallel=sp, a=a, b=b, same_node=same)
         return v
 
     def _sync(self, s: int, dp: int, name: str, one_node: bool, tp: int) -> int:
@@ -561,7 +563,6 @@ class Composer:
         self.site, self.job = inputs.site, inputs.job
         self.options = options or CostOptions()
         self._host_us = float(host_us_per_op)
-        self._sp = inputs.sequence_parallel
         self.links = link_model_for(self.site, None, links)
         prior = memory_scale_of(None, self.site)
         self._memory_scale = {p.gpu_type: float(prior(p.gpu_type)) for p in self.site.partitions}
@@ -569,14 +570,14 @@ class Composer:
         self._lev_base = np.array([0 if lv.base == "none" else 1 for lv in inputs.levels], dtype=np.int64)
         self._lev_frac = np.array([lv.full_fraction for lv in inputs.levels], dtype=np.float64)
         self._ff = np.array([forward_fraction(m) for m in MODE_NAMES], dtype=np.float64)
-        def context_row(gpu: str, tp: int, mbs: int) -> list[float]:
-            return self._context_row(predictions, overhead_bytes, gpu, tp, mbs, self._sp)
+        def context_row(gpu: str, tp: int, mbs: int, sp: bool) -> list[float]:
+            return self._context_row(predictions, overhead_bytes, gpu, tp, mbs, sp)
 
-        tables = _LayoutTables(inputs, self.links, self._sp, context_row)
+        tables = _LayoutTables(inputs, self.links, context_row)
         self._set_tables(tables)
         # 1 + the expected relative error of the predicted peak, per context's GPU type
         err = memory_error or {}
-        self._ctx_widen = np.array([1.0 + float(err.get(gpu, 0.0)) for gpu, _, _ in self.contexts])
+        self._ctx_widen = np.array([1.0 + float(err.get(gpu, 0.0)) for gpu, _, _, _ in self.contexts])
 
     def _set_tables(self, t: _LayoutTables) -> None:
         L = self.job.model.num_layers
@@ -601,8 +602,8 @@ class Composer:
     def set_predictions(self, predictions: Predictions) -> None:
         """Replace the per-layer values of every context with those ``predictions`` holds
         (values it lacks are kept)."""
-        for c, (gpu, tp, mbs) in enumerate(self.contexts):
-            qs = context_queries(self.job, gpu, tp, mbs, self._sp)
+        for c, (gpu, tp, mbs, sp) in enumerate(self.contexts):
+            qs = context_queries(self.job, gpu, tp, mbs, sp)
             for j, q in enumerate(qs):
                 v = predictions.get(q)
                 if v is None:
@@ -683,8 +684,8 @@ class Composer:
 def required_queries(inputs: CompositionInputs) -> list[LayerQuery]:
     """Every query the composition of ``inputs``' layouts needs, once each, in a stable order."""
     seen: dict[LayerQuery, None] = {}
-    for gpu, tp, mbs in inputs.contexts():
-        for q in context_queries(inputs.job, gpu, tp, mbs, inputs.sequence_parallel):
+    for gpu, tp, mbs, sp in inputs.contexts():
+        for q in context_queries(inputs.job, gpu, tp, mbs, sp):
             seen.setdefault(q, None)
     return list(seen)
 

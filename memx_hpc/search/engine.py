@@ -320,7 +320,7 @@ def _predict_all(queries: list[LayerQuery], cost_model, cache: PredictionCache |
     return {q: known[s] for q, s in zip(queries, sigs)}
 
 
-def _block_queries(space: PlanSpace, block, sp: bool) -> list[LayerQuery]:
+def _block_queries(space: PlanSpace, block) -> list[LayerQuery]:
     """Every query of every stage of every plan in ``block``, not deduplicated (no cache)."""
     out: list[LayerQuery] = []
     job = space.job
@@ -331,7 +331,7 @@ def _block_queries(space: PlanSpace, block, sp: bool) -> list[LayerQuery]:
         for i in range(sk.pp):
             gpu = space.partitions[parts[i]].gpu_type
             lv = levels[int(block.levels[j, i])]
-            qs = context_queries(job, gpu, sk.tp, sk.micro_batch_size, sp)
+            qs = context_queries(job, gpu, sk.tp, sk.micro_batch_size, sk.sequence_parallel)
             n = int(block.layers[j, i])
             k = lv.for_stage(n, int(block.group_max[j, i]))
             # full recompute also needs the plain layer: its activations are rebuilt in backward
@@ -420,10 +420,9 @@ def _compose_range(space: PlanSpace, composer: Composer, cost_model, options: Se
                    start: int, stop: int, *, on_block: Callable[[int], None]) -> _Keeper:
     """Decode, compose and score plans ``start..stop-1`` block by block into a keeper."""
     keeper = _Keeper(k=options.top_k * _SPARE, noise=options.time_noise)
-    sp = space.options.sequence_parallel
     for block in space.iter_blocks(start, stop, block_size=options.block_size):
         if not options.use_cache:
-            qs = _block_queries(space, block, sp)
+            qs = _block_queries(space, block)
             vals = np.asarray(cost_model.predict(qs), dtype=np.float64)
             stats.predicted += len(qs)
             stats.lookups += len(qs)

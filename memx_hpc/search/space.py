@@ -18,6 +18,11 @@ times a *recompute assignment*:
   stage's count is on the g grid instead (all compositions; larger). A group split of
   ``u = num_layers // g`` units over G groups gives C(u-1, G-1) splits, so the count is
   set by g, not by how uneven a split may be.
+* **Sequence parallel** (``sequence_parallel``, searched by default): every layout with
+  TP > 1 comes with and without it (Megatron-LM's ``--sequence-parallel``: activations
+  outside the TP-split matmuls divided by TP, the TP all-reduces replaced by all-gather +
+  reduce-scatter of the same volume, stage-to-stage sends of ``1/TP``), so the count of
+  such layouts doubles; TP 1 has none.
 * **Recompute.** Each stage gets its own level from ``none < selective < full on
   k = ceil(n_max*j/steps) layers`` (j = 1..steps; n_max the largest stage of its
   partition group, a stage recomputing min(k, n): one ``--recompute-num-layers`` per
@@ -39,6 +44,7 @@ is computed from closed-form counts, and any index range can be decoded on its o
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -80,7 +86,8 @@ class SpaceOptions:
     recompute_spread: int | None = 0
     selective_with_sdpa: bool = False
     split_within_groups: bool = False
-    sequence_parallel: bool = False
+    #: None: searched (every TP > 1 layout with and without); True: on wherever TP > 1; False: off
+    sequence_parallel: bool | None = None
     max_partitions: int | None = None
     #: only plans whose partitions all speak one vendor's collectives: what the planner asks
     #: for when a cross-vendor plan could not launch for this job and site (the project's
@@ -99,6 +106,9 @@ class SpaceOptions:
         if self.recompute_spread is not None and (not isinstance(self.recompute_spread, int)
                                                   or self.recompute_spread < 0):
             raise SpecError("must be a whole number >= 0", field="recompute_spread", found=self.recompute_spread)
+        if self.sequence_parallel not in (None, True, False):
+            raise SpecError("expected true, false or none (searched)", field="sequence_parallel",
+                            found=self.sequence_parallel)
         if not isinstance(self.full_recompute_steps, int) or self.full_recompute_steps < 1:
             raise SpecError("must be a whole number >= 1", field="full_recompute_steps",
                             found=self.full_recompute_steps)
@@ -138,6 +148,7 @@ class Skeleton:
     dp: int
     micro_batch_size: int
     groups: tuple[tuple[int, int], ...]
+    sequence_parallel: bool = False
 
     @property
     def pp(self) -> int:
@@ -259,6 +270,14 @@ class PlanSpace:
             out = [seq for seq in out if len({vendor[i] for i in seq}) == 1]
         return out
 
+    def sequence_parallel_choices(self, tp: int) -> tuple[bool, ...]:
+        """Sequence parallel off and/or on for layouts of TP degree ``tp`` (only off at TP 1:
+        it splits along the TP group)."""
+        o = self.options.sequence_parallel
+        if tp == 1 or o is False:
+            return (False,)
+        return (True,) if o else (False, True)
+
     def _enumerate_skeletons(self) -> list[Skeleton]:
         out: list[Skeleton] = []
         for tp in self.tp_candidates():
@@ -275,7 +294,8 @@ class PlanSpace:
                                 continue
                             sk = Skeleton(tp=tp, dp=dp, micro_batch_size=mbs, groups=tuple(zip(seq, counts)))
                             if len(self._split_table(sk.structure)):
-                                out.append(sk)
+                                out += [sk if not sp else dataclasses.replace(sk, sequence_parallel=True)
+                                        for sp in self.sequence_parallel_choices(tp)]
         return out
 
     # ------------------------------------------------------------------ splits and levels
@@ -414,7 +434,7 @@ class PlanSpace:
                        for p, n, lv, g in zip(parts, layers, levels, group_max))
         return Plan(tp=s.tp, dp=s.dp, micro_batch_size=s.micro_batch_size,
                     global_batch_size=self.job.global_batch_size, stages=stages,
-                    sequence_parallel=self.options.sequence_parallel and s.tp > 1)
+                    sequence_parallel=s.sequence_parallel)
 
     def iter_range(self, start: int, stop: int) -> Iterator[tuple[int, Plan]]:
         """``(index, Plan)`` for ``start..stop-1``; for tests and reports (slow path)."""
@@ -434,10 +454,10 @@ class PlanSpace:
         levels, as the composition takes them (built once)."""
         if self._inputs is None:
             layouts = tuple(Layout(placement=place_groups(self.site, tp=sk.tp, dp=sk.dp, groups=[
-                (self.partitions[p].name, n) for p, n in sk.groups]), micro_batch_size=sk.micro_batch_size)
+                (self.partitions[p].name, n) for p, n in sk.groups]), micro_batch_size=sk.micro_batch_size,
+                sequence_parallel=sk.sequence_parallel)
                 for sk in self.skeletons)
-            self._inputs = CompositionInputs(site=self.site, job=self.job, layouts=layouts, levels=self.levels,
-                                             sequence_parallel=self.options.sequence_parallel)
+            self._inputs = CompositionInputs(site=self.site, job=self.job, layouts=layouts, levels=self.levels)
         return self._inputs
 
     def describe(self) -> dict:
@@ -498,6 +518,7 @@ def space_size(space: "PlanSpace") -> SpaceSize:
         return math.comb(free + len(lows) - 1, len(lows) - 1) if free >= 0 else 0
 
     for tp in space.tp_candidates():
+        sp_choices = len(space.sequence_parallel_choices(tp))
         usable = [p for p in space.partitions if tp <= p.gpus_per_node]
         most_groups = min(len(usable), o.max_partitions or len(usable), space.max_stages)
         for mbs in space.micro_batch_candidates():
@@ -519,8 +540,8 @@ def space_size(space: "PlanSpace") -> SpaceSize:
                     per = splits
                     for s in structure:
                         per *= levels_of(s)
-                    plans += per * ways
-                    skeletons += ways
+                    plans += per * ways * sp_choices
+                    skeletons += ways * sp_choices
                     if plans > o.max_plans or skeletons > o.max_skeletons:
                         return SpaceSize(plans=plans, skeletons=skeletons, exceeded=True)
                     if len(structure) < most_groups:

@@ -216,7 +216,9 @@ def test_vectorised_composition_equals_scalar(overlap):
     _, cost = _composed(space, model, opts)
     assert 0 < cost.feasible.sum() < len(space)  # both kinds present
     rng = np.random.default_rng(0)
-    for i in sorted(rng.choice(len(space), 500, replace=False)):
+    sample = sorted(rng.choice(len(space), 500, replace=False))
+    assert {space.plan_at(int(i)).sequence_parallel for i in sample} == {False, True}  # searched where TP > 1
+    for i in sample:
         plan = space.plan_at(int(i))
         pred = predict_plan(plan, site, job, model, options=opts)
         assert pred.feasible == cost.feasible[i]

@@ -253,3 +253,26 @@ def test_a_space_beyond_the_limit_is_refused_with_the_options_that_shrink_it():
     assert e.value.field == "search space"
     small = PlanSpace(site, job, SpaceOptions(max_partitions=1, max_pipeline_stages=2, tp_degrees=(4,)))
     assert 0 < len(small) <= SpaceOptions().max_plans
+
+
+def test_sequence_parallel_is_searched_wherever_tp_is_above_one():
+    site, job = tiny_site(), tiny_job()
+    opts = dict(layer_granularity=1, max_pipeline_stages=3)
+    searched = PlanSpace(site, job, SpaceOptions(**opts))
+    off = PlanSpace(site, job, SpaceOptions(sequence_parallel=False, **opts))
+    on = PlanSpace(site, job, SpaceOptions(sequence_parallel=True, **opts))
+    layouts = lambda sp: {(s.tp, s.dp, s.micro_batch_size, s.groups) for s in searched.skeletons  # noqa: E731
+                          if s.sequence_parallel == sp}
+    assert layouts(True) == {(s.tp, s.dp, s.micro_batch_size, s.groups) for s in off.skeletons if s.tp > 1}
+    assert layouts(False) == {(s.tp, s.dp, s.micro_batch_size, s.groups) for s in off.skeletons}
+    assert not any(s.sequence_parallel for s in off.skeletons)
+    assert all(s.sequence_parallel == (s.tp > 1) for s in on.skeletons)
+    tp1 = sum(searched._count(s) for s in off.skeletons if s.tp == 1)
+    assert len(searched) == 2 * len(off) - tp1 and len(on) == len(off)
+    plans = all_plans(searched)
+    assert {p.sequence_parallel for p in plans if p.tp > 1} == {False, True}
+    assert not any(p.sequence_parallel for p in plans if p.tp == 1)
+    from memx_hpc.search.space import space_size
+    assert space_size(searched).plans == len(searched)
+    with pytest.raises(SpecError):
+        SpaceOptions(sequence_parallel="yes")
