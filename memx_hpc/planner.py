@@ -617,7 +617,8 @@ def plan(request: PlanRequest) -> PlanResult:
 
 def _plan(request: PlanRequest) -> PlanResult:
     from .search.engine import search
-    from .search.report import ProgressBar, new_run_dir, new_run_id, pareto_png, result_to_json, write_plan_files
+    from .search.report import (MAX_PLAN_FILES, ProgressBar, new_run_dir, new_run_id, pareto_png, point_latest,
+                                result_to_json, write_plan_files)
     from .search.space import PlanSpace
 
     pr = _prepare(request)
@@ -644,9 +645,16 @@ def _plan(request: PlanRequest) -> PlanResult:
     out_dir = base
     if result.top and request.write:
         try:
-            out_dir = new_run_dir(base, run_id) if request.run_folder else base
+            # latest moves to this run only once its summary is written (below): a run that
+            # fails half-way leaves latest on the last complete one
+            out_dir = new_run_dir(base, run_id, latest=False) if request.run_folder else base
             files += [str(p) for p in write_plan_files(result, out_dir, site=site, job=job, provenance=provenance,
                                                        objective=request.objective, bands=pr.bands, run_id=run_id)]
+            ranked = len(result.ranking(request.objective))
+            if ranked > MAX_PLAN_FILES:
+                notes.append(f"--top {request.top_k:,}: {ranked:,} plans ranked, plan files written for the first "
+                             f"{MAX_PLAN_FILES} (plan-01.json ... plan-{MAX_PLAN_FILES}.json); summary.json "
+                             "lists them all")
             files.append(str(pareto_png(result, out_dir / "pareto.png", site=site, bands=pr.bands,
                                         title=f"{job.name} on {site.name}: {result.stats.feasible:,} plans fit")))
         except OSError as e:
@@ -667,6 +675,11 @@ def _plan(request: PlanRequest) -> PlanResult:
             raise SystemFailure(f"cannot write {out_dir / 'summary.json'}: {e}") from None
         files.append(str(out_dir / "summary.json"))
         summary["files"] = files
+        if request.run_folder:
+            try:
+                point_latest(base, run_id)
+            except OSError as e:
+                raise SystemFailure(f"cannot point {base / 'latest'} at {out_dir}: {e.strerror or e}") from None
     return PlanResult(site=site, job=job, cost_model=cost_model, search=result, notes=notes, provenance=provenance,
                       out_dir=out_dir, files=files, summary=summary, rank0=True, run_id=run_id, finish=finish, **kw)
 

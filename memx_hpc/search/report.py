@@ -241,12 +241,20 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
 
 
-def new_run_dir(base: Path, run_id: str | None = None) -> Path:
-    """``base/<run id>/``, created, with ``base/latest`` pointing at it (replaced atomically:
-    a reader sees the old run or the new one, never a mix)."""
+def new_run_dir(base: Path, run_id: str | None = None, *, latest: bool = True) -> Path:
+    """``base/<run id>/``, created, with ``base/latest`` pointing at it unless ``latest`` is
+    False (then :func:`point_latest` moves it once the run is complete)."""
     run_id = run_id or new_run_id()
     out = base / run_id
     out.mkdir(parents=True, exist_ok=False)
+    if latest:
+        point_latest(base, run_id)
+    return out
+
+
+def point_latest(base: Path, run_id: str) -> None:
+    """``base/latest`` -> ``run_id`` (replaced atomically: a reader sees the old run or the new
+    one, never a mix)."""
     link = base / "latest"
     tmp = base / f".latest.{os.getpid()}"
     try:
@@ -257,13 +265,18 @@ def new_run_dir(base: Path, run_id: str | None = None) -> Path:
     except OSError:
         # a file system without symbolic links: a file naming the run instead
         (base / "latest.txt").write_text(run_id + "\n", encoding="utf-8")
-    return out
+
+
+#: Plan files a run writes at most (plan-01.json ...): ``--top`` may rank many more, which the
+#: table and summary.json list, but a file per plan of a huge ``--top`` filled the folder
+#: (4,127 files, 69 MB for tiny-gpt at --top 1000000000).
+MAX_PLAN_FILES = 100
 
 
 def write_plan_files(result: SearchResult, out_dir: Path, *, site: Site, job: TrainJob,
                      provenance: Mapping[str, str], objective: str = "recommended",
                      bands: Mapping[str, MemoryErrorBand] | None = None, run_id: str | None = None) -> list[Path]:
-    """``plan-01.json`` ... (the ranking of ``objective``) and ``recommended.json``,
+    """``plan-01.json`` ... (the first :data:`MAX_PLAN_FILES` of the ranking of ``objective``) and ``recommended.json``,
     ``fastest.json``, ``weighted.json`` (the three picks) in ``out_dir``, planfile format,
     each with its job (name and fingerprint), site, prediction and why it is there."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -284,7 +297,7 @@ def write_plan_files(result: SearchResult, out_dir: Path, *, site: Site, job: Tr
     n = result.stats.feasible
     paths = []
     ranking = result.ranking(objective)
-    for s in ranking:
+    for s in ranking[:MAX_PLAN_FILES]:
         why = (f"rank {s.rank} of {result.risk_feasible:,} plans whose peak fits with the expected memory error "
                f"(recommended ranking); rank {s.time_rank} by iteration time alone" if objective == "recommended"
                else f"rank {s.rank} of {n:,} feasible plans by {memx}; rank {s.time_rank} by iteration time alone")
@@ -385,7 +398,9 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
         ax.set_ylim(0, max(105.0, max(y for _, y in pts) + 5))
     ax.set_xlabel("predicted iteration time (s, log scale)", fontsize=11)
     ax.set_ylabel("peak memory of the fullest GPU (% of its capacity)", fontsize=11)
-    ax.set_title(title, fontsize=12)
+    # the title holds the site's and job's names as written: a '$' pair in them is text, not
+    # mathtext (whose parser raised on '$\\frac{$' and stopped the run before its summary)
+    ax.set_title(title, fontsize=12, parse_math=False)
     ax.tick_params(labelsize=10)
     ax.grid(alpha=0.3, which="both")
     # below the axes: no point or label of the plot can sit under it

@@ -217,6 +217,23 @@ def unchanged(tmp: Path) -> None:
     assert not (tmp / "store.h5.lock").exists()
 
 
+def latest_is_complete(out: Path) -> None:
+    """``latest`` names a run whose summary and Pareto plot were written."""
+    run = out / "latest"
+    assert (run / "summary.json").is_file() and (run / "pareto.png").is_file(), sorted(out.rglob("*"))
+    assert json.loads((run / "summary.json").read_text())["site"].startswith("a $")
+
+
+def capped_plan_files(tmp: Path) -> None:
+    from memx_hpc.search.report import MAX_PLAN_FILES
+
+    run = tmp / "out" / "latest"
+    summary = json.loads((run / "summary.json").read_text())
+    assert len(summary["top"]) > MAX_PLAN_FILES  # more ranked than written, else the case shows nothing
+    assert len(list(run.glob("plan-*.json"))) == MAX_PLAN_FILES
+    assert any("plan files written for the first" in n for n in summary["notes"])
+
+
 def alias_bomb() -> str:
     text, prev = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n', "a"
     for c in "bcdefghi":
@@ -480,6 +497,13 @@ CASES = [
          2, ("job ledger", "store.h5.jobs.json", "tasks.17")),
     Case("ledger-not-json", lambda t: ledger(t, "{not json"), 2, ("job ledger", "store.h5.jobs.json")),
     Case("ledger-a-list", lambda t: ledger(t, "[1, 2]"), 2, ("job ledger", "store.h5.jobs.json")),
+    Case("plan-site-name-with-mathtext", lambda t: ["plan", "--site", site(t, text=SITE.replace(
+        "name: hostile", 'name: "a $\\\\frac{$ b"')), "--job", job(t), "--no-profile", "--allow-datasheet",
+        "--top", "2", "--out", str(t / "out")], 0, (), check=lambda t: latest_is_complete(t / "out")),
+    Case("search-top-a-billion-writes-at-most-100-plan-files", lambda t: [
+        "search", "--site", site(t), "--job", job(t, JOB.replace("global_batch_size: 8", "global_batch_size: 64")
+                                                  .replace("[1, 2]", "[1, 2, 4, 8]")),
+        "--analytic", "--top", "1000000000", "--out", str(t / "out")], 0, (), check=lambda t: capped_plan_files(t)),
     # ---------------------------------------------------------------- extreme but allowed figures stay finite
     Case("predict-smallest-device", lambda t: ["predict", "--analytic", "--site",
                                                gpu_site(t, memory=str(2**-10), tflops="1.0e-6", hbm="1.0e-6"),
