@@ -534,6 +534,57 @@ def _prepare(request: PlanRequest) -> _Prepared:
                      cache=cache, bands=bands)
 
 
+def resume_job(job: TrainJob, checkpoint: str) -> tuple[TrainJob, str]:
+    """``job`` continued from the megatron-core distributed checkpoint folder ``checkpoint``
+    (what a run's ``--save`` wrote): the checkpoint's model must be the job's (a resumed run
+    keeps the model's shape; TP, PP, DP and partitions may change, the checkpoint reshards),
+    the script loads it (``--load``) and keeps saving (the job's save folder, else the same
+    one). Returns the job and a note: the iteration it resumes at and the plan that wrote it."""
+    from .spec import Checkpointing
+
+    try:
+        from .train.checkpoint import read_info
+
+        info = read_info(checkpoint)
+    except ImportError as e:
+        raise SystemFailure(f"reading the checkpoint {checkpoint} needs torch and megatron-core ({e}): "
+                            f"pip install 'memx-hpc[profile]'") from None
+    except FileNotFoundError:
+        raise SpecError("not a checkpoint folder: it has no latest_checkpointed_iteration.txt", field="--resume",
+                        found=checkpoint) from None
+    except Exception as e:  # noqa: BLE001 - a damaged or foreign checkpoint: name it, exit 1
+        raise SpecError(f"cannot read the checkpoint: {type(e).__name__}: {e}", field="--resume",
+                        found=checkpoint) from None
+    a, m = info.args, job.model
+    pairs = [("num_layers", m.num_layers), ("hidden_size", m.hidden_size),
+             ("num_attention_heads", m.num_attention_heads), ("ffn_hidden_size", m.ffn_hidden_size),
+             ("seq_length", m.seq_length)]
+    if getattr(a, "group_query_attention", False):
+        pairs.append(("num_query_groups", m.num_query_groups))
+    for name, ours in pairs:
+        theirs = getattr(a, name, None)
+        if theirs is not None and theirs != ours:
+            raise SpecError(f"the checkpoint's model has {name} {theirs}: a resumed run keeps the model's shape",
+                            field=f"model.{name}", file=job.source_file, found=ours, allowed=str(theirs))
+    if job.train_iters is not None and job.train_iters <= info.iteration:
+        raise SpecError(f"the checkpoint is at iteration {info.iteration} already: raise train_iters to go on",
+                        field="train_iters", file=job.source_file, found=job.train_iters)
+    ck = job.checkpoint
+    job = dataclasses.replace(job, checkpoint=Checkpointing(
+        save_dir=ck.save_dir if ck is not None and ck.save_dir else checkpoint, load_dir=checkpoint,
+        save_interval=ck.save_interval if ck is not None else None))
+    shape = "/".join(str(getattr(a, k, "?")) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                                        "data_parallel_size"))
+    note = (f"resumes from {info.path}: iteration {info.iteration}, written with tp/pp/dp {shape} and global batch "
+            f"{getattr(a, 'global_batch_size', '?')}; the plans keep the model's shape and may use other partitions "
+            f"and TP/PP/DP (the checkpoint reshards); render with --resume {checkpoint} (or checkpoint.load in the "
+            f"job file) to load it")
+    if getattr(a, "global_batch_size", job.global_batch_size) != job.global_batch_size:
+        note += (f"; the job's global batch {job.global_batch_size} differs, so iteration i no longer reads the "
+                 f"samples it would have")
+    return job, note
+
+
 def launchable_space(site: Site, job: TrainJob, options: "SpaceOptions") -> tuple["SpaceOptions", list[str]]:
     """The search options with only plans ``render`` would launch for this job and site, and
     a note per exclusion saying what was left out and why. A plan whose stages speak more

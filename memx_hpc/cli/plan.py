@@ -51,6 +51,7 @@ examples:
   memx-hpc plan --site site_configs/local.yaml --job jobs/tiny-gpt.yaml --top 5
   memx-hpc plan --site S --job J --objective memx --weights time=1,memory=1 --no-profile --json
   memx-hpc plan --site site_configs/local.yaml --job jobs/tiny-gpt.yaml --submit
+  memx-hpc plan --site S --job J --resume /ckpt/run --no-profile   # continue a run on other partitions
   memx-hpc plan --site mysite.yaml --job jobs/llama2-7b.yaml --no-profile --finish 2B tokens
   memx-hpc render --site site_configs/local.yaml --job jobs/tiny-gpt.yaml \
       --plan memx-local/runs/plan-tiny-gpt/latest/recommended.json
@@ -72,6 +73,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g.add_argument("--iters", type=int, metavar="N", help="training iterations of the submitted job "
                                                           "(default: the job's train_iters)")
     g.add_argument("--chdir", metavar="DIR", help="working directory of the submitted job (default: here)")
+    g.add_argument("--resume", metavar="CKPT", help="plan the continuation of the run that saved into CKPT (a "
+                   "megatron-core distributed checkpoint folder): same model, any partitions and TP/PP/DP; the "
+                   "submitted script loads it")
     f = p.add_argument_group("ranked by when they finish (asks Slurm)")
     f.add_argument("--finish", metavar="N",
                    help="rank candidates by Slurm's expected start + N x predicted iteration time; N in "
@@ -103,7 +107,16 @@ def run(args: argparse.Namespace) -> int:
         # before the search: no point planning for minutes to find there is nowhere to submit
         if not slurm_available(timeout=5.0):
             raise SystemFailure(f"--submit: Slurm does not answer (sinfo), nothing was submitted. {START_HINT}")
-    outcome = plan(request_from_args(args, profile=True))
+    request = request_from_args(args, profile=True)
+    if args.resume:
+        import dataclasses
+
+        from ..planner import resume_job
+        from ..spec import load_job
+
+        job, note = resume_job(load_job(args.job), args.resume)
+        request = dataclasses.replace(request, job=job, notes=request.notes + (note,))
+    outcome = plan(request)
     if not outcome.rank0:
         return 0
     if args.submit and outcome.finish is not None and outcome.ranked:

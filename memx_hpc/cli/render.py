@@ -4,6 +4,7 @@ Slurm answers, ``sbatch --test-only``; ``--submit`` submits it."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from .common import add_job, add_json, add_site, emit_json
@@ -46,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--extra", action="append", default=[], metavar="ARG",
                    help="a further Megatron-LM argument for every rank, after the rendered ones (repeat; e.g. "
                         "--extra=--seed --extra=7); data, tokenizer and checkpoints come from the job file")
+    p.add_argument("--resume", metavar="CKPT", help="load the checkpoint folder CKPT (the saved run's --save) and go on "
+                   "saving; its model must be the job's (see 'memx-hpc plan --resume')")
     p.add_argument("--no-test-only", action="store_true",
                    help="skip 'sbatch --test-only' (e.g. when rendering for another cluster)")
     p.add_argument("--submit", action="store_true", help="submit the script and print the job id")
@@ -61,6 +64,11 @@ def run(args: argparse.Namespace) -> int:
 
     site = load_site(args.site)
     job = load_job(args.job)
+    if args.resume:
+        from ..planner import resume_job
+
+        job, note = resume_job(job, args.resume)
+        print(f"memx-hpc render: {note}", file=sys.stderr)
     plan, origin = load_plan_with_origin(args.plan)
     check_belongs(origin, args.plan, site=site, job=job)
     if isinstance(plan, GeneralPlan):

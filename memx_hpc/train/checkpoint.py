@@ -58,11 +58,14 @@ class CheckpointInfo:
 def read_info(base: str) -> CheckpointInfo:
     """The latest checkpoint of ``base``: iteration and the writer's arguments (no process
     group needed: megatron-core's common state is one file)."""
-    from megatron.core import dist_checkpointing
+    import warnings
 
     it = read_tracker(base)
     if it is None:
         raise FileNotFoundError(os.path.join(base, TRACKER))
+    with warnings.catch_warnings():  # megatron-core's notices about Apex / Transformer Engine on a login node
+        warnings.simplefilter("ignore")
+        from megatron.core import dist_checkpointing
     path = checkpoint_dir(base, it)
     common = dist_checkpointing.load_common_state_dict(path)
     return CheckpointInfo(path=path, iteration=int(common.get("iteration", it)), args=common["args"])
