@@ -600,7 +600,7 @@ def launchable_space(site: Site, job: TrainJob, options: "SpaceOptions") -> tupl
     why = []
     refusal = project_entry_refusal(job)
     if refusal is not None:
-        why.append(refusal)
+        why.append(refusal.reason)
     if site.pipeline_comm_backend != "ucc":
         why.append(f"the site's pipeline_comm.backend is {site.pipeline_comm_backend}, and NCCL/RCCL do not talk "
                    f"to each other (set it to ucc)")

@@ -28,7 +28,7 @@ from ..errors import SpecError
 from ..spec import PROJECT_ENTRY_TOKENIZERS, Plan, Recompute, Stage, TrainJob
 
 __all__ = ["SYNTHETIC_TRAIN_ITERS", "RUN_KINDS", "TrainingLength", "ComponentShape", "CommandLine",
-           "training_length", "command_line", "pipeline_layout", "recompute_args", "project_entry_refusal",
+           "training_length", "command_line", "pipeline_layout", "recompute_args", "project_entry_refusal", "Refusal",
            "CHECKPOINT_FORMAT"]
 
 #: The length of a synthetic-data run whose job names none (what the job file used to default to).
@@ -114,13 +114,28 @@ def recompute_args(recompute: Recompute, num_layers: int) -> tuple[tuple[str, ..
             ("--recompute-num-layers", str(min(k, num_layers))))
 
 
-def project_entry_refusal(job: TrainJob) -> str | None:
+@dataclass(frozen=True, kw_only=True)
+class Refusal:
+    """Why a plan cannot launch: the job file's field and the reason."""
+
+    field: str
+    reason: str
+
+
+def project_entry_refusal(job: TrainJob) -> Refusal | None:
     """Why the project's entry (cross-vendor plans) cannot train ``job``, or None. The search
     space and render ask the same question (:mod:`memx_hpc.planner` excludes such plans)."""
+    m = job.model
+    if m.num_experts is not None or m.multi_latent_attention or m.rope_scaling == "yarn":
+        return Refusal(field="model", reason="the model has " + ("experts" if m.num_experts is not None else "multi-latent attention"
+                                    if m.multi_latent_attention else "YaRN RoPE scaling") +
+                ": the project's megatron-core entry, which cross-vendor plans run, builds dense GPT layers with "
+                "standard attention only")
     d = job.data
     if d is not None and d.tokenizer_type not in PROJECT_ENTRY_TOKENIZERS:
-        return (f"tokenizer {d.tokenizer_type}: the project's megatron-core entry, which cross-vendor plans run, "
-                f"builds {', '.join(PROJECT_ENTRY_TOKENIZERS)} from local files")
+        return Refusal(field="data.tokenizer.type",
+                       reason=f"tokenizer {d.tokenizer_type}: the project's megatron-core entry, which cross-vendor "
+                              f"plans run, builds {', '.join(PROJECT_ENTRY_TOKENIZERS)} from local files")
     return None
 
 
@@ -170,6 +185,48 @@ def _model_args(job: TrainJob) -> list[tuple[str, ...]]:
     if job.attention == "core":
         # the unfused kernel that keeps the s x s attention matrices ("sdpa" = Megatron's default)
         a.append(("--attention-backend", "unfused"))
+    return a + _extension_args(m)
+
+
+def _extension_args(m) -> list[tuple[str, ...]]:  # noqa: ANN001 - ModelSpec
+    """Every further ModelSpec field Megatron-LM needs to build the model named (its names,
+    core_r0.16.0): head width, QKV bias, QK layer norm, RoPE scaling, multi-latent attention
+    and mixture-of-experts settings. Defaults are left out (Megatron-LM's own)."""
+    a: list[tuple[str, ...]] = []
+    if m.head_dim is not None and m.head_dim != m.hidden_size // m.num_attention_heads:
+        a.append(("--kv-channels", str(m.head_dim)))
+    if m.add_qkv_bias:
+        a.append(("--add-qkv-bias",))
+    if m.qk_layernorm:
+        a.append(("--qk-layernorm",))
+    if m.rope_scaling == "llama3":
+        a += [("--use-rope-scaling",), ("--rope-scaling-factor", repr(float(m.rope_scaling_factor)))]
+    elif m.rope_scaling == "yarn":
+        a += [("--rope-type", "yarn"), ("--rotary-scaling-factor", repr(float(m.rope_scaling_factor)))]
+    if m.multi_latent_attention:
+        a.append(("--multi-latent-attention",))
+        if m.q_lora_rank is not None:
+            a.append(("--q-lora-rank", str(m.q_lora_rank)))
+        a += [("--kv-lora-rank", str(m.kv_lora_rank)), ("--qk-head-dim", str(m.qk_head_dim)),
+              ("--qk-pos-emb-head-dim", str(m.qk_pos_emb_head_dim)), ("--v-head-dim", str(m.v_head_dim))]
+    if m.num_experts is not None:
+        a += [("--num-experts", str(m.num_experts)), ("--moe-router-topk", str(m.moe_router_topk)),
+              ("--moe-router-load-balancing-type", m.moe_router_load_balancing_type),
+              ("--moe-router-score-function", m.moe_router_score_function)]
+        if m.moe_ffn_hidden_size is not None:
+            a.append(("--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)))
+        if m.moe_shared_expert_intermediate_size is not None:
+            a.append(("--moe-shared-expert-intermediate-size", str(m.moe_shared_expert_intermediate_size)))
+        freq = m.moe_layer_freq
+        a.append(("--moe-layer-freq", str(freq) if isinstance(freq, int) else "[" + ",".join(map(str, freq)) + "]"))
+        if m.moe_router_num_groups is not None:
+            a.append(("--moe-router-num-groups", str(m.moe_router_num_groups)))
+        if m.moe_router_group_topk is not None:
+            a.append(("--moe-router-group-topk", str(m.moe_router_group_topk)))
+        if m.moe_router_enable_expert_bias:
+            a.append(("--moe-router-enable-expert-bias",))
+        if m.moe_shared_expert_gate:
+            a.append(("--moe-shared-expert-gate",))
     return a
 
 

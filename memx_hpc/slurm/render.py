@@ -364,8 +364,8 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
     if cross_vendor:
         why = project_entry_refusal(job)
         if why is not None:
-            raise SpecError(why, field="data.tokenizer.type", file=job.source_file,
-                            found=job.data.tokenizer_type if job.data else None)
+            raise SpecError(why.reason, field=why.field, file=job.source_file,
+                            found=job.data.tokenizer_type if why.field.startswith("data") and job.data else None)
     cmd = command_line(plan, job, components=shapes, cross_vendor=cross_vendor,
                        pipeline_backend=site.pipeline_comm_backend, kind=kind, iters=iters,
                        time_limit_min=min(time_limits))

@@ -46,6 +46,11 @@ class TrainArgs:
     max_position_embeddings: int | None
     vocab_size: int | None  # NullTokenizer's; other tokenizers bring their own
     rotary_base: int
+    use_rope_scaling: bool
+    rope_scaling_factor: float
+    kv_channels: int | None
+    add_qkv_bias: bool
+    qk_layernorm: bool
     make_vocab_size_divisible_by: int
     swiglu: bool
     untie_embeddings_and_output_weights: bool
@@ -128,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--position-embedding-type", default="learned_absolute",
                    choices=["learned_absolute", "rope", "none"])
     m.add_argument("--rotary-base", type=int, default=10000)
+    m.add_argument("--use-rope-scaling", action="store_true")
+    m.add_argument("--rope-scaling-factor", type=float, default=8.0)
+    m.add_argument("--kv-channels", type=int, default=None)
+    m.add_argument("--add-qkv-bias", action="store_true")
+    m.add_argument("--qk-layernorm", action="store_true")
     m.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
     m.add_argument("--swiglu", action="store_true")
     m.add_argument("--untie-embeddings-and-output-weights", action="store_true")
@@ -263,6 +273,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
         num_attention_heads=ns.num_attention_heads, group_query_attention=ns.group_query_attention,
         num_query_groups=ns.num_query_groups, seq_length=ns.seq_length,
         max_position_embeddings=ns.max_position_embeddings, vocab_size=ns.vocab_size, rotary_base=ns.rotary_base,
+        use_rope_scaling=ns.use_rope_scaling, rope_scaling_factor=ns.rope_scaling_factor, kv_channels=ns.kv_channels,
+        add_qkv_bias=ns.add_qkv_bias, qk_layernorm=ns.qk_layernorm,
         make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by, swiglu=ns.swiglu,
         untie_embeddings_and_output_weights=ns.untie_embeddings_and_output_weights,
         position_embedding_type=ns.position_embedding_type, normalization=ns.normalization,

@@ -365,7 +365,8 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
     config = TransformerConfig(
         num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=ffn,
         num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
-        normalization=args.normalization, add_bias_linear=args.add_bias_linear,
+        normalization=args.normalization, add_bias_linear=args.add_bias_linear, add_qkv_bias=args.add_qkv_bias,
+        qk_layernorm=args.qk_layernorm, **({"kv_channels": args.kv_channels} if args.kv_channels else {}),
         gated_linear_unit=args.swiglu, activation_func=F.silu if args.swiglu else F.gelu,
         attention_dropout=attention_dropout, hidden_dropout=args.hidden_dropout,
         init_method_std=args.init_method_std,
@@ -417,6 +418,7 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         pre_process=pre, post_process=post, parallel_output=True,
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
         position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base,
+        rope_scaling=args.use_rope_scaling, rope_scaling_factor=args.rope_scaling_factor,
         **({"pg_collection": pgc} if pgc else {}))
     if not on_cpu:
         model.cuda(torch.cuda.current_device())

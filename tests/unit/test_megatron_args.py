@@ -353,3 +353,42 @@ def test_megatron_lm_refuses_more_expert_ranks_than_experts(monkeypatch):
                "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(m.vocab_size), "--bf16"])
     with pytest.raises(AssertionError):
         judge(argv, 16, monkeypatch, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+
+
+@pytest.mark.parametrize("preset", ["Llama-3.1-8B", "Mixtral-8x7B", "DeepSeek-V2-Lite", "Qwen3-30B-A3B"])
+def test_megatron_lm_builds_the_model_named(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ModelSpec field Megatron-LM needs reaches its command line: RoPE base and scaling,
+    head width, QK norm, multi-latent attention, experts (single-vendor plans, Megatron-LM's
+    entry); the project's entry refuses what it does not build, by name."""
+    from memx_hpc.catalog import preset as get_preset
+    from memx_hpc.errors import SpecError
+    from memx_hpc.spec import Plan, Stage, job_for_model
+
+    model = get_preset(preset)
+    site = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml")
+    job = job_for_model(model, 64, precision="bf16", train_iters=100)
+    n = model.num_layers
+    plan = Plan(tp=2, dp=1, micro_batch_size=1, global_batch_size=64,
+                stages=(Stage(partition="gpu_a100", num_layers=n - n // 2), Stage(partition="gpu_v100", num_layers=n // 2)))
+    req = describe(plan, site, job)
+    text = render(plan, site, job)
+    args = judge(_argv_of(text, 0), req.world_size, monkeypatch, _judged_env(text, 0))
+    assert args.rotary_base == model.rotary_base
+    if model.rope_scaling == "llama3":
+        assert args.use_rope_scaling and args.rope_scaling_factor == model.rope_scaling_factor
+    if model.num_experts is not None:
+        assert (args.num_experts, args.moe_router_topk) == (model.num_experts, model.moe_router_topk)
+    if model.multi_latent_attention:
+        assert args.multi_latent_attention and args.kv_lora_rank == model.kv_lora_rank
+    if model.qk_layernorm:
+        assert args.qk_layernorm
+    if model.head_dim is not None and model.head_dim != model.hidden_size // model.num_attention_heads:
+        assert args.kv_channels == model.head_dim
+    cross = Plan(tp=2, dp=1, micro_batch_size=1, global_batch_size=64,
+                 stages=(Stage(partition="gpu_a100", num_layers=n - n // 2), Stage(partition="gpu_mi250x", num_layers=n // 2)))
+    if model.num_experts is not None or model.multi_latent_attention:
+        with pytest.raises(SpecError) as e:
+            describe(cross, site, job)
+        assert e.value.field == "model"
+    else:
+        describe(cross, site, job)
