@@ -40,3 +40,10 @@ def test_warm_predict_imports_no_training_stack_and_no_xgboost(tmp_path):
     assert cold["rc"] == 0 and "xgboost" in cold["imported"]
     warm = _probe(args)  # reloads it: every query of this plan is anchored
     assert warm == {"rc": 0, "imported": []}
+
+
+def test_the_help_states_the_planners_rank_threshold(capsys):
+    from memx_hpc.planner import MIN_PLANS_PER_RANK
+    assert main(["plan", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"searches (default {MIN_PLANS_PER_RANK})" in text
