@@ -663,3 +663,18 @@ def test_import_with_no_room_left_names_the_store(tmp_path: Path, existing: bool
     else:
         assert not store.exists()
     assert not Path(str(store) + ".lock").exists()
+
+
+def test_search_at_global_batch_65536_with_micro_batch_1_is_bounded(tmp_path: Path) -> None:
+    """Every micro-batch of the 1F1B schedule was simulated op by op: tiny-gpt at global batch
+    65,536 and micro-batch 1 did not finish in 25 minutes. It now takes seconds."""
+    import subprocess
+    import sys
+
+    big = JOB.replace("global_batch_size: 8", "global_batch_size: 65536").replace("[1, 2]", "[1]")
+    argv = ["search", "--site", site(tmp_path), "--job", job(tmp_path, big), "--analytic", "--top", "2",
+            "--out", str(tmp_path / "out")]
+    out = subprocess.run([sys.executable, "-m", "memx_hpc", *argv], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "out" / "latest" / "plan-01.json").is_file()

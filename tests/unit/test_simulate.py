@@ -80,3 +80,23 @@ def test_bad_inputs():
         simulate_1f1b([1], [1], [], 0)
     with pytest.raises(SpecError):
         simulate_1f1b([-1], [1], [], 1)
+
+
+def test_many_micro_batches_extend_the_steady_state_closely():
+    """Past MAX_SIMULATED_MICROBATCHES the finish times are the simulated ones extended along
+    their steady-state slope (bounded time): within 1e-3 of simulating every micro-batch."""
+    from memx_hpc.model import schedule
+
+    rng = np.random.default_rng(3)
+    p, m = 4, 5000
+    f = rng.uniform(0.5, 3, (8, p))
+    b = f * rng.uniform(1.5, 2.5, (8, p))
+    c = rng.uniform(0, 1.0, (8, p - 1))
+    extended = pipeline_finish_batch(f, b, c, m)
+    saved = schedule.MAX_SIMULATED_MICROBATCHES
+    try:
+        schedule.MAX_SIMULATED_MICROBATCHES = m  # every micro-batch simulated
+        full = pipeline_finish_batch(f, b, c, m)
+    finally:
+        schedule.MAX_SIMULATED_MICROBATCHES = saved
+    assert m > saved and np.max(np.abs(extended - full) / full) < 1e-3
