@@ -56,6 +56,8 @@ MAX_NAME_CHARS = 128
 MAX_DEVICE_MEMORY_GIB = 2.0**20       # 1 PiB per device
 MIN_DEVICE_MEMORY_GIB = 2.0**-10      # 1 MiB per device
 MAX_TFLOPS = 1e6
+#: below this a "usable fraction" is a misread unit (a percentage, GB for GiB), not a driver reserve
+MIN_USABLE_FRACTION = 0.5
 MAX_GBPS = 1e6                        # GB/s per direction
 MIN_RATE = 1e-6                       # TFLOP/s or GB/s: anything slower is a typo
 MAX_NODES = 1_000_000
@@ -553,7 +555,16 @@ class _Reader:
 
 @dataclass(frozen=True, kw_only=True)
 class GpuType:
-    """One accelerator model. Figures are vendor datasheet numbers (``source`` says which).
+    """One accelerator model. Rates are vendor datasheet numbers (``source`` says which).
+
+    ``memory_gib`` is the device memory as the device reports it (``nvidia-smi``
+    memory.total, ``amd-smi``/``rocm-smi`` VRAM total), not the datasheet's decimal GB:
+    HBM and GDDR come in binary sizes (an A100-80GB reports 81,920 MiB). ``usable_fraction``
+    is the share of it one process can allocate at all (``torch.cuda.mem_get_info``'s total
+    over memory.total: the driver keeps the rest); the runtime's own context and
+    communicator buffers are not in it but in the footprint model's fixed term
+    (:mod:`memx_hpc.model.memory`). ``capacity_bytes`` is their product, what plans are
+    checked against. ``peak_tflops_fp8``: dense fp8 matrix rate, 0 where the part has none.
 
     ``link_gbps`` is the typical per-direction intra-node bandwidth of one device
     (NVLink / Infinity Fabric / PCIe) in GB/s; partitions may override it.
@@ -578,6 +589,10 @@ class GpuType:
     #: board (module) power limit in W as the datasheet states it; 0: not known. Peak
     #: FLOP/s per W says how far the datasheet peak is beyond what the power cap sustains.
     tdp_w: float = 0.0
+    #: share of ``memory_gib`` a process can allocate (what the driver does not keep back)
+    usable_fraction: float = 1.0
+    #: dense fp8 matrix throughput in TFLOP/s; 0: no fp8 units (or not rated)
+    peak_tflops_fp8: float = 0.0
 
     def __post_init__(self) -> None:
         _safe_name(self.name, "name")
@@ -604,6 +619,9 @@ class GpuType:
             _safe_name(self.chip, "chip")
         if self.tdp_w != 0.0:
             _real(self.tdp_w, "tdp_w", 1.0, 100_000.0)
+        _real(self.usable_fraction, "usable_fraction", MIN_USABLE_FRACTION, 1.0)
+        if self.peak_tflops_fp8 != 0.0:
+            _real(self.peak_tflops_fp8, "peak_tflops_fp8", MIN_RATE, MAX_TFLOPS)
 
     def native(self, precision: str) -> bool:
         """Whether the part's matrix units run ``precision`` (bf16 on a V100 does not)."""
@@ -623,7 +641,13 @@ class GpuType:
 
     @property
     def memory_bytes(self) -> int:
+        """The device memory as the device reports it, in bytes."""
         return int(self.memory_gib * 2**30)
+
+    @property
+    def capacity_bytes(self) -> int:
+        """What one process can allocate: the reported memory times ``usable_fraction``."""
+        return int(self.memory_gib * self.usable_fraction * 2**30)
 
     @staticmethod
     def from_mapping(data: Any, path: str, *, name: str | None = None) -> "GpuType":
@@ -643,6 +667,8 @@ class GpuType:
             precisions=r.str_list("precisions") or PRECISIONS,
             chip=r.str("chip", ""),
             tdp_w=r.float("tdp_w", 0.0, min=0.0),
+            usable_fraction=r.float("usable_fraction", 1.0),
+            peak_tflops_fp8=r.float("peak_tflops_fp8", 0.0, min=0.0),
         )
         r.finish()
         return g

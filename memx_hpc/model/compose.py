@@ -627,7 +627,7 @@ class Composer:
         t = [v[0] for v in vals]
         a = [v[1] for v in vals]
         return t[0:3] + a[0:3] + [t[3], a[3], t[4], a[4], float(overhead[gpu]),
-                                  float(self.site.gpu(gpu).memory_bytes), float(self._memory_scale.get(gpu, 1.0))]
+                                  float(self.site.gpu(gpu).capacity_bytes), float(self._memory_scale.get(gpu, 1.0))]
 
     def compose(self, block: Block) -> BlockCost:
         """Iteration time, worst utilisation, balance and feasibility of every plan in ``block``."""
@@ -762,7 +762,7 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
             over = int(overhead_of(r.gpu_type))
             scale = float(memory_scale(r.gpu_type)) if memory_scale else 1.0
             peak = float(stage_peak_bytes(state, inflight, act, transient, scale, over))
-            cap = site.gpu(r.gpu_type).memory_bytes
+            cap = site.gpu(r.gpu_type).capacity_bytes
             sync_params = params if r.sync_tp in (None, r.tp) else analytic.stage_params(
                 job.model, n, first=first, last=last, tp=r.sync_tp, pp=p)
             sync = float(exposed_sync_ms(sync_of(i, float(sync_params)), total - fwd, options))
