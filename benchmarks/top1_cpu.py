@@ -367,21 +367,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def cross_vendor(store: str | None) -> int:
     """The recommended plan against the fastest plan that fits on the cross-vendor example."""
-    from memx_hpc.tables import table
-    from memx_hpc.datapaths import shared_data
     from memx_hpc.planner import PlanRequest, plan
-    from memx_hpc.profile.importers import import_cephalo, import_sailor
-    from memx_hpc.profile.store import ProfileStore
+    from memx_hpc.profile.reference import seed_store
+    from memx_hpc.tables import table
 
     site = ROOT / "site_configs" / "example-cross-vendor.yaml"
     with tempfile.TemporaryDirectory(prefix="memx-xv-") as tmp:
         try:
             path = Path(store) if store else Path(tmp) / "store.h5"
-            if not path.exists():
-                root = shared_data()
-                s = ProfileStore(path)
-                s.append(import_sailor(root / "sailor"))
-                s.append(import_cephalo(root / "cephalo" / "model_latencies.json"))
+            seed_store(path)  # the shipped Sailor and Cephalo profiles, as a new store starts from them
             rows = []
             for job in ("llama2-7b", "gpt3-2.7b"):
                 r = plan(PlanRequest(site=site, job=ROOT / "jobs" / f"{job}.yaml", store=path, write=False,
@@ -403,7 +397,7 @@ def cross_vendor(store: str | None) -> int:
         except MemxError as e:
             print(f"top1_cpu: cross-vendor example: {e}", file=sys.stderr)
             return e.exit_code
-    print(f"A. cross-vendor example ({site.name}, store imported from Sailor and Cephalo, no profiling): "
+    print(f"A. cross-vendor example ({site.name}, store started from the shipped Sailor and Cephalo profiles, no profiling): "
           f"recommended plan against the fastest plan that fits, predicted")
     table(rows, ["job", "recommended s", "fastest s", "slower by", "fastest mem+err", "goal"])
     print()

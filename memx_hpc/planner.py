@@ -130,6 +130,9 @@ class PlanRequest:
     run_folder: bool = True
     finish: "FinishGoal | None" = None
     min_plans_per_rank: int = 0
+    #: a store that does not exist yet starts from the shipped reference profiles: True/False
+    #: (``--no-reference``), None: the site's ``reference_data`` (:func:`start_store`)
+    reference: bool | None = None
 
     def __post_init__(self) -> None:
         from .search.objective import OBJECTIVES
@@ -270,13 +273,39 @@ def _mpi(request: PlanRequest):
 # --------------------------------------------------------------------------- cost model
 
 
+def start_store(site, store_path: Path, notes: list[str], *, reference: bool | None = None,
+                progress: bool = True) -> None:
+    """A store that does not exist yet starts from the shipped reference profiles
+    (Sailor's and Cephalo's published measurements, labelled ``imported``) when the site
+    wants them (:func:`memx_hpc.profile.reference.wanted`; ``reference`` overrides the
+    site's ``reference_data``). An existing store is left as it is. Says so in ``notes``."""
+    if store_path.exists():
+        return
+    from .profile.reference import seed_store, wanted
+    if not wanted(site, reference):
+        return
+    if progress:
+        print(f"store: {store_path} does not exist; starting it from the shipped reference profiles ...",
+              file=sys.stderr, flush=True)
+    try:
+        report = seed_store(store_path, gpus=site)
+    except OSError as e:
+        raise SystemFailure(f"cannot create the profile store {store_path}: {e}") from None
+    if report is not None:
+        notes.append(report.describe() + " (--no-reference or 'reference_data: false' in the site to start empty)")
+
+
 def load_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[str], fit: bool = True,
-                    calibrate: bool = True, progress: bool = True):
+                    calibrate: bool = True, progress: bool = True, reference: bool | None = None):
     """The cost model for ``site``: the predictor fitted on the store for GPU types it has
     samples of (fitted or reloaded: see fit_or_load), the datasheet roofline for the rest;
     calibrated by the end-to-end runs the store holds for the site (see
     :mod:`memx_hpc.model.calibrate`) unless ``calibrate`` is False or ``analytic`` is set.
-    ``progress``: say on stderr when the predictor is fitted or reloaded, and how long it took."""
+    ``progress``: say on stderr when the predictor is fitted or reloaded, and how long it took.
+    A store that does not exist yet is started from the reference profiles first
+    (:func:`start_store`; ``reference`` as there) unless ``analytic``."""
+    if not analytic:
+        start_store(site, store_path, notes, reference=reference, progress=progress)
     from .profile.store import ProfileStore
     store = ProfileStore(store_path)  # one object: the file is read once, however many parts read it
     model = _uncalibrated_cost_model(site, job, store_path, analytic=analytic, notes=notes, fit=fit,
@@ -510,6 +539,10 @@ def _prepare(request: PlanRequest) -> _Prepared:
     rank0 = comm is None or comm.Get_rank() == 0
     notes: list[str] = list(request.notes)
     paths = store_paths(site, request.store)
+    if not request.analytic:
+        # before profiling adds the first measured points, so that the new store holds both
+        _rank0_first(comm, lambda: start_store(site, paths.store, notes, reference=request.reference,
+                                               progress=request.progress) if rank0 else None)
     if request.profile:
         failure = None
         if rank0:
@@ -524,7 +557,8 @@ def _prepare(request: PlanRequest) -> _Prepared:
             raise SystemFailure(failure)
     # rank 0 fits (and saves) the predictor; the others then load what it saved
     cost_model = _rank0_first(comm, lambda: load_cost_model(site, job, paths.store, analytic=request.analytic,
-                                                            notes=notes, progress=request.progress))
+                                                            notes=notes, progress=request.progress,
+                                                            reference=request.reference))
     from .catalog import precision_notes
     notes += precision_notes(site, job)
     bands = error_bands(cost_model, site, job, paths.store, notes)

@@ -802,6 +802,9 @@ class Site:
     # (time, memory, balance) exponents of the weighted-product objective; None: the
     # planner's default. ``--weights`` on the command line overrides them.
     objective_weights: tuple[float, float, float] | None = None
+    #: whether a new profile store starts from the shipped reference profiles (Sailor,
+    #: Cephalo); None: yes unless every partition is a CPU (memx_hpc.profile.reference)
+    reference_data: bool | None = None
     source_file: str | None = None
 
     def __post_init__(self) -> None:
@@ -1636,7 +1639,7 @@ def transformer_impls(samples: Iterable[LayerSample]) -> dict[str, str]:
 
 SITE_KEYS = ("name", "partitions", "gpu_types", "links", "inter_partition_gbps", "scheduler", "slurm",
              "store", "cache", "work_dir", "pipeline_comm", "memory_safety_margin", "megatron_version",
-             "objective")
+             "objective", "reference_data")
 PARTITION_KEYS = ("name", "gpu_type", "nodes", "gpus_per_node", "intra_node_gbps", "inter_node_gbps",
                   "gres_type", "account", "qos", "time_limit_min", "cpus_per_task", "mem_per_node_gib",
                   "setup", "env", "python", "container", "megatron_entry", "module_purge", "transformer_impl",
@@ -1722,6 +1725,8 @@ def site_from_mapping(data: Any, *, source_file: str | None = None) -> Site:
         kw.update(pipeline_comm_backend=pc.str("backend", "nccl"), pipeline_comm_env=pc.str_map("env"))
         pc.finish(("backend", "env"))
 
+    if r.raw("reference_data", None) is not None:
+        kw["reference_data"] = r.bool("reference_data")
     obj = r.sub("objective")
     if obj is not None:
         kw["objective_weights"] = (obj.float("time", 1.0), obj.float("memory", 0.5), obj.float("balance", 0.5))

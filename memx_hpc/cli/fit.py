@@ -30,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="PATH.ubj", help="where to save the predictor (default: <store>.predictor.ubj)")
     p.add_argument("--no-cv", action="store_true", help="skip the cross-validation (fit and save only)")
     p.add_argument("--no-augment", action="store_true", help="fit without interpolation augmentation")
+    from .search import add_reference
+    add_reference(p)
     add_json(p)
     return p
 
@@ -44,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
 
     site = load_site(args.site)
     store_path = store_paths(site, args.store).store
+    from ..planner import start_store
+    start_notes: list[str] = []
+    start_store(site, store_path, start_notes, reference=False if args.no_reference else None)
+    for n in start_notes:
+        print(n, file=sys.stderr)
     if not store_path.is_file():
         raise SpecError("profile store not found; run 'memx-hpc profile' or 'memx-hpc profile import' first",
                         file=str(store_path))

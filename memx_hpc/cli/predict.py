@@ -34,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--plan", required=True, metavar="PLAN.json", help="the plan file")
     p.add_argument("--store", metavar="PATH", help="profile store (default: the site's store)")
     p.add_argument("--analytic", action="store_true", help="datasheet roofline only")
+    from .search import add_reference
+    add_reference(p)
     p.add_argument("--overlap-grad-reduce", action="store_true",
                    help="model Megatron's --overlap-grad-reduce")
     add_json(p)
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
                      f"{job.global_batch_size}")
         job = dataclasses.replace(job, global_batch_size=plan.global_batch_size)
     store = store_paths(site, args.store).store
-    model = load_cost_model(site, job, store, analytic=args.analytic, notes=notes)
+    model = load_cost_model(site, job, store, analytic=args.analytic, notes=notes,
+                            reference=False if args.no_reference else None)
     opts = CostOptions(overlap_grad_reduce=args.overlap_grad_reduce)
     try:
         if isinstance(plan, GeneralPlan):

@@ -57,6 +57,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--points-per-task", type=int, default=None, metavar="N",
                    help="most points one array task measures (default: 6; each task pays a Python start)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    from .search import add_reference
+    add_reference(p)
     p.add_argument("--links", action="store_true",
                    help="also measure the communication curves (p2p, all-reduce over message sizes) inside a node, "
                         "between nodes of each partition and between every pair of partitions (Slurm only)")
@@ -201,6 +203,13 @@ def _profile(args: argparse.Namespace) -> int:
                         field="--site" if not args.site else "--job")
     site = _load_site(args)
     job = load_job(args.job)
+    if not args.dry_run:
+        from ..planner import start_store
+        start_notes: list[str] = []
+        start_store(site, _store_path(args, site), start_notes, reference=False if args.no_reference else None,
+                    progress=not args.json)
+        for n in start_notes:
+            print(n, file=sys.stderr)
     store = ProfileStore(_store_path(args, site))
     kw = {}
     if args.iters is not None:

@@ -90,6 +90,7 @@ def add_search_options(p: argparse.ArgumentParser, *, out: bool = True, top_defa
                        top_help: str = "plans to report") -> None:
     """Options shared by plan, search, simulate and verify."""
     p.add_argument("--store", metavar="PATH", help="profile store (default: the site's store)")
+    add_reference(p)
     p.add_argument("--objective", choices=("recommended", "memx"), default="recommended",
                    help="which ranking plan-01.json ... follow: 'recommended' (default: fastest plan that fits "
                         "with the memory error band) or 'memx' (the weighted product); all three picks are "
@@ -138,6 +139,14 @@ def add_search_options(p: argparse.ArgumentParser, *, out: bool = True, top_defa
     g.add_argument("--block-size", type=_positive, default=65536, help=argparse.SUPPRESS)
 
 
+def add_reference(p: argparse.ArgumentParser) -> None:
+    """--no-reference: a store that does not exist yet starts empty."""
+    p.add_argument("--no-reference", action="store_true",
+                   help="a profile store that does not exist yet starts empty instead of from the shipped "
+                        "reference profiles (Sailor's and Cephalo's published measurements; the site's "
+                        "'reference_data: false' does the same)")
+
+
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("search", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_site(p)
@@ -183,6 +192,7 @@ def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=N
                        objective=getattr(args, "objective", "recommended"), finish=finish,
                        min_plans_per_rank=(MIN_PLANS_PER_RANK if getattr(args, "min_plans_per_rank", None) is None
                                            else args.min_plans_per_rank),
+                       reference=False if getattr(args, "no_reference", False) else None,
                        notes=("--no-profile: searched with what the store already holds",) if no_profile else ())
 
 

@@ -230,7 +230,8 @@ EXAMPLE = str(ROOT / "site_configs" / "example-cross-vendor.yaml")
 
 
 def _plan_args(tmp_path, *extra):
-    return ["plan", "--site", EXAMPLE, "--job", str(ROOT / "jobs" / "gpt3-2.7b.yaml"), "--no-profile",
+    # --no-reference: an empty store, so these tests exercise the datasheet path without a fit
+    return ["plan", "--site", EXAMPLE, "--job", str(ROOT / "jobs" / "gpt3-2.7b.yaml"), "--no-profile", "--no-reference",
             "--store", str(tmp_path / "store.h5"), "--out", str(tmp_path / "out"), "--max-stages", "2",
             "--top", "4", *extra]
 
@@ -273,7 +274,7 @@ def test_plan_command_writes_plans_png_and_says_where_numbers_come_from(tmp_path
     # predict gives the same numbers for the written plan
     assert main(["predict", "--site", EXAMPLE, "--job", str(ROOT / "jobs" / "gpt3-2.7b.yaml"),
                  "--store", str(tmp_path / "store.h5"), "--plan", str(run / "plan-01.json"),
-                 "--json"]) == 0
+                 "--no-reference", "--json"]) == 0
     pred = json.loads(capsys.readouterr().out)
     assert pred["iteration_ms"] == pytest.approx(doc["prediction"]["iteration_ms"])
     assert plan.pp == len(pred["stage_ms"])

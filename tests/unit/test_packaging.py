@@ -25,6 +25,12 @@ def test_wheel_contains_templates_and_data(tmp_path):
     for t in templates:
         assert f"memx_hpc/templates/{t}" in names
     assert "memx_hpc/data/gpus.yaml" in names and "memx_hpc/data/models.yaml" in names
+    # the reference profiles a new store starts from, with their licences and provenance
+    ref = ROOT / "memx_hpc" / "data" / "reference"
+    shipped = sorted(p.relative_to(ROOT).as_posix() for p in ref.rglob("*") if p.is_file())
+    assert len(shipped) >= 23 and set(shipped) <= names, sorted(set(shipped) - names)
+    assert {"memx_hpc/data/reference/sailor/LICENSE", "memx_hpc/data/reference/cephalo/LICENSE",
+            "memx_hpc/data/reference/PROVENANCE.md"} <= names
     entry = [n for n in names if n.endswith("entry_points.txt")]
     assert entry and b"memx-hpc = memx_hpc.cli.main:entry" in zipfile.ZipFile(wheel).read(entry[0])
 
