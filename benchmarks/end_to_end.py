@@ -393,7 +393,10 @@ def goals(sailor: dict, vtrain: dict) -> None:
     table(rows, ["goal", "target", "dev", "test"])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.parse_args(argv)  # no options: --help prints what the benchmark does
     data = shared_data()
     print(f"data: {data} ({SOURCES['sailor']}; {SOURCES['cephalo']}; {SOURCES['vtrain']})")
     predictor = fit_predictor(data)

@@ -9,6 +9,9 @@
 # Python: $PYTHON, else .venv/bin/python. Exit 0 when every step ran, 2 when one failed
 # (it names the step), 124 when the 8 minutes ran out.
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${PYTHON:-.venv/bin/python}"
 OUT="${1:-$(mktemp -d -t memx-gpu-check.XXXXXX)}"

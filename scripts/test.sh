@@ -6,6 +6,9 @@
 # Slurm is stopped on exit whatever happens (unless it was already running before
 # this script). Any failure, and pytest's exit 5 (no tests ran), fails the run.
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export DEBIAN_FRONTEND=noninteractive
