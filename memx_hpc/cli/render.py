@@ -40,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--plan", required=True, metavar="PLAN.json", help="plan file (memx-plan/1)")
     add_site(p)
     add_job(p)
-    p.add_argument("--out", metavar="FILE", help="where to write the script (default: the plan file with .sbatch)")
+    p.add_argument("--out", metavar="FILE", help="where to write the script (default: the plan file with .sbatch); "
+                                                 "'-': print it on stdout (the report goes to stderr)")
     p.add_argument("--iters", type=int, metavar="N", help="training iterations (default: the job's train_iters)")
     p.add_argument("--log-dir", metavar="DIR", help="folder for the job's output (default: the site's work_dir)")
     p.add_argument("--chdir", metavar="DIR", help="the job's working directory (default: where it is submitted)")
@@ -77,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     request = r.describe(plan, site, job, iters=args.iters, extra=args.extra, log_dir=args.log_dir,
                          workdir=args.chdir)
     script = r.render_request(request)
+    if args.out == "-":
+        return _to_stdout(args, r, script, request)
     out = Path(args.out) if args.out else Path(args.plan).with_suffix(".sbatch")
     if out.exists() and out.resolve() == Path(args.plan).resolve():
         # the default is the plan's name with .sbatch: for a plan file named *.sbatch that
@@ -134,4 +137,38 @@ def run(args: argparse.Namespace) -> int:
             print("memx-hpc render: this cluster would not run the script (see above); --no-test-only skips "
                   "the check", flush=True)
         return 1
+    return 0
+
+
+def _to_stdout(args: argparse.Namespace, r, script: str, request) -> int:
+    """``--out -``: the script on stdout, checked (bash -n, sbatch --test-only) through a
+    temporary copy; what was checked goes to stderr so that stdout is the script alone."""
+    import sys
+    import tempfile
+
+    from ..errors import SpecError
+
+    if args.submit:
+        raise SpecError("--submit needs the script in a file Slurm can read", field="--out", found="-",
+                        allowed="a file name")
+    if args.json:
+        raise SpecError("--json prints the report on stdout, where '--out -' prints the script", field="--out",
+                        found="-", allowed="a file name with --json")
+    with tempfile.TemporaryDirectory(prefix="memx-render-") as tmp:
+        path = Path(tmp) / "train.sbatch"
+        path.write_text(script, encoding="utf-8")
+        r.check_syntax(path)
+        verdict = None
+        if not args.no_test_only:
+            from ..slurm.local_cluster import slurm_available
+            if slurm_available(timeout=5.0):
+                verdict = r.test_only(path)
+    sys.stdout.write(script)
+    sys.stdout.flush()
+    print(f"rendered {len(request.components)} hetjob component(s), {request.world_size} rank(s); bash -n: ok",
+          file=sys.stderr)
+    if verdict is not None:
+        print(f"sbatch --test-only: {'accepted' if verdict.accepted else 'REJECTED'}: {verdict.message}",
+              file=sys.stderr)
+        return 0 if verdict.accepted else 1
     return 0
