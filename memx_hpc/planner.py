@@ -702,8 +702,8 @@ def plan(request: PlanRequest) -> PlanResult:
 
 def _plan(request: PlanRequest) -> PlanResult:
     from .search.engine import search
-    from .search.report import (MAX_PLAN_FILES, ProgressBar, new_run_dir, new_run_id, pareto_png, point_latest,
-                                result_to_json, write_plan_files)
+    from .search.report import (MAX_PLAN_FILES, ProgressBar, link_rows, new_run_dir, new_run_id, pareto_png,
+                                point_latest, result_to_json, write_plan_files)
     from .search.space import PlanSpace
 
     pr = _prepare(request)
@@ -750,7 +750,8 @@ def _plan(request: PlanRequest) -> PlanResult:
                                 out_dir if result.top and request.write else None, progress=request.progress)
         files += [str(c.script) for c in finish.candidates if c.script is not None]
     summary = result_to_json(result, site=site, job=job, provenance=provenance, notes=notes, files=files,
-                             objective=request.objective, bands=pr.bands, run_id=run_id)
+                             objective=request.objective, bands=pr.bands, run_id=run_id,
+                             links=link_rows(cost_model))
     if finish is not None:
         summary["finish"] = finish.to_json()
     if result.top and request.write:
@@ -772,7 +773,8 @@ def _plan(request: PlanRequest) -> PlanResult:
 @dataclass(kw_only=True)
 class ScaleResult:
     """One scaled site's search: the site, the search result, its wall time, and for the
-    best plan the pipeline time three ways (:func:`best_plan_check`; None when no plan fits)."""
+    best plan (the first of the request's objective ranking, as ``plan`` ranks) the pipeline
+    time three ways (:func:`best_plan_check`; None when no plan fits)."""
 
     site: Site
     search: "SearchResult"
@@ -832,8 +834,10 @@ def simulate_scales(request: PlanRequest, gpu_counts: tuple[int, ...] | None = N
                      comm=pr.comm,
                      progress=ProgressBar(f"search {s.total_gpus} GPUs", enabled=pr.rank0 and request.progress))
         wall = time.perf_counter() - t0
+        # the best plan as 'plan' ranks it (request.objective: the recommended plan by default)
+        ranked = res.ranking(request.objective)
         out.append(ScaleResult(site=s, search=res, wall_s=wall,
-                               best_check=best_plan_check(res.top[0].prediction) if res.top else None))
+                               best_check=best_plan_check(ranked[0].prediction) if ranked else None))
     return ScaledSearch(site=site, job=pr.job, options=pr.options, notes=pr.notes,
                         provenance=provenance_of(pr.cost_model, site), scales=out, rank0=pr.rank0)
 

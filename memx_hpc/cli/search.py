@@ -196,6 +196,11 @@ def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=N
                        notes=("--no-profile: searched with what the store already holds",) if no_profile else ())
 
 
+def _link_rows(cost_model) -> list[dict]:
+    from ..search.report import link_rows
+    return link_rows(cost_model)
+
+
 PROVENANCE_WORDS = {"measured": "measured by the profiler", "imported": "imported measurements",
                     "augmented": "interpolated from measurements (augmented)",
                     "datasheet-only": "estimated from datasheet figures only"}
@@ -219,9 +224,16 @@ def report(run, args: argparse.Namespace) -> None:
         emit_json(run.summary)
     else:
         print_report(run.search, run.site, run.job, run.provenance, run.notes, run.files,
-                     objective=run.objective, bands=run.bands, out_dir=run.out_dir if run.files else None)
+                     objective=run.objective, bands=run.bands, out_dir=run.out_dir if run.files else None,
+                     links=_link_rows(run.cost_model))
     if not run.search.top:
         site, job = run.site, run.job
+        if run.search.stats.plans == 0:
+            from ..search.space import PlanSpace
+            field, why = PlanSpace(site, job, space_options(args)).why_empty()
+            raise SpecError(f"no plan was generated, so none was predicted: {why}", field=field,
+                            file=job.source_file if field not in ("--tp", "--micro-batch-sizes", "--max-stages")
+                            else None)
         raise SpecError(f"none of the {run.search.stats.plans:,} plans fits in memory on {site.name} "
                         f"(capacity minus the {site.memory_safety_margin:.0%} safety margin); allow more "
                         f"recompute, smaller micro-batches, more pipeline stages (--max-stages), or add GPUs",
@@ -229,7 +241,7 @@ def report(run, args: argparse.Namespace) -> None:
 
 
 def print_report(result, site, job, provenance, notes, files, *, stream=None, objective: str = "recommended",
-                 bands=None, out_dir=None) -> None:
+                 bands=None, out_dir=None, links=None) -> None:
     from ..search.report import ROLES, explain, table_footer, table_rows
     out = stream or sys.stdout
     st = result.stats
@@ -260,7 +272,8 @@ def print_report(result, site, job, provenance, notes, files, *, stream=None, ob
     if result.top:
         names = {role: fname for role, fname, _ in ROLES}
         print("\nthe three picks:", file=out)
-        for line in explain(result, bands=bands, files=names if files else None):
+        for line in explain(result, bands=bands, files=names if files else None, margin=site.memory_safety_margin,
+                            provenance=provenance, links=links):
             print("  " + line, file=out)
         ranked = result.ranking(objective)
         what = ("recommended ranking (the plans within the time noise of the fastest safe plan by memory, then "

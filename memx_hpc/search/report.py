@@ -101,22 +101,60 @@ def _band_of(bands: Mapping[str, MemoryErrorBand] | None, result: SearchResult, 
     return float(result.memory_error.get(gpu, 0.0))
 
 
-def risk_words(s: ScoredPlan) -> str:
-    """OOM risk of a plan in words, from its widened worst-GPU utilisation."""
+#: a widened peak this far below the memory limit is "low" risk; between it and the limit "small"
+RISK_LOW_MARGIN = 0.10
+
+
+def risk_words(s: ScoredPlan, *, margin: float = 0.0) -> str:
+    """OOM risk of a plan in words, from its widened worst-GPU utilisation, against the
+    same limit the plot draws: capacity x (1 - the site's safety ``margin``). A widened
+    peak past that limit is never "low" or "small"."""
     r = s.risk_utilisation
     if r != r:  # nan: no band known
         return "OOM risk unknown (no error band)"
-    if r <= 0.85:
+    limit = 1.0 - margin
+    if r > 1.0:
+        return "OOM risk REAL: its peak plus the expected error exceeds the GPU's memory"
+    if r > limit:
+        return (f"OOM risk HIGH: its peak plus the expected error passes the {limit:.0%} memory limit "
+                f"(the {margin:.0%} safety margin)")
+    if r <= limit - RISK_LOW_MARGIN:
         return "OOM risk low"
-    if r <= 1.0:
-        return "OOM risk small (the band's edge is near capacity)"
-    return "OOM risk REAL: its peak plus the expected error exceeds the GPU's memory"
+    return f"OOM risk small (the band's edge is near the {limit:.0%} memory limit)"
+
+
+def link_rows(cost_model: Any) -> list[dict]:
+    """Which curve each link of the site uses, from the cost model's links (empty when it has none)."""
+    links = getattr(cost_model, "links", None)
+    return links.describe() if links is not None else []
+
+
+def rests_on(s: ScoredPlan, provenance: Mapping[str, str] | None, links: Sequence[Mapping[str, str]] | None) -> str:
+    """What a plan's numbers rest on beyond measurements: its GPU types with datasheet
+    figures only, and the links it uses that are the site file's default figures
+    (``links``: :meth:`memx_hpc.model.links.LinkModel.describe` rows). Empty when none."""
+    stages = s.prediction.stages
+    gpus = sorted({st.gpu_type for st in stages})
+    parts = {st.partition for st in stages}
+    weak = []
+    sheet = [g for g in gpus if (provenance or {}).get(g) == "datasheet-only"]
+    if sheet:
+        weak.append(f"{', '.join(sheet)} datasheet-only")
+    used = [f"{r['link']} {r['scope']}" for r in (links or ()) if r.get("provenance") == "site-figure"
+            and set(x.strip() for x in r["link"].split("<->")) <= parts]
+    if used:
+        weak.append(f"default links ({', '.join(used)})")
+    return f" [rests on: {'; '.join(weak)}]" if weak else ""
 
 
 def explain(result: SearchResult, *, bands: Mapping[str, MemoryErrorBand] | None = None,
-            files: Mapping[str, str] | None = None) -> list[str]:
+            files: Mapping[str, str] | None = None, margin: float = 0.0,
+            provenance: Mapping[str, str] | None = None,
+            links: Sequence[Mapping[str, str]] | None = None) -> list[str]:
     """One line per pick: time against the fastest, memory headroom of the fullest GPU,
-    OOM risk; then one line on why the recommended plan is not the fastest."""
+    OOM risk against the site's limit (``margin``), what its numbers rest on beyond
+    measurements (:func:`rests_on`); then one line on why the recommended plan is not the
+    fastest."""
     p = picks(result)
     if not p:
         return []
@@ -143,7 +181,7 @@ def explain(result: SearchResult, *, bands: Mapping[str, MemoryErrorBand] | None
         where = f" -> {files[role]}" if files and role in files else ""
         lines.append(f"{words:<19} {t / 1e3:.3f} s/iteration ({cost}); fullest GPU {g} at {u:.0%} "
                      f"({(cap - peak) / GiB:.1f} GiB free), {u * (1 + band):.0%} with its +{band:.0%} error band: "
-                     f"{risk_words(s)}{where}")
+                     f"{risk_words(s, margin=margin)}{rests_on(s, provenance, links)}{where}")
     rec = p.get("recommended")
     if rec is not None and fast is not None:
         if rec.index == fast.index:
@@ -214,7 +252,8 @@ def bands_to_dict(bands: Mapping[str, MemoryErrorBand] | None) -> dict:
 
 def result_to_json(result: SearchResult, *, site: Site, job: TrainJob, provenance: Mapping[str, str],
                    notes: Sequence[str] = (), files: Sequence[str] = (), objective: str = "recommended",
-                   bands: Mapping[str, MemoryErrorBand] | None = None, run_id: str | None = None) -> dict:
+                   bands: Mapping[str, MemoryErrorBand] | None = None, run_id: str | None = None,
+                   links: Sequence[Mapping[str, str]] | None = None) -> dict:
     """``top``: the ranking of ``objective``; ``recommended``, ``fastest``, ``weighted``: the
     three picks; ``weighted_top``/``time_only``: MemX's and the time-only rankings."""
     p = picks(result)
@@ -224,7 +263,8 @@ def result_to_json(result: SearchResult, *, site: Site, job: TrainJob, provenanc
             "provenance": dict(provenance), "notes": list(notes), "stats": result.stats.to_dict(),
             "risk_feasible": result.risk_feasible,
             **{role: (scored_to_dict(p[role]) if role in p else None) for role, _, _ in ROLES},
-            "explanation": explain(result, bands=bands),
+            "explanation": explain(result, bands=bands, margin=site.memory_safety_margin, provenance=provenance,
+                                   links=links),
             "top": [scored_to_dict(s) for s in result.ranking(objective)],
             "weighted_top": [scored_to_dict(s) for s in result.top],
             "time_only": [scored_to_dict(s) for s in result.time_top],

@@ -226,6 +226,39 @@ class PlanSpace:
         self.max_pp = max((sk.pp for sk in self.skeletons), default=1)
         self._inputs: CompositionInputs | None = None
 
+    def why_empty(self) -> tuple[str, str]:
+        """Why the space holds no plan: (the option or job field to change, the reason in
+        words naming the constraint that removed every candidate). Meaningful when empty."""
+        m, o = self.job.model, self.options
+        asked = tuple(sorted(set(o.tp_degrees))) if o.tp_degrees else None
+        tps = self.tp_candidates()
+        if not tps:
+            if asked is None:
+                return "model", "no power-of-two TP degree divides the attention heads, query groups and FFN width"
+            bad = []
+            for t in asked:
+                which = [n for n, v in (("attention heads", m.num_attention_heads),
+                                        ("query groups", m.num_query_groups), ("FFN width", m.ffn_hidden_size))
+                         if v % t]
+                bad.append(f"TP {t} does not divide the {', '.join(which)} ({m.num_attention_heads} heads, "
+                           f"{m.num_query_groups} query groups, FFN {m.ffn_hidden_size})")
+            return "--tp", "; ".join(bad)
+        mbs = self.micro_batch_candidates()
+        if not mbs:
+            asked_mbs = o.micro_batch_sizes or self.job.micro_batch_sizes
+            return ("--micro-batch-sizes" if o.micro_batch_sizes else "micro_batch_sizes",
+                    f"no micro-batch size {list(asked_mbs)} divides the global batch {self.job.global_batch_size}")
+        placed = [t for t in tps if any(p.gpus_per_node % t == 0 for p in self.partitions)]
+        if not placed:
+            per_node = sorted({p.gpus_per_node for p in self.partitions})
+            return ("--tp" if asked else "partitions",
+                    f"no partition's GPUs per node ({', '.join(map(str, per_node))}) is a multiple of TP "
+                    f"{', '.join(map(str, tps))} (a TP group never straddles nodes)")
+        return ("--max-stages",
+                f"no pipeline layout: with at most {self.max_stages} stages, layer grid {self.granularity} and "
+                f"{len(self.partitions)} partition(s), no split of the {m.num_layers} layers fits the GPUs "
+                f"(TP {', '.join(map(str, placed))}, micro-batch {', '.join(map(str, mbs))})")
+
     # ------------------------------------------------------------------ candidates
 
     def tp_candidates(self) -> list[int]:
