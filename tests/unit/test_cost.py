@@ -122,7 +122,8 @@ def test_hand_computed_plan():
     assert pred.iteration_ms == pytest.approx(want)
     assert pred.pipeline_ms == pytest.approx(sim.total_ms)
     assert pred.tokens_per_s == pytest.approx(4 * 512 / (want / 1e3))
-    u0, u1 = s0.peak_bytes / site.gpu("A100-80").memory_bytes, s1.peak_bytes / site.gpu("V100-32").memory_bytes
+    # utilisation is over what a process can allocate: the reported memory x its usable fraction
+    u0, u1 = s0.peak_bytes / site.gpu("A100-80").capacity_bytes, s1.peak_bytes / site.gpu("V100-32").capacity_bytes
     assert pred.max_utilisation == pytest.approx(max(u0, u1))
     assert pred.balance == pytest.approx(max(u0, u1) / ((u0 + u1) / 2))
     assert pred.feasible and pred.peak_by_gpu_type() == {"A100-80": s0.peak_bytes, "V100-32": s1.peak_bytes}
