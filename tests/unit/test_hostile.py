@@ -384,6 +384,19 @@ CASES = [
                                                       plan(t, json.dumps(PLAN).replace('"partition": "a"',
                                                                                        '"partition": "../a"'))],
          1, ("plan.json", "stages[0].partition")),
+    Case("general-plan-512-stages-on-4-gpus", lambda t: [
+        "predict", "--site", site(t), "--analytic", "--job", job(t, JOB.replace("{preset: tiny-gpt}",
+                                                                               "{preset: tiny-gpt, num_layers: 512}")),
+        "--plan", plan(t, json.dumps({"format": "memx-plan/1", "micro_batch_size": 1, "global_batch_size": 8,
+                                      "stages": [{"num_layers": 1, "replicas": [{"gpu_type": "A100-80", "tp": 1}]}]
+                                      * 512}))],
+         1, ("plan.json", "stages", "512 GPUs", "the site has 4")),
+    Case("general-plan-overfills-a-partition", lambda t: [
+        "predict", "--site", site(t), "--analytic", "--job", job(t),
+        "--plan", plan(t, json.dumps({"format": "memx-plan/1", "micro_batch_size": 1, "global_batch_size": 8,
+                                      "stages": [{"num_layers": 4, "replicas": [
+                                          {"gpu_type": "A100-80", "tp": 1, "partition": "a"}] * 3}]}))],
+         1, ("plan.json", "stages", "3 GPUs on partition a, which has 2")),
     # ---------------------------------------------------------------- the search space
     Case("search-space-30-partitions", lambda t: ["search", "--analytic", "--job", job(t), "--site", site(t, text=(
         "name: wide\nstore: store.h5\npartitions:\n" + "".join(
