@@ -333,6 +333,10 @@ def _checkpoint_args(job: TrainJob, kind: str, *, exit_duration_min: int | None)
         a.append(("--save-interval", str(ck.save_interval)))
     if ck.save_dir is not None or ck.load_dir is not None:
         a.append(("--ckpt-format", CHECKPOINT_FORMAT))
+    if ck.save_dir is not None:
+        # SIGTERM (scancel, preemption, the time limit) saves after the current iteration
+        # before Slurm's KillWait runs out; the same script, submitted again, loads it
+        a.append(("--exit-signal-handler",))
     if ck.save_dir is not None and exit_duration_min is not None:
         # save and stop cleanly before Slurm's time limit kills the job; the same script,
         # submitted again, loads the checkpoint and goes on (--load names the save folder)

@@ -57,8 +57,9 @@ def test_a_job_with_data_and_a_warmup_never_renders_twenty_iterations() -> None:
             ("20", "500", "5")
         assert (_flag(argv, "--ckpt-format"), _flag(argv, "--save"), _flag(argv, "--load")) == \
             ("torch_dist", "/ck", "/ck")
-        # stop (and save) before the site's time limit
+        # stop (and save) before the site's time limit, and on SIGTERM
         assert 0 < int(_flag(argv, "--exit-duration-in-mins")) < site.time_limit_min
+        assert "--exit-signal-handler" in argv
         assert (_flag(argv, "--tokenizer-type"), _flag(argv, "--tokenizer-model")) == \
             ("HuggingFaceTokenizer", "/data/tokenizer")
     text = render(PLAN, site, job)

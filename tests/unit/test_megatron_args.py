@@ -392,3 +392,36 @@ def test_megatron_lm_builds_the_model_named(preset: str, monkeypatch: pytest.Mon
         assert e.value.field == "model"
     else:
         describe(cross, site, job)
+
+
+def test_megatron_lm_reads_a_checkpoint_of_the_project_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stock Megatron-LM's loader (checkpointing._load_base_checkpoint, check_checkpoint_args)
+    finds, types and accepts what the project's entry saved: tracker file, iter_XXXXXXX folder,
+    a global torch_dist checkpoint with its args, iteration and checkpoint version."""
+    import subprocess
+
+    ck = tmp_path / "ck"
+    argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+            "--max-position-embeddings", "32", "--vocab-size", "128", "--micro-batch-size", "2",
+            "--global-batch-size", "2", "--mock-data", "--tokenizer-type", "NullTokenizer", "--lr", "1e-4",
+            "--ckpt-format", "torch_dist"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "memx_hpc.train.pretrain_gpt", *argv, "--train-iters", "1",
+                        "--save", str(ck)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    args = judge(argv + ["--train-iters", "2", "--load", str(ck)], 1, monkeypatch,
+                 {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    checkpointing = importlib.import_module("megatron.training.checkpointing")
+    gv = sys.modules["megatron.training.global_vars"]
+    monkeypatch.setattr(gv, "_GLOBAL_ARGS", args)
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        state, name, release, kind = checkpointing._load_base_checkpoint(str(ck), args, rank0=True)
+    assert (Path(name), release, kind.name) == (ck / "iter_0000001", False, "GLOBAL")
+    assert state["iteration"] == 1 and state["checkpoint_version"] == 3.0
+    assert {"args", "optimizer", "opt_param_scheduler"} <= set(state)
+    checkpointing.set_checkpoint_version(state["checkpoint_version"])
+    checkpointing.check_checkpoint_args(state["args"])  # the model Megatron-LM would build is the one saved
