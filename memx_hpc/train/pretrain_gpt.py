@@ -3,10 +3,13 @@
 Run as ``python -m memx_hpc.train.pretrain_gpt ARGS`` (one process per rank, as
 ``srun`` or ``torchrun`` start them). It builds megatron-core's ``GPTModel`` from the
 local layer spec, initialises real tensor and pipeline parallel groups, wraps the
-model in megatron-core's ``DistributedDataParallel``, trains ``--train-iters``
-iterations of synthetic data (``--mock-data``) with megatron-core's 1F1B schedule
-(``get_forward_backward_func``) and its optimizer, and logs iteration time and
-memory in Megatron-LM's format (:mod:`memx_hpc.train.logs`).
+model in megatron-core's ``DistributedDataParallel``, trains ``--train-iters`` (or
+``--train-samples``) on Megatron's indexed data (``--data-path``, megatron-core's GPTDataset,
+a tokenizer from local files: :mod:`memx_hpc.train.tokenizer`) or on synthetic data
+(``--mock-data``) with megatron-core's 1F1B schedule (``get_forward_backward_func``) and its
+optimizer, evaluates, saves and loads megatron-core distributed checkpoints
+(:mod:`memx_hpc.train.checkpoint`), and logs iteration time and memory in Megatron-LM's
+format (:mod:`memx_hpc.train.logs`).
 
 On a CPU-only PyTorch (this machine, the local Slurm cluster) it uses gloo and the
 redirections of :mod:`memx_hpc.train.cpu`; a few arguments that need a GPU are
