@@ -427,7 +427,7 @@ def _write(d: Discovery) -> str:
             "store: memx-store.h5",
             "work_dir: memx-runs",
             "memory_safety_margin: 0.05",
-            _line(f"inter_partition_gbps: {DEFAULT_INTER_PARTITION_GBPS}",
+            _line(f"inter_partition_gbytes_per_s: {DEFAULT_INTER_PARTITION_GBPS}",
                   "default, not measured: GB/s per direction between partitions")]
     if len(vendors) > 1:
         out += ["pipeline_comm:",
@@ -453,9 +453,9 @@ def _write(d: Discovery) -> str:
                              f"the node's CPUs / its {p.gpus_per_node} GPUs"))
         if p.max_time_min is not None and p.max_time_min < DEFAULT_TIME_LIMIT_MIN:
             out.append(_line(f"    time_limit_min: {p.max_time_min}", "the partition's MaxTime"))
-        out.append(_line(f"    inter_node_gbps: {DEFAULT_INTER_NODE_GBPS}",
+        out.append(_line(f"    inter_node_gbytes_per_s: {DEFAULT_INTER_NODE_GBPS}",
                          "default, not measured: GB/s per direction between nodes"))
-        out.append(f"    # intra_node_gbps: the {g.name} catalog figure ({g.link_gbps:g} GB/s per direction) "
+        out.append(f"    # intra_node_gbytes_per_s: the {g.name} catalog figure ({g.link_gbps:g} GB/s per direction) "
                    "until measured")
         if p.real_memory_mib > 1:
             out.append(f"    # host memory: RealMemory {p.real_memory_mib} MiB per node "
@@ -472,7 +472,7 @@ def _write(d: Discovery) -> str:
 def _gpu_type_lines(g: GpuType) -> list[str]:
     lines = [f"  {_q(g.name)}:", f"    vendor: {g.vendor}", f"    memory_gib: {g.memory_gib:g}",
              f"    peak_tflops_bf16: {g.peak_tflops_bf16:g}", f"    peak_tflops_fp32: {g.peak_tflops_fp32:g}",
-             f"    hbm_gbps: {g.hbm_gbps:g}", f"    link_gbps: {g.link_gbps:g}"]
+             f"    hbm_gbytes_per_s: {g.hbm_gbps:g}", f"    link_gbytes_per_s: {g.link_gbps:g}"]
     if g.source:
         lines.append(f"    source: {json.dumps(g.source)}")
     if g.aliases:

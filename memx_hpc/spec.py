@@ -21,6 +21,7 @@ import json
 import math
 import numbers
 import os
+import warnings
 import re
 import stat
 from dataclasses import dataclass, field, fields, replace
@@ -56,6 +57,22 @@ MAX_NAME_CHARS = 128
 MAX_DEVICE_MEMORY_GIB = 2.0**20       # 1 PiB per device
 MIN_DEVICE_MEMORY_GIB = 2.0**-10      # 1 MiB per device
 MAX_TFLOPS = 1e6
+
+#: File names of the bandwidth fields (GB/s) -> the names they had before. ``*_gbps`` reads
+#: as gigabits per second to anyone used to network figures ("200 Gb/s per node" is 25 GB/s),
+#: so files say ``gbytes_per_s``; the old names are still read, with a DeprecatedField warning.
+RENAMED_RATE_FIELDS = {
+    "hbm_gbytes_per_s": "hbm_gbps",
+    "link_gbytes_per_s": "link_gbps",
+    "intra_node_gbytes_per_s": "intra_node_gbps",
+    "inter_node_gbytes_per_s": "inter_node_gbps",
+    "inter_partition_gbytes_per_s": "inter_partition_gbps",
+    "gbytes_per_s": "gbps",
+}
+
+
+class DeprecatedField(UserWarning):
+    """A spec file uses a field name that is still read but no longer written."""
 #: below this a "usable fraction" is a misread unit (a percentage, GB for GiB), not a driver reserve
 MIN_USABLE_FRACTION = 0.5
 MAX_GBPS = 1e6                        # GB/s per direction
@@ -542,6 +559,26 @@ class _Reader:
             raise SpecError("expected a list", field=self._p(name), found=_short(v))
         return [_Reader(x, f"{self._p(name)}[{i}]") for i, x in enumerate(v)]
 
+    def rate(self, name: str, default: Any = ...) -> Any:
+        """A bandwidth in GB/s under its file name ``name`` (``*_gbytes_per_s``), or under the
+        name it had before (:data:`RENAMED_RATE_FIELDS`, ``*_gbps``, which reads as gigabits
+        to many): the old name is still read, with a :class:`DeprecatedField` warning."""
+        old = RENAMED_RATE_FIELDS[name]
+        if old in self.data and name in self.data:
+            raise SpecError(f"given twice, as {name!r} and under its old name {old!r}", field=self._p(name),
+                            allowed=f"{name} only")
+        key = old if (old in self.data and name not in self.data) else name
+        if key == old:
+            warnings.warn(f"{self._p(old)}: read as {name} (GB/s, gigabytes per second); the name {old!r} is "
+                          f"deprecated, write {name!r}", DeprecatedField, stacklevel=3)
+        v = self.float(key, default)
+        if v is not None:  # checked here, so that an error names the field as the file spells it
+            try:
+                _real(v, key, MIN_RATE, MAX_GBPS)
+            except SpecError as e:
+                raise e.within(self.path) from None
+        return v
+
     def finish(self, allowed: Iterable[str] | None = None) -> None:
         allowed = set(allowed) if allowed is not None else self.used
         for key in self.data:
@@ -659,8 +696,8 @@ class GpuType:
             memory_gib=r.float("memory_gib"),
             peak_tflops_bf16=r.float("peak_tflops_bf16"),
             peak_tflops_fp32=r.float("peak_tflops_fp32"),
-            hbm_gbps=r.float("hbm_gbps"),
-            link_gbps=r.float("link_gbps"),
+            hbm_gbps=r.rate("hbm_gbytes_per_s"),
+            link_gbps=r.rate("link_gbytes_per_s"),
             source=r.str("source", ""),
             aliases=r.str_list("aliases"),
             measured_at_profile_time=r.bool("measured_at_profile_time", False),
@@ -1637,10 +1674,12 @@ def transformer_impls(samples: Iterable[LayerSample]) -> dict[str, str]:
 # --------------------------------------------------------------------------- loading files
 
 
-SITE_KEYS = ("name", "partitions", "gpu_types", "links", "inter_partition_gbps", "scheduler", "slurm",
+SITE_KEYS = ("name", "partitions", "gpu_types", "links", "inter_partition_gbytes_per_s", "inter_partition_gbps",
+             "scheduler", "slurm",
              "store", "cache", "work_dir", "pipeline_comm", "memory_safety_margin", "megatron_version",
              "objective", "reference_data")
-PARTITION_KEYS = ("name", "gpu_type", "nodes", "gpus_per_node", "intra_node_gbps", "inter_node_gbps",
+PARTITION_KEYS = ("name", "gpu_type", "nodes", "gpus_per_node", "intra_node_gbytes_per_s", "inter_node_gbytes_per_s",
+                  "intra_node_gbps", "inter_node_gbps",
                   "gres_type", "account", "qos", "time_limit_min", "cpus_per_task", "mem_per_node_gib",
                   "setup", "env", "python", "container", "megatron_entry", "module_purge", "transformer_impl",
                   "stand_in_for")
@@ -1667,8 +1706,8 @@ def _partition_from(pr: _Reader) -> Partition:
         gpu_type=pr.str("gpu_type"),
         nodes=pr.int("nodes"),
         gpus_per_node=pr.int("gpus_per_node"),
-        intra_node_gbps=pr.float("intra_node_gbps", None),
-        inter_node_gbps=pr.float("inter_node_gbps", 25.0),
+        intra_node_gbps=pr.rate("intra_node_gbytes_per_s", None),
+        inter_node_gbps=pr.rate("inter_node_gbytes_per_s", 25.0),
         gres_type=pr.str("gres_type", None),
         account=pr.str("account", None),
         qos=pr.str("qos", None),
@@ -1717,8 +1756,8 @@ def site_from_mapping(data: Any, *, source_file: str | None = None) -> Site:
         pair = lr.str_list("between")
         if len(pair) != 2:
             raise SpecError("'between' names exactly two partitions", field=lr._p("between"), found=list(pair))
-        links.append(_build(Link, lr.path, a=pair[0], b=pair[1], gbps=lr.float("gbps")))
-        lr.finish(("between", "gbps"))
+        links.append(_build(Link, lr.path, a=pair[0], b=pair[1], gbps=lr.rate("gbytes_per_s")))
+        lr.finish(("between", "gbytes_per_s", "gbps"))
 
     pc = r.sub("pipeline_comm")
     if pc is not None:
@@ -1735,7 +1774,7 @@ def site_from_mapping(data: Any, *, source_file: str | None = None) -> Site:
     site = _build(
         Site, "",
         name=r.str("name"), partitions=tuple(parts), gpu_types=tuple(gpu_types), links=tuple(links),
-        inter_partition_gbps=r.float("inter_partition_gbps", 12.5),
+        inter_partition_gbps=r.rate("inter_partition_gbytes_per_s", 12.5),
         store_path=r.str("store", "memx-store.h5"),
         cache_path=r.str("cache", None),
         work_dir=r.str("work_dir", "memx-runs"),

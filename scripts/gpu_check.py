@@ -68,7 +68,7 @@ def _device(cpu: bool) -> dict:
     if cpu:
         return {"gpu_type": "cpu-check", "vendor": "cpu", "name": "cpu", "impl": "local",
                 "custom": {"vendor": "cpu", "memory_gib": 4.0, "peak_tflops_bf16": 0.05, "peak_tflops_fp32": 0.12,
-                           "hbm_gbps": 20, "link_gbps": 5, "measured_at_profile_time": True,
+                           "hbm_gbytes_per_s": 20, "link_gbytes_per_s": 5, "measured_at_profile_time": True,
                            "source": "this machine's CPU (gpu-check rehearsal)"}}
     if not torch.cuda.is_available():
         _fail("no CUDA/ROCm GPU is visible (torch.cuda.is_available() is false)")

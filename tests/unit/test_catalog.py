@@ -41,4 +41,4 @@ def test_usable_fraction_is_checked():
         dataclasses.replace(g, usable_fraction=99.0)  # a percentage, not a fraction
     with pytest.raises(SpecError, match="usable_fraction"):
         GpuType.from_mapping({"vendor": "nvidia", "memory_gib": 16, "peak_tflops_bf16": 1, "peak_tflops_fp32": 1,
-                              "hbm_gbps": 1, "link_gbps": 1, "usable_fraction": 0.1}, "gpu_types.X", name="X")
+                              "hbm_gbytes_per_s": 1, "link_gbytes_per_s": 1, "usable_fraction": 0.1}, "gpu_types.X", name="X")
