@@ -1014,18 +1014,16 @@ def verify(request: VerifyRequest) -> VerifyResult:
 def submit_best(outcome: PlanResult, *, iters: int | None, workdir: str | None) -> dict:
     """Render the best plan of a search, check it with ``bash -n``, submit it; the job id
     and where things are. SystemFailure when Slurm refuses or does not answer."""
-    from .slurm import render as rs
+    from .slurm.render import render
+    from .slurm.submit import launch
 
     best = outcome.ranked[0]
     out_dir = outcome.out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    script = out_dir / "plan-01.sbatch"
-    script.write_text(rs.render(best.plan, outcome.site, outcome.job, iters=iters, log_dir=str(out_dir),
-                                workdir=workdir, job_name=f"memx-{outcome.job.name}"), encoding="utf-8")
-    rs.check_syntax(script)
-    job_id = rs.submit(script)
-    outcome.files.append(str(script))
-    return {"job_id": job_id, "script": str(script), "log_dir": str(out_dir), "plan_rank": best.rank}
+    text = render(best.plan, outcome.site, outcome.job, iters=iters, log_dir=str(out_dir), workdir=workdir,
+                  job_name=f"memx-{outcome.job.name}")
+    done = launch(text, out_dir / "plan-01.sbatch", submit_job=True)
+    outcome.files.append(str(done.script))
+    return {"job_id": done.job_id, "script": str(done.script), "log_dir": str(out_dir), "plan_rank": best.rank}
 
 
 def scale_site(site: Site, gpus: int) -> Site:
@@ -1398,12 +1396,12 @@ def _shared_nodes(view, site: Site) -> list[tuple[str, str]]:
 
 def submit_finish(outcome: PlanResult) -> dict:
     """Submit the script of the plan that finishes first (``finish-01.sbatch``); the job id."""
-    from .slurm import render as rs
+    from .slurm.submit import check_syntax, submit
 
     best = outcome.finish.best if outcome.finish is not None else None
     if best is None or best.script is None:
         raise SystemFailure("--submit: no candidate plan has a start time from Slurm; nothing was submitted")
-    rs.check_syntax(best.script)
-    job_id = rs.submit(best.script)
+    check_syntax(best.script)
+    job_id = submit(best.script)
     return {"job_id": job_id, "script": str(best.script), "log_dir": str(best.script.parent),
             "plan_rank": best.scored.rank, "finish_rank": best.rank}

@@ -40,6 +40,11 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 ATTENTIONS = ("sdpa", "core")
 SCHEDULERS = ("auto", "slurm", "local")
 COMM_BACKENDS = ("nccl", "ucc")
+#: How a partition's ``container`` image is started: pyxis (``srun --container-image``) or
+#: apptainer (``apptainer exec IMAGE python``); one per site (memx_hpc/slurm/request.py).
+CONTAINER_RUNTIMES = ("pyxis", "apptainer")
+# sbatch --signal=[{R|B}:]SIG[@seconds]: a signal number or name, Slurm's lead time <= 65535 s
+_SLURM_SIGNAL = re.compile(r"(?:[RB]:)?(?:[0-9]{1,2}|(?:SIG)?[A-Z][A-Z0-9]{0,15})(?:@[0-9]{1,5})?")
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
 STAND_IN_VENDORS = ("nvidia", "amd", "intel")
 BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -179,6 +184,21 @@ def _str_pairs(value: Any, name: str) -> None:
         if any(ch in v for ch in ("\n", "\r", "\x00")):  # refused here, not first by render
             raise SpecError("must be a single line (no newline, carriage return or NUL): it goes into a "
                             "shell script", field=f"{name}.{k}", found=_short(v))
+
+
+def _optional_bool(value: Any, name: str) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise SpecError("expected true or false", field=name, found=_short(value))
+
+
+def _slurm_signal(value: Any, name: str) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not _SLURM_SIGNAL.fullmatch(value) or \
+            ("@" in value and int(value.rsplit("@", 1)[1]) > 65535):
+        raise SpecError("not a Slurm signal", field=name, found=_short(value),
+                        allowed="[R:|B:]SIGNAL[@seconds] as sbatch --signal takes it (USR1@120, B:TERM@60, 10), "
+                                "at most 65535 s")
 
 
 def _str_tuple(value: Any, name: str) -> None:
@@ -515,6 +535,8 @@ class _Reader:
 
     def bool(self, name: str, default: Any = ...) -> bool:
         v = self.raw(name, default)
+        if v is None and default is None:  # optional: absent means "not said"
+            return v
         if not isinstance(v, bool):
             raise SpecError("expected true or false", field=self._p(name), found=_short(v))
         return v
@@ -750,8 +772,9 @@ class Partition:
     account: str | None = None
     qos: str | None = None
     time_limit_min: int | None = None
+    exclusive: bool | None = None  # None: the site's slurm.exclusive
     cpus_per_task: int | None = None
-    mem_per_node_gib: float | None = None
+    mem_per_node_gib: float | None = None  # --mem in MiB, rounded up (memx_hpc/slurm/request.py)
     setup: tuple[str, ...] = ()  # shell lines run before launching (module load ...)
     env: tuple[tuple[str, str], ...] = ()
     python: str = "python3"
@@ -775,6 +798,7 @@ class Partition:
         for name in ("gres_type", "account", "qos"):
             _safe_name(getattr(self, name), name, optional=True)
         _whole(self.time_limit_min, "time_limit_min", 1, MAX_TIME_LIMIT_MIN, optional=True)
+        _optional_bool(self.exclusive, "exclusive")
         _whole(self.cpus_per_task, "cpus_per_task", 1, 1 << 16, optional=True)
         _real(self.mem_per_node_gib, "mem_per_node_gib", MIN_DEVICE_MEMORY_GIB, MAX_DEVICE_MEMORY_GIB,
               lo_open=True, optional=True)
@@ -829,6 +853,12 @@ class Site:
     account: str | None = None
     qos: str | None = None
     time_limit_min: int = 60
+    # what every job asks of Slurm (memx_hpc/slurm/request.py): whole nodes, a signal before
+    # the time limit, requeue after preemption or node failure (None: Slurm's default)
+    exclusive: bool = False
+    signal: str | None = None
+    requeue: bool | None = None
+    container_runtime: str | None = None  # pyxis | apptainer; needed once a partition names a container
     store_path: str = "memx-store.h5"
     cache_path: str | None = None
     work_dir: str = "memx-runs"
@@ -892,6 +922,16 @@ class Site:
         _safe_name(self.account, "slurm.account", optional=True)
         _safe_name(self.qos, "slurm.qos", optional=True)
         _whole(self.time_limit_min, "slurm.time_limit_min", 1, MAX_TIME_LIMIT_MIN)
+        if not isinstance(self.exclusive, bool):
+            raise SpecError("expected true or false", field="slurm.exclusive", found=_short(self.exclusive))
+        _slurm_signal(self.signal, "slurm.signal")
+        _optional_bool(self.requeue, "slurm.requeue")
+        if self.container_runtime is not None:
+            _choice(self.container_runtime, "slurm.container_runtime", CONTAINER_RUNTIMES)
+        with_image = [i for i, p in enumerate(self.partitions) if p.container is not None]
+        if with_image and self.container_runtime is None:
+            raise SpecError(f"partitions[{with_image[0]}].container names an image: say which runtime starts it",
+                            field="slurm.container_runtime", found=None, allowed=", ".join(CONTAINER_RUNTIMES))
         _text(self.store_path, "store")
         _text(self.cache_path, "cache", optional=True)
         _text(self.work_dir, "work_dir")
@@ -1680,7 +1720,7 @@ SITE_KEYS = ("name", "partitions", "gpu_types", "links", "inter_partition_gbytes
              "objective", "reference_data")
 PARTITION_KEYS = ("name", "gpu_type", "nodes", "gpus_per_node", "intra_node_gbytes_per_s", "inter_node_gbytes_per_s",
                   "intra_node_gbps", "inter_node_gbps",
-                  "gres_type", "account", "qos", "time_limit_min", "cpus_per_task", "mem_per_node_gib",
+                  "gres_type", "account", "qos", "time_limit_min", "exclusive", "cpus_per_task", "mem_per_node_gib",
                   "setup", "env", "python", "container", "megatron_entry", "module_purge", "transformer_impl",
                   "stand_in_for")
 
@@ -1712,6 +1752,7 @@ def _partition_from(pr: _Reader) -> Partition:
         account=pr.str("account", None),
         qos=pr.str("qos", None),
         time_limit_min=pr.int("time_limit_min", None),
+        exclusive=pr.bool("exclusive", None),
         cpus_per_task=pr.int("cpus_per_task", None),
         mem_per_node_gib=pr.float("mem_per_node_gib", None),
         setup=pr.str_list("setup"),
@@ -1743,8 +1784,12 @@ def site_from_mapping(data: Any, *, source_file: str | None = None) -> Site:
     kw: dict[str, Any] = {}
     if slurm is not None:
         kw.update(scheduler=slurm.str("scheduler", "auto"), account=slurm.str("account", None),
-                  qos=slurm.str("qos", None), time_limit_min=slurm.int("time_limit_min", 60))
-        slurm.finish(("scheduler", "account", "qos", "time_limit_min"))
+                  qos=slurm.str("qos", None), time_limit_min=slurm.int("time_limit_min", 60),
+                  exclusive=slurm.bool("exclusive", False), signal=slurm.str("signal", None),
+                  requeue=slurm.bool("requeue", None),
+                  container_runtime=slurm.str("container_runtime", None, choices=CONTAINER_RUNTIMES))
+        slurm.finish(("scheduler", "account", "qos", "time_limit_min", "exclusive", "signal", "requeue",
+                      "container_runtime"))
 
     items = r.items("partitions", required=True)
     if len(items) > MAX_PARTITIONS:

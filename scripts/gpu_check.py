@@ -145,15 +145,15 @@ def main(argv: list[str] | None = None) -> int:
                                 "--json", out=out / "predict.json"))
 
     from memx_hpc.planfile import load_plan
-    from memx_hpc.slurm import render as rs
+    from memx_hpc.slurm.render import render
+    from memx_hpc.slurm.submit import write_script
     from memx_hpc.spec import load_job, load_site
     from memx_hpc.train.logs import parse_log
 
     plan, site, tj = load_plan(plan_file), load_site(site_file), load_job(job_file)
     iters = a.iters or tj.train_iters
-    script = out / "train.sbatch"
-    script.write_text(rs.render(plan, site, tj, iters=iters, log_dir=str(out), workdir=str(ROOT), job_name="gpu-check"))
-    rs.check_syntax(script)
+    script = write_script(out / "train.sbatch", render(plan, site, tj, iters=iters, log_dir=str(out),
+                                                        workdir=str(ROOT), job_name="gpu-check"))
     _say(f"training {iters} iterations of {plan.tp}x{plan.dp}x{plan.pp} (tp x dp x pp), micro-batch "
          f"{plan.micro_batch_size}, recompute {plan.stages[0].recompute.label()}, through {script.name}")
     from memx_hpc.slurm.standin import write_standins

@@ -58,9 +58,10 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import SpecError, SystemFailure
+    from ..errors import SpecError
     from ..planfile import check_belongs, load_plan_with_origin
     from ..slurm import render as r
+    from ..slurm.submit import launch
     from ..spec import GeneralPlan, load_job, load_site
 
     site = load_site(args.site)
@@ -79,34 +80,16 @@ def run(args: argparse.Namespace) -> int:
                          workdir=args.chdir)
     script = r.render_request(request)
     if args.out == "-":
-        return _to_stdout(args, r, script, request)
+        return _to_stdout(args, script, request)
     out = Path(args.out) if args.out else Path(args.plan).with_suffix(".sbatch")
     if out.exists() and out.resolve() == Path(args.plan).resolve():
         # the default is the plan's name with .sbatch: for a plan file named *.sbatch that
         # is the plan itself, which the script would replace
         raise SpecError("the script would replace the plan file it is rendered from; name another file",
                         field="--out", found=str(out))
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(script, encoding="utf-8")
-    except OSError as e:
-        raise SystemFailure(f"{out}: cannot write the script: {e.strerror or e}") from None
-    r.check_syntax(out)
-    for d in r.output_dirs(out):  # the job's log folder: Slurm does not create it
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise SystemFailure(f"{d}: cannot create the job's log folder: {e.strerror or e}") from None
-
-    verdict = None
-    if not args.no_test_only:
-        from ..slurm.local_cluster import slurm_available
-
-        if slurm_available(timeout=5.0):
-            verdict = r.test_only(out)
-    job_id = None
-    if args.submit and (verdict is None or verdict.accepted):
-        job_id = r.submit(out)
+    # written, checked with bash -n, its log folder made (Slurm does not), asked, submitted
+    done = launch(script, out, test_only_when="never" if args.no_test_only else "auto", submit_job=args.submit)
+    verdict, job_id = done.test_only, done.job_id
 
     if args.json:
         emit_json({
@@ -140,13 +123,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _to_stdout(args: argparse.Namespace, r, script: str, request) -> int:
+def _to_stdout(args: argparse.Namespace, script: str, request) -> int:
     """``--out -``: the script on stdout, checked (bash -n, sbatch --test-only) through a
     temporary copy; what was checked goes to stderr so that stdout is the script alone."""
     import sys
     import tempfile
 
     from ..errors import SpecError
+    from ..slurm.submit import launch
 
     if args.submit:
         raise SpecError("--submit needs the script in a file Slurm can read", field="--out", found="-",
@@ -155,14 +139,8 @@ def _to_stdout(args: argparse.Namespace, r, script: str, request) -> int:
         raise SpecError("--json prints the report on stdout, where '--out -' prints the script", field="--out",
                         found="-", allowed="a file name with --json")
     with tempfile.TemporaryDirectory(prefix="memx-render-") as tmp:
-        path = Path(tmp) / "train.sbatch"
-        path.write_text(script, encoding="utf-8")
-        r.check_syntax(path)
-        verdict = None
-        if not args.no_test_only:
-            from ..slurm.local_cluster import slurm_available
-            if slurm_available(timeout=5.0):
-                verdict = r.test_only(path)
+        verdict = launch(script, Path(tmp) / "train.sbatch",
+                         test_only_when="never" if args.no_test_only else "auto").test_only
     sys.stdout.write(script)
     sys.stdout.flush()
     print(f"rendered {len(request.components)} hetjob component(s), {request.world_size} rank(s); bash -n: ok",

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,9 +22,9 @@ from typing import Any, Sequence
 
 from ..errors import SpecError, SystemFailure
 from ..profile.comm import COMM_SIZES_BYTES, CommJob, comm_jobs, write_comm_curves
-from ..shellsafe import setup_commands
 from .dispatch import resolve_python
-from .render import submit, wait
+from .request import SlurmRequest
+from .submit import cancel, submit, wait
 
 __all__ = ["CommReport", "render_comm_script", "profile_comm", "main"]
 
@@ -37,39 +36,26 @@ def render_comm_script(job: CommJob, site: Any, *, task_file: Path, out_file: Pa
     """The sbatch script of ``job``: a hetjob for ``cross`` (one component per partition),
     a plain job otherwise. Every value that reaches the shell is quoted."""
     q = shlex.quote
+    requests = [SlurmRequest.of(site, name, nodes=job.nodes[k], tasks_per_node=job.tasks_per_node[k], job_wide=k == 0,
+                                **({"job_name": f"memx-comm-{job.name}",
+                                    "output": str(log_dir / f"comm-{job.name}-%j.out")} if k == 0 else {}))
+                for k, name in enumerate(job.partitions)]
     lines = ["#!/bin/bash"]
-    for k, part_name in enumerate(job.partitions):
-        part = site.partition(part_name)
-        if k:
-            lines.append("#SBATCH hetjob")
-        opts = [f"--partition={part.name}", f"--nodes={job.nodes[k]}", f"--ntasks-per-node={job.tasks_per_node[k]}",
-                f"--time={part.time_limit_min or site.time_limit_min}"]
-        if k == 0:
-            opts += [f"--job-name=memx-comm-{job.name}", f"--output={log_dir / ('comm-' + job.name + '-%j.out')}"]
-        gpu = site.gpu(part.gpu_type)
-        if part.gres_type:
-            opts.append(f"--gres=gpu:{part.gres_type}:{job.tasks_per_node[k]}")
-        elif gpu.vendor != "cpu":
-            opts.append(f"--gpus-per-node={job.tasks_per_node[k]}")
-        if part.cpus_per_task:
-            opts.append(f"--cpus-per-task={part.cpus_per_task}")
-        for key, val in (("account", part.account or site.account), ("qos", part.qos or site.qos)):
-            if val:
-                opts.append(f"--{key}={val}")
-        lines += [f"#SBATCH {q(o)}" for o in opts]
+    for k, req in enumerate(requests):
+        lines += (["#SBATCH hetjob"] if k else []) + req.sbatch_lines()
     # one step over all components (``srun A : B``: ranks contiguous across them), each
     # component with its own partition's setup lines, environment and Python
     root = Path(__file__).resolve().parents[2]
     cmds = []
-    for part_name in job.partitions:
-        part = site.partition(part_name)
+    for name, req in zip(job.partitions, requests):
         # each setup line through ``eval`` and one command per line, so a setup line ending in a
         # comment (or any other checked line) cannot swallow the commands after it
-        body = setup_commands(part.setup) + [f"export {k}={q(v)}" for k, v in part.env]
-        body.append(f"export PYTHONPATH={q(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}")
-        body.append(f"exec {q(resolve_python(site, part))} -m memx_hpc.profile.comm worker --task {q(str(task_file))} "
-                    f"--out {q(str(out_file))}")
-        cmds.append(f"bash -c {q(chr(10).join(body))}")
+        body = list(req.setup) + [f"export PYTHONPATH={q(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+        python = req.launcher(resolve_python(site, site.partition(name)))
+        body.append(f"exec {' '.join(q(w) for w in python)} -m memx_hpc.profile.comm worker "
+                    f"--task {q(str(task_file))} --out {q(str(out_file))}")
+        opts = " ".join(o.word() for o in req.srun_options())
+        cmds.append(f"{opts} bash -c {q(chr(10).join(body))}")
     lines.append("srun " + " : ".join(cmds))
     return "\n".join(lines) + "\n"
 
@@ -113,7 +99,7 @@ def profile_comm(site: Any, store_path: Path, work_dir: Path, *, sizes_bytes: Se
         try:
             outcome = wait(job_id, timeout_s=max(deadline - time.monotonic(), 1.0), poll_s=0.5)
         except SystemFailure:
-            subprocess.run(["scancel", job_id], capture_output=True, check=False, stdin=subprocess.DEVNULL)
+            cancel(job_id)
             report.failures.append(f"{job.name}: job {job_id} did not finish within {timeout_s:.0f} s (cancelled)")
             continue
         if outcome.state not in ("COMPLETED", "UNKNOWN"):

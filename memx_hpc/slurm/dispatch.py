@@ -8,11 +8,11 @@ into tasks (one GPU type, a few points, the ranks they need), and submits them:
   else local. Never ``AutoExecutor`` (it picks Slurm wherever ``sbatch`` exists).
   Executors are built at the edge, one per submission, so that one partition's
   parameters never leak into another's (``update_parameters`` keeps earlier ones).
-* **Requests.** One ``map_array`` per (partition, ranks, nodes): partition, a typed GPU
-  request (``--gres=gpu:TYPE:N`` from ``gres_type``; untyped ``--gpus-per-node=N``
-  otherwise, none for ``cpu`` devices without a GRES type), account / QoS / time limit
-  from the partition or the site, the partition's Python, setup lines, environment
-  and container. Multi-rank points (TP > 1, collectives) run as multi-task jobs.
+* **Requests.** One ``map_array`` per (partition, ranks, nodes), asking Slurm for what
+  :class:`~memx_hpc.slurm.request.SlurmRequest` makes of the site, the partition and the
+  task's size (GPUs, memory, account, QoS, time, container, setup and environment), the
+  same request a rendered script's ``#SBATCH`` lines come from. Multi-rank points (TP > 1,
+  collectives) run as multi-task jobs.
 * **Failures.** A task that raises, times out, is cancelled or preempted, or whose node
   fails is resubmitted up to ``max_retries`` times with each reason kept; a point that
   raises inside a task is retried alone. Out of memory is a result (the runner stores
@@ -34,7 +34,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -49,8 +48,8 @@ from ..profile.points import estimate_seconds, full_grid, grid_axes, layer_point
 from ..profile.runner import ProfileTask, RunSettings, TaskResult, world_size_of
 from ..profile.store import ProfileStore
 from ..spec import LayerSample, Partition, ProfilePoint, Site, TrainJob, find_relative_to_site, load_json
-from ..shellsafe import check_partition, check_path, setup_commands
 from .render import transformer_impl_of
+from .request import SlurmRequest
 
 __all__ = ["ProfileReport", "Failure", "GpuTypePlan", "PlannedTask", "profile", "plan_tasks", "choose_scheduler",
            "resolve_python", "LEDGER_VERSION"]
@@ -239,54 +238,13 @@ def choose_scheduler(site: Site, *, timeout_s: float = 5.0) -> str:
 def resolve_python(site: Site, partition: Partition) -> str:
     """The partition's Python: absolute as given; a bare name from PATH on the node; a
     relative path from the site file's folder or the folders above it (a repository's
-    ``.venv/bin/python`` named in ``site_configs/local.yaml``), else as given. A path only
-    (memx_hpc.shellsafe): no shell words, no variables."""
-    py = check_path(partition.python, f"partitions[{[q.name for q in site.partitions].index(partition.name)}].python")
+    ``.venv/bin/python`` named in ``site_configs/local.yaml``), else as given. The partition
+    checked it is a path (memx_hpc.shellsafe): no shell words, no variables."""
+    py = partition.python
     if os.path.isabs(py) or "/" not in py:
         return py
     found = find_relative_to_site(py, site.source_file)  # the rule the site loader checks
     return str(found) if found is not None else py
-
-
-def _slurm_params(site: Site, part: Partition, task: PlannedTask) -> dict[str, Any]:
-    per_node = task.world_size // task.nodes
-    params: dict[str, Any] = {
-        "partition": part.name, "time": part.time_limit_min or site.time_limit_min, "nodes": task.nodes,
-        "ntasks_per_node": per_node, "job_name": f"memx-profile-{task.gpu_type}",
-    }
-    gpu = site.gpu(part.gpu_type)
-    if part.gres_type:
-        params["gres"] = f"gpu:{part.gres_type}:{per_node}"
-    elif gpu.vendor != "cpu":
-        params["gpus_per_node"] = per_node
-    if part.cpus_per_task:
-        params["cpus_per_task"] = part.cpus_per_task
-    if part.mem_per_node_gib:
-        params["mem"] = f"{int(part.mem_per_node_gib)}G"
-    if part.account or site.account:
-        params["account"] = part.account or site.account
-    if part.qos or site.qos:
-        params["qos"] = part.qos or site.qos
-    setup = _setup_lines(site, part)
-    if setup:
-        params["setup"] = setup
-    if part.container:  # a checked path; submitit quotes srun arguments
-        params["srun_args"] = [f"--container-image={part.container}"]
-    return params
-
-
-def _setup_lines(site: Site, part: Partition) -> list[str]:
-    """The partition's setup lines and environment for submitit's sbatch file: each setup line
-    checked (memx_hpc.shellsafe) and run by a quoted ``eval``, each value quoted."""
-    field = f"partitions[{[q.name for q in site.partitions].index(part.name)}]"
-    check_partition(part, field)
-    lines = (["module purge"] if part.module_purge else []) + list(part.setup)
-    for k, v in part.env:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
-            raise SpecError("environment variable names are letters, digits and _", field=f"{field}.env", found=k)
-        if any(c in v for c in "\n\r\x00"):
-            raise SpecError("must be a single line", field=f"{field}.env.{k}", found=v)
-    return setup_commands(lines) + [f"export {k}={shlex.quote(v)}" for k, v in part.env]
 
 
 def _make_executor(kind: str, folder: Path, python: str) -> Any:
@@ -302,15 +260,12 @@ def _make_executor(kind: str, folder: Path, python: str) -> Any:
 
 def _submit(kind: str, site: Site, folder: Path, tasks: list[PlannedTask], run_tasks: list[ProfileTask]) -> list[Any]:
     """Submit tasks of one (partition, ranks, nodes) shape as one job array."""
-    part = site.partition(tasks[0].partition)
-    # submitit writes its ``python`` verbatim into a shell command line: quote the checked path
-    ex = _make_executor(kind, folder, shlex.quote(resolve_python(site, part)))
-    if kind == "slurm":
-        ex.update_parameters(**_slurm_params(site, part, tasks[0]))
-    else:
-        setup = _setup_lines(site, part)
-        ex.update_parameters(timeout_min=part.time_limit_min or site.time_limit_min,
-                             tasks_per_node=tasks[0].world_size, **({"setup": setup} if setup else {}))
+    t = tasks[0]
+    part = site.partition(t.partition)
+    request = SlurmRequest.of(site, part, nodes=t.nodes, tasks_per_node=t.world_size // t.nodes,
+                              job_name=f"memx-profile-{t.gpu_type}")
+    ex = _make_executor(kind, folder, request.submitit_python(resolve_python(site, part)))
+    ex.update_parameters(**(request.submitit_parameters() if kind == "slurm" else request.local_parameters()))
     try:
         return list(ex.map_array(_run_task_entry, run_tasks))
     except Exception as e:  # noqa: BLE001 - sbatch refusal, missing partition, ...

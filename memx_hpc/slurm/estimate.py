@@ -56,7 +56,7 @@ def parse_test_only(message: str, *, accepted: bool = True) -> StartEstimate:
 def estimate_start(script_path: str | Path, *, timeout_s: float = 30.0) -> StartEstimate:
     """Ask Slurm when it would start the script (nothing is submitted). SystemFailure when
     sbatch is missing or does not answer."""
-    from .render import test_only
+    from .submit import test_only
 
     verdict = test_only(script_path, timeout_s=timeout_s)
     return parse_test_only(verdict.message, accepted=verdict.accepted)

@@ -88,20 +88,17 @@ def measure_plan(plan: Plan, site: Site, job: TrainJob, *, iters: int, log_dir: 
                  prediction: dict | None = None, job_name: str | None = None) -> E2ERecord:
     """Render, submit and wait for one short run of ``plan``; parse its log into a record.
     Raises SystemFailure when the job fails or logs fewer iterations than asked."""
-    from ..slurm import render as rs
+    from ..slurm.render import render
+    from ..slurm.submit import launch, wait
     from .logs import MB, parse_log
 
     key = plan_key(plan, site, job, iters)
     name = job_name or f"memx-verify-{key[:8]}"
     log_dir = Path(log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    script = log_dir / f"{name}.sbatch"
     # short measured runs train on mock data even when the job names real data
-    script.write_text(rs.render(plan, site, job, iters=iters, log_dir=str(log_dir), workdir=workdir,
-                                job_name=name, mock_data=True), encoding="utf-8")
-    rs.check_syntax(script)
-    job_id = rs.submit(script)
-    outcome = rs.wait(job_id, timeout_s=timeout_s)
+    text = render(plan, site, job, iters=iters, log_dir=str(log_dir), workdir=workdir, job_name=name, mock_data=True)
+    job_id = str(launch(text, log_dir / f"{name}.sbatch", submit_job=True).job_id)
+    outcome = wait(job_id, timeout_s=timeout_s)
     log_file = log_dir / f"{name}-{job_id}.out"
     text = log_file.read_text(encoding="utf-8", errors="replace") if log_file.exists() else ""
     if not outcome.ok and outcome.state != "UNKNOWN":

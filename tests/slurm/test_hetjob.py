@@ -14,6 +14,7 @@ import pytest
 
 from memx_hpc.planfile import load_plan
 from memx_hpc.slurm import render as rs
+from memx_hpc.slurm.submit import launch, wait
 from memx_hpc.spec import load_job, load_site
 from memx_hpc.train.logs import parse_log
 
@@ -29,12 +30,10 @@ def test_two_partition_pipeline_trains_as_a_hetjob(tmp_path: Path) -> None:
     site = load_site(ROOT / "site_configs" / "local.yaml")
     job = load_job(ROOT / "jobs" / "tiny-gpt.yaml")
     # the local site names its python relative to the repository: run the job from there
-    script = tmp_path / "job.sbatch"
-    script.write_text(rs.render(plan, site, job, iters=ITERS, log_dir=str(tmp_path), workdir=str(ROOT),
-                                job_name="memx-hetjob-test"))
-    rs.check_syntax(script)
-    job_id = rs.submit(script)
-    outcome = rs.wait(job_id, timeout_s=TIMEOUT_S)
+    text = rs.render(plan, site, job, iters=ITERS, log_dir=str(tmp_path), workdir=str(ROOT),
+                     job_name="memx-hetjob-test")
+    job_id = str(launch(text, tmp_path / "job.sbatch", submit_job=True).job_id)
+    outcome = wait(job_id, timeout_s=TIMEOUT_S)
     log_file = tmp_path / f"memx-hetjob-test-{job_id}.out"
     text = log_file.read_text() if log_file.exists() else "(no log)"
     assert outcome.ok, f"job {job_id} ended {outcome.state} {outcome.components}:\n{text[-4000:]}"
@@ -85,11 +84,10 @@ def test_preflight_stops_a_component_and_names_its_partition(tmp_path: Path) -> 
     site = load_site(ROOT / "site_configs" / "local.yaml")
     parts = tuple(dataclasses.replace(p, megatron_entry="no/such/pretrain_gpt.py") for p in site.partitions)
     site = dataclasses.replace(site, partitions=parts)
-    script = tmp_path / "job.sbatch"
-    script.write_text(rs.render(plan, site, load_job(ROOT / "jobs" / "tiny-gpt.yaml"), iters=1,
-                                log_dir=str(tmp_path), workdir=str(ROOT), job_name="memx-preflight-test"))
-    job_id = rs.submit(script)
-    outcome = rs.wait(job_id, timeout_s=TIMEOUT_S)
+    text = rs.render(plan, site, load_job(ROOT / "jobs" / "tiny-gpt.yaml"), iters=1, log_dir=str(tmp_path),
+                     workdir=str(ROOT), job_name="memx-preflight-test")
+    job_id = str(launch(text, tmp_path / "job.sbatch", submit_job=True).job_id)
+    outcome = wait(job_id, timeout_s=TIMEOUT_S)
     text = (tmp_path / f"memx-preflight-test-{job_id}.out").read_text()
     assert not outcome.ok
     assert "memx-hpc preflight: partition nvidia_v100: the training entry no/such/pretrain_gpt.py is not a file" \

@@ -15,7 +15,7 @@ import pytest
 
 from memx_hpc.cli.main import main
 from memx_hpc.planfile import load_plan
-from memx_hpc.slurm import render as rs
+from memx_hpc.slurm import submit
 from memx_hpc.slurm.render import render
 from memx_hpc.spec import Plan, Stage, load_job, load_site
 
@@ -31,7 +31,7 @@ JOB = ROOT / "jobs" / "tiny-gpt.yaml"
 def test_local_scripts_pass_test_only(plan_file: Path, tmp_path: Path) -> None:
     script = tmp_path / "job.sbatch"
     script.write_text(render(load_plan(plan_file), load_site(LOCAL), load_job(JOB), log_dir=str(tmp_path)))
-    verdict = rs.test_only(script)
+    verdict = submit.test_only(script)
     assert verdict.accepted, verdict.message
     assert "to start at" in verdict.message
 
@@ -41,7 +41,7 @@ def test_quoted_paths_with_spaces_pass_test_only(tmp_path: Path) -> None:
     site = dataclasses.replace(site, work_dir=str(tmp_path / "a dir; with $(odd) chars"))
     script = tmp_path / "job.sbatch"
     script.write_text(render(load_plan(PLANS[0]), site, load_job(JOB)))
-    verdict = rs.test_only(script)
+    verdict = submit.test_only(script)
     assert verdict.accepted, verdict.message
 
 
@@ -70,3 +70,18 @@ def test_more_nodes_than_the_cluster_has_is_rejected_by_slurm(tmp_path: Path, ca
                "--log-dir", str(tmp_path), "--json"])
     verdict = json.loads(capsys.readouterr().out)["test_only"]
     assert rc == 1 and verdict["accepted"] is False and verdict["message"]
+
+
+def test_the_sites_slurm_options_pass_test_only(tmp_path: Path) -> None:
+    """What a SlurmRequest writes, Slurm takes: memory in MiB (half a GiB: --mem=512M, not
+    --mem=0), whole nodes, a signal before the time limit, no requeue."""
+    site = load_site(LOCAL)
+    parts = list(site.partitions)
+    parts[0] = dataclasses.replace(parts[0], mem_per_node_gib=0.5)
+    site = dataclasses.replace(site, partitions=tuple(parts), exclusive=True, signal="B:USR1@60", requeue=False)
+    text = render(load_plan(PLANS[0]), site, load_job(JOB), log_dir=str(tmp_path))
+    for line in ("#SBATCH --mem=512M", "#SBATCH --exclusive", "#SBATCH --signal=B:USR1@60", "#SBATCH --no-requeue"):
+        assert line in text.splitlines(), line
+    done = submit.launch(text, tmp_path / "job.sbatch", test_only_when="always")
+    assert done.test_only is not None and done.test_only.accepted, done.test_only
+    assert done.job_id is None  # asked, not submitted

@@ -17,6 +17,7 @@ import pytest
 
 from memx_hpc.planfile import load_plan
 from memx_hpc.slurm import render as rs
+from memx_hpc.slurm import submit as sb
 from memx_hpc.spec import job_from_mapping, load_site
 from memx_hpc.train.logs import parse_log
 from memx_hpc.train.prepare import prepare
@@ -56,15 +57,13 @@ def _job(prefix: str, tok_dir: Path, ckpt: Path, iters: int):
 def _script(tmp: Path, plan_name: str, job, tag: str) -> Path:
     plan = load_plan(ROOT / "tests" / "golden" / "plans" / f"{plan_name}.json")
     site = load_site(ROOT / "site_configs" / "local.yaml")
-    script = tmp / f"{tag}.sbatch"
-    script.write_text(rs.render(plan, site, job, log_dir=str(tmp), workdir=str(ROOT), job_name=f"memx-{tag}"))
-    rs.check_syntax(script)
-    return script
+    return sb.write_script(tmp / f"{tag}.sbatch",
+                           rs.render(plan, site, job, log_dir=str(tmp), workdir=str(ROOT), job_name=f"memx-{tag}"))
 
 
 def _run(script: Path, tmp: Path, tag: str) -> str:
-    job_id = rs.submit(script)
-    outcome = rs.wait(job_id, timeout_s=TIMEOUT_S)
+    job_id = sb.submit(script)
+    outcome = sb.wait(job_id, timeout_s=TIMEOUT_S)
     text = (tmp / f"memx-{tag}-{job_id}.out").read_text()
     assert outcome.ok, f"job {job_id} ended {outcome.state}:\n{text[-4000:]}"
     return text
@@ -86,20 +85,20 @@ def test_killed_run_resumes_with_the_same_losses_then_goes_on_under_another_plan
     # interrupted: killed once iteration 3 is done (checkpoint of iteration 2 written)
     ck = tmp_path / "ck"
     script = _script(tmp_path, "local-pp2-a100-mi250", _job(prefix, tok_dir, ck, ITERS), "cut")
-    job_id = rs.submit(script)
+    job_id = sb.submit(script)
     log = tmp_path / f"memx-cut-{job_id}.out"
     deadline = time.monotonic() + TIMEOUT_S
     while time.monotonic() < deadline:
         text = log.read_text() if log.exists() else ""
         if 3 in _losses(text):
             break
-        assert not rs.job_states(job_id) or any(s in ("RUNNING", "PENDING") for _, s in rs.job_states(job_id)), \
+        assert not sb.job_states(job_id) or any(s in ("RUNNING", "PENDING") for _, s in sb.job_states(job_id)), \
             text[-3000:]
         time.sleep(0.5)
     else:
         pytest.fail(f"job {job_id} did not reach iteration 3:\n{log.read_text()[-3000:] if log.exists() else ''}")
     subprocess.run(["scancel", job_id], check=True, timeout=30)
-    outcome = rs.wait(job_id, timeout_s=120)
+    outcome = sb.wait(job_id, timeout_s=120)
     assert outcome.state != "COMPLETED"
     first = _losses(log.read_text())
     assert ITERS not in first  # it really stopped mid-run

@@ -41,7 +41,9 @@ def test_scripts_are_valid_bash_and_a_hetjob_for_a_pair(tmp_path):
                                log_dir=tmp_path)
     assert cross.count("#SBATCH hetjob") == 1
     assert "#SBATCH --partition=a" in cross and "#SBATCH --partition=m" in cross
-    assert " : bash -c " in cross and "--gres=gpu:a100:1" in cross and "--gpus-per-node=1" in cross
+    # the MI250X partition has no GRES type: untyped --gres=gpu:N, as for every other job
+    assert " : --nodes=1 --ntasks-per-node=1 bash -c " in cross
+    assert "#SBATCH --gres=gpu:a100:1\n" in cross and "#SBATCH --gres=gpu:1\n" in cross
     assert "module load rocm" in cross  # each component runs its own partition's setup
     assert "echo pwned" in cross and "export X=a;" not in cross  # the hostile value is quoted, not run
     intra = render_comm_script(jobs["intra-a"], site, task_file=tmp_path / "t.json", out_file=tmp_path / "o.json",
@@ -66,6 +68,7 @@ def test_a_setup_line_ending_in_a_comment_does_not_swallow_the_worker(tmp_path):
                               log_dir=tmp_path)
     assert text.count("\nsrun ") == 1, text
     argv = shlex.split(text[text.index("\nsrun ") + 1:])[1:]  # the step's command may span lines
+    argv = argv[argv.index("bash"):]  # after the step's own options
     assert argv[:2] == ["bash", "-c"]
     run = subprocess.run(argv[:3], capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, run.stderr

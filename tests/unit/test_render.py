@@ -327,23 +327,11 @@ def test_hostile_env_values_arrive_verbatim_or_are_refused(raw: str, tmp_path: P
         assert got["env"]["MASTER_PORT"] == str(20000 + 4242 % 20000)
 
 
-def _forged(obj, **changes):
-    """A copy of a frozen spec with ``changes`` set without its own checks (what a bug or a
-    hand-built object could hand to render or the profiler)."""
-    import copy
-
-    out = copy.copy(obj)
-    for k, v in changes.items():
-        object.__setattr__(out, k, v)
-    return out
-
-
 @pytest.mark.parametrize("raw", HOSTILE + [NEWLINE, "-c touch {marker}", "~/x $HOME/y"])
 def test_hostile_launcher_paths_are_refused_everywhere(raw: str, tmp_path: Path) -> None:
-    """python, container and megatron_entry are paths: the site loader (what validate runs),
-    render and the profiler refuse a value that is not, naming the field; nothing runs."""
-    from memx_hpc.slurm.dispatch import resolve_python
-
+    """python, container and megatron_entry are paths: the site loader (what validate runs)
+    and every way of building a partition refuse a value that is not, naming the field;
+    render and the profiler take only built partitions, so they see none of these."""
     marker = tmp_path / "pwned"
     value = raw.format(marker=marker)
     for key in ("python", "megatron_entry", "container"):
@@ -354,15 +342,6 @@ def test_hostile_launcher_paths_are_refused_everywhere(raw: str, tmp_path: Path)
         with pytest.raises(SpecError) as e:  # replace() runs the same checks
             dataclasses.replace(site.partitions[0], **{key: value})
         assert e.value.field == key
-        parts = list(site.partitions)
-        parts[0] = _forged(parts[0], **{key: value})  # past every check a spec makes of itself
-        site = _forged(site, partitions=tuple(parts))
-        with pytest.raises(SpecError) as e:
-            render(PLAN2, site, load_job(ROOT / "jobs" / "tiny-gpt.yaml"))
-        assert e.value.field == f"partitions[0].{key}"
-        if key == "python":
-            with pytest.raises(SpecError):
-                resolve_python(site, parts[0])
     assert not marker.exists()
 
 

@@ -319,16 +319,16 @@ def test_gpu_points_record_allocator_reserved_and_driver_memory(tmp_path):
                                        ("container", "img.sif --bind /:/x; touch {marker}"),
                                        ("setup", ["}}; touch {marker}; f() {{"]),
                                        ("setup", [":; }}; touch {marker}; f() {{ :"])])
-def test_hostile_partition_values_reach_no_shell_when_profiling(tmp_path, key, value):
-    """Profiling refuses what the site loader refuses, even for a partition object that
-    skipped its own checks; nothing is submitted and nothing runs."""
+def test_hostile_partition_values_are_refused_before_profiling(tmp_path, key, value):
+    """The site loader and every way of building a partition refuse what would reach a shell
+    on the nodes; the profiler takes only built partitions (memx_hpc/slurm/request.py writes
+    their values quoted), so nothing is submitted and nothing runs."""
     import copy
+    import dataclasses
 
     from memx_hpc.errors import SpecError
-    from memx_hpc.profile.store import ProfileStore
     from memx_hpc.shellsafe import setup_commands
-    from memx_hpc.slurm.dispatch import profile
-    from memx_hpc.spec import job_from_mapping, site_from_mapping
+    from memx_hpc.spec import site_from_mapping
 
     marker = tmp_path / "pwned"
     value = [v.format(marker=marker) for v in value] if isinstance(value, list) else value.format(marker=marker)
@@ -341,15 +341,9 @@ def test_hostile_partition_values_reach_no_shell_when_profiling(tmp_path, key, v
         site_from_mapping(bad)
     assert e.value.field.startswith(f"partitions[0].{key}")
     site = site_from_mapping(doc)
-    part = copy.copy(site.partitions[0])
-    object.__setattr__(part, key, tuple(value) if isinstance(value, list) else value)  # a forged object
-    object.__setattr__(site, "partitions", (part,))
-    job = job_from_mapping({"model": {"preset": "tiny-gpt"}, "global_batch_size": 8, "precision": "fp32",
-                            "micro_batch_sizes": [1], "recompute_modes": ["none"]})
     with pytest.raises(SpecError) as e:
-        profile(site, job, ProfileStore(tmp_path / "store.h5"), progress=False)
-    assert e.value.field.startswith(f"partitions[0].{key}")
-    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.sh"))
+        dataclasses.replace(site.partitions[0], **{key: tuple(value) if isinstance(value, list) else value})
+    assert e.value.field.startswith(key)
     if key == "setup":  # and written anyway, the quoted eval runs nothing of it
         r = subprocess.run(["bash", "-c", "\n".join(setup_commands(value) + ["echo after"])], capture_output=True,
                            text=True)
