@@ -34,7 +34,7 @@ from .errors import SpecError
 from .spec import Partition, Plan, Recompute, Site, Stage, TrainJob
 
 __all__ = ["ComponentPlacement", "Placement", "ProcessGroup", "GROUP_KINDS", "place", "place_groups",
-           "group_fits", "node_shape", "shared_recompute", "group_ranks", "group_kinds", "comm_vendor"]
+           "group_fits", "node_shape", "PartitionFacts", "site_facts", "shared_recompute", "group_ranks", "group_kinds", "comm_vendor"]
 
 #: The process groups megatron-core communicates over in a dense GPT without context
 #: parallel, in the order every rank creates them: ``tp``, ``dp``, ``pp``, ``mp`` (tp x pp),
@@ -301,44 +301,64 @@ class Placement:
 # --------------------------------------------------------------------------- placing
 
 
-def _place(site: Site, tp: int, dp: int, stage_partitions: Sequence[str],
-           runs: Sequence[tuple[str, Sequence[int], Recompute | None]], *, field_of=None) -> Placement:
+@dataclass(frozen=True, kw_only=True)
+class PartitionFacts:
+    """What placing reads of one partition, looked up once (the space places thousands of
+    layouts on the same site): the partition, its index in the site file, its GPU's vendor
+    and its ranks' communication vendor."""
+
+    partition: Partition
+    index: int
+    vendor: str
+    comm_vendor: str
+
+
+def site_facts(site: Site) -> dict[str, PartitionFacts]:
+    """:class:`PartitionFacts` of every partition of ``site``, by name."""
+    return {p.name: PartitionFacts(partition=p, index=i, vendor=site.gpu(p.gpu_type).vendor,
+                                   comm_vendor=comm_vendor(site, p)) for i, p in enumerate(site.partitions)}
+
+
+def _place(facts: dict[str, PartitionFacts], tp: int, dp: int, stage_partitions: Sequence[str],
+           runs: Sequence[tuple[str, Sequence[int], Recompute | None]]) -> Placement:
     """Place components ``(partition, stage indices, shared recompute)`` in pipeline order."""
     w = tp * dp
     used: dict[str, int] = {}
     comps = []
     for ci, (name, idx, rc) in enumerate(runs):
-        p = site.partition(name)
+        f = facts[name]
+        p = f.partition
         ranks = w * len(idx)
         shape = node_shape(p, ranks, tp)
-        label = str(idx[0]) if len(idx) == 1 else f"{idx[0]}-{idx[-1]}"
         if isinstance(shape, str):
-            raise SpecError(f"stages {label}: {shape}", field="tp" if "tensor-parallel" in shape else "dp",
-                            found=tp if "tensor-parallel" in shape else dp)
+            label = str(idx[0]) if len(idx) == 1 else f"{idx[0]}-{idx[-1]}"
+            tp_rule = "tensor-parallel" in shape
+            raise SpecError(f"stages {label}: {shape}", field="tp" if tp_rule else "dp", found=tp if tp_rule else dp)
         nodes, per_node = shape
         first_node = used.get(name, 0)
         used[name] = first_node + nodes
         if used[name] > p.nodes:
-            where = (field_of(name) if field_of else f"partitions[{[q.name for q in site.partitions].index(name)}]")
             raise SpecError(f"the plan needs {used[name]} nodes of partition {name}, which has {p.nodes} "
-                            f"(hetjob components do not share nodes)", field=f"{where}.nodes", found=p.nodes)
-        gpu = site.gpu(p.gpu_type)
+                            f"(hetjob components do not share nodes)", field=f"partitions[{f.index}].nodes",
+                            found=p.nodes)
         comps.append(ComponentPlacement(
-            index=ci, partition=name, gpu_type=p.gpu_type, vendor=gpu.vendor, comm_vendor=comm_vendor(site, p),
+            index=ci, partition=name, gpu_type=p.gpu_type, vendor=f.vendor, comm_vendor=f.comm_vendor,
             stages=tuple(idx), first_rank=idx[0] * w, num_ranks=ranks, nodes=nodes, tasks_per_node=per_node,
             first_node=first_node, recompute=rc))
     return Placement(tp=tp, dp=dp, stage_partitions=tuple(stage_partitions), components=tuple(comps))
 
 
-def place_groups(site: Site, *, tp: int, dp: int, groups: Sequence[tuple[str, int]]) -> Placement:
+def place_groups(site: Site, *, tp: int, dp: int, groups: Sequence[tuple[str, int]],
+                 facts: dict[str, PartitionFacts] | None = None) -> Placement:
     """Place a layout given as partition groups ``((partition, stages), ...)`` in pipeline
-    order, each group one component (a search skeleton; no Plan is built)."""
+    order, each group one component (a search skeleton; no Plan is built). ``facts``:
+    :func:`site_facts` of ``site``, for callers that place many layouts."""
     names: list[str] = []
     runs = []
     for name, n in groups:
-        runs.append((name, range(len(names), len(names) + n), None))
+        runs.append((name, list(range(len(names), len(names) + n)), None))
         names += [name] * n
-    return _place(site, tp, dp, names, [(a, list(b), c) for a, b, c in runs])
+    return _place(facts or site_facts(site), tp, dp, names, runs)
 
 
 def component_runs(plan: Plan) -> list[tuple[str, list[int], Recompute]]:
@@ -377,4 +397,4 @@ def place(plan: Plan, site: Site, job: TrainJob, *, by_partition: bool = False) 
                         field="stages", found=[s.num_layers for s in plan.stages])
     runs = ([(part, idx, shared_recompute([plan.stages[i] for i in idx])) for part, idx in plan.component_groups()]
             if by_partition else component_runs(plan))
-    return _place(site, plan.tp, plan.dp, [s.partition for s in plan.stages], runs)
+    return _place(site_facts(site), plan.tp, plan.dp, [s.partition for s in plan.stages], runs)

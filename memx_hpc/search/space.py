@@ -54,7 +54,7 @@ import numpy as np
 
 from ..errors import SpecError
 from ..model.compose import Block, CompositionInputs, Layout
-from ..placement import comm_vendor, group_fits, place_groups
+from ..placement import comm_vendor, group_fits, place_groups, site_facts
 from ..spec import Plan, RecomputeLevel, Site, Stage, TrainJob
 
 
@@ -486,10 +486,11 @@ class PlanSpace:
         """The space's layouts (one per skeleton, placed by the one fit rule) and recompute
         levels, as the composition takes them (built once)."""
         if self._inputs is None:
-            layouts = tuple(Layout(placement=place_groups(self.site, tp=sk.tp, dp=sk.dp, groups=[
-                (self.partitions[p].name, n) for p, n in sk.groups]), micro_batch_size=sk.micro_batch_size,
-                sequence_parallel=sk.sequence_parallel)
-                for sk in self.skeletons)
+            facts = site_facts(self.site)
+            names = [p.name for p in self.partitions]
+            layouts = tuple(Layout(placement=place_groups(self.site, tp=sk.tp, dp=sk.dp, facts=facts, groups=[
+                (names[p], n) for p, n in sk.groups]), micro_batch_size=sk.micro_batch_size,
+                sequence_parallel=sk.sequence_parallel) for sk in self.skeletons)
             self._inputs = CompositionInputs(site=self.site, job=self.job, layouts=layouts, levels=self.levels)
         return self._inputs
 
