@@ -55,15 +55,17 @@ import numpy as np
 
 from ..errors import SpecError
 from ..placement import Placement, place, place_groups
-from ..spec import BYTES_PER_ELEMENT, GeneralPlan, LayerShape, Plan, RecomputeLevel, Site, TrainJob
+from ..spec import (BYTES_PER_ELEMENT, RECOMPUTE_MODES, GeneralPlan, LayerShape, Plan, Recompute, RecomputeLevel,
+                    Site, TrainJob)
 from . import analytic
 from .api import LayerQuery, forward_fraction
 from .host import HOST_US_PER_OP, host_bound, host_us_per_op
 from .schedule import pipeline_finish_batch
 
-# Codes of the per-layer recompute mode used by the vectorised cost composition.
-MODE_NONE, MODE_SELECTIVE, MODE_FULL = 0, 1, 2
-MODE_NAMES = ("none", "selective", "full")
+# Codes of the per-layer recompute mode used by the vectorised cost composition: positions in
+# the one vocabulary of modes (spec.RECOMPUTE_MODES), from profile points to rendered flags.
+MODE_NAMES = RECOMPUTE_MODES
+MODE_NONE, MODE_SELECTIVE, MODE_FULL = (MODE_NAMES.index(m) for m in ("none", "selective", "full"))
 
 #: Bytes per parameter of the gradients that DP synchronises (see the module docstring).
 GRAD_BYTES_PER_PARAM = {"bf16": 4, "fp16": 2, "fp32": 4}
@@ -89,7 +91,7 @@ class StagePrediction:
     gpu_type: str
     tp: int
     num_layers: int
-    recompute: str
+    recompute: str  # Recompute.label() of the stage: none | selective | full | full:K
     forward_ms: float  # per micro-batch
     backward_ms: float
     in_flight: int
@@ -469,7 +471,7 @@ class _LayoutTables:
             self._add(li, lay)
 
     def _add(self, li: int, lay: Layout) -> None:
-        job, site = self.inputs.job, self.inputs.site
+        job = self.inputs.job
         pl, pp, tp, dp, mbs = lay.placement, lay.pp, lay.tp, lay.dp, lay.micro_batch_size
         sp = lay.sequence_parallel
         m = job.global_batch_size // (mbs * dp)
@@ -477,8 +479,9 @@ class _LayoutTables:
         names = pl.stage_partitions
         bounds, one_node = stage_links(pl)
         tied = tied_sync_ms(self.links, job, tp, pp, names[0], names[-1])
+        gpus = [c.gpu_type for c in pl.components for _ in c.stages]
         for i, name in enumerate(names):
-            gpu = site.partition(name).gpu_type
+            gpu = gpus[i]
             first, last = i == 0, i == pp - 1
             self.sk["ctx"][li, i] = self._context(gpu, tp, mbs, sp)
             s = self.sk["state"][li, i] = self._state(tp, pp, dp, first, last)
@@ -769,7 +772,8 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
             opt = analytic.optimizer_step_ms(params, site.gpu(r.gpu_type), precision=job.precision,
                                              optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer,
                                              dp=dp_per_stage[i])
-            recompute = base if kk == 0 else ("full" if kk == n else f"full:{kk}")
+            recompute = (Recompute(mode=base) if kk == 0 else
+                         Recompute(mode="full", num_layers=None if kk == n else kk)).label()
             d = dict(stage=i, replica=ri, partition=r.partition, gpu_type=r.gpu_type, tp=r.tp, num_layers=n,
                      recompute=recompute, forward_ms=float(fwd), backward_ms=float(total - fwd), in_flight=inflight,
                      activation_bytes=int(round(inflight * act + transient)), state_bytes=int(state),
