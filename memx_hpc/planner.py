@@ -880,7 +880,7 @@ class VerifyResult:
     site: Site
     job: TrainJob
     store: Path
-    rows: list[dict]
+    rows: list[VerifyRow]
     calibration: Any
     notes: list[str]
     summary: dict
@@ -914,26 +914,50 @@ def _prediction_dict(scored) -> dict:
     return d
 
 
-def _verify_row(name, rec, fresh: bool, held) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class VerifyRow:
+    """One plan ``verify`` measured (or kept from an earlier run): the measurement, what was
+    predicted when it was planned, and the prediction before calibration and after it
+    (leave-one-out: calibrated on the site's other runs; None when there are none)."""
+
+    plan: str
+    key: str
+    job_id: str
+    new: bool
+    measured_ms: float
+    measured_peak_mib: float
+    measured_allocated_mib: float
+    predicted_at_the_time_ms: float | None
+    before_ms: float | None
+    after_ms: float | None
+    before_peak_mib: float | None
+    after_peak_mib: float | None
+    calibrated_on_runs: int | None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _verify_row(name, rec, fresh: bool, held) -> VerifyRow:
     MiB = 2**20
     pred = rec.prediction or {}
     at_time = pred.get("iteration_ms")
-    return {"plan": str(name), "key": rec.key, "job_id": rec.job_id, "new": fresh,
-            "measured_ms": rec.iteration_ms, "measured_peak_mib": rec.peak_footprint_bytes / MiB,
-            "measured_allocated_mib": rec.peak_allocated_max_bytes / MiB,
-            "predicted_at_the_time_ms": float(at_time) if isinstance(at_time, (int, float)) else None,
-            "before_ms": held.before_ms if held else None,
-            "after_ms": held.after_ms if held else None,
-            "before_peak_mib": held.before_footprint_bytes / MiB if held else None,
-            "after_peak_mib": held.after_footprint_bytes / MiB if held else None,
-            "calibrated_on_runs": held.fitted_on if held else None}
+    return VerifyRow(plan=str(name), key=rec.key, job_id=rec.job_id, new=fresh,
+                     measured_ms=rec.iteration_ms, measured_peak_mib=rec.peak_footprint_bytes / MiB,
+                     measured_allocated_mib=rec.peak_allocated_max_bytes / MiB,
+                     predicted_at_the_time_ms=float(at_time) if isinstance(at_time, (int, float)) else None,
+                     before_ms=held.before_ms if held else None,
+                     after_ms=held.after_ms if held else None,
+                     before_peak_mib=held.before_footprint_bytes / MiB if held else None,
+                     after_peak_mib=held.after_footprint_bytes / MiB if held else None,
+                     calibrated_on_runs=held.fitted_on if held else None)
 
 
-def _rows_mape(rows: list[dict]) -> dict:
+def _rows_mape(rows: list[VerifyRow]) -> dict:
     from .model.metrics import mape
 
     def of(p: str, m: str) -> float | None:
-        return mape([r[p] for r in rows], [r[m] for r in rows])
+        return mape([getattr(r, p) for r in rows], [getattr(r, m) for r in rows])
 
     return {"mape_time_before_pct": of("before_ms", "measured_ms"),
             "mape_time_after_pct": of("after_ms", "measured_ms"),
@@ -996,7 +1020,7 @@ def verify(request: VerifyRequest) -> VerifyResult:
     held = {(h.key, h.job_id): h for h in leave_one_out(base, records, site, job)}
     rows = [_verify_row(name, rec, fresh, held.get((rec.key, rec.job_id))) for name, rec, fresh in measured]
     now = CalibratedCostModel(base, records, site, job).fit().calibration_
-    summary = {"store": str(store_path), "plans": rows, "notes": notes,
+    summary = {"store": str(store_path), "plans": [r.to_dict() for r in rows], "notes": notes,
                "moved_from_jsonl": moved,
                "these_plans": _rows_mape(rows),
                "all_runs_leave_one_out": error_summary(list(held.values())),

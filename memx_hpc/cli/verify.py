@@ -79,11 +79,11 @@ def run(args: argparse.Namespace) -> int:
     def pct(p, m):
         return "-" if p is None or not m else f"{100.0 * (p - m) / m:+.0f}%"
 
-    table([[Path(str(r["plan"])).name, r["measured_ms"], r["before_ms"], pct(r["before_ms"], r["measured_ms"]),
-            r["after_ms"] if r["after_ms"] is not None else "-", pct(r["after_ms"], r["measured_ms"]),
-            r["measured_peak_mib"], r["before_peak_mib"], pct(r["before_peak_mib"], r["measured_peak_mib"]),
-            r["after_peak_mib"] if r["after_peak_mib"] is not None else "-",
-            pct(r["after_peak_mib"], r["measured_peak_mib"]), r["job_id"], "new" if r["new"] else "kept"]
+    table([[Path(r.plan).name, r.measured_ms, r.before_ms, pct(r.before_ms, r.measured_ms),
+            r.after_ms if r.after_ms is not None else "-", pct(r.after_ms, r.measured_ms),
+            r.measured_peak_mib, r.before_peak_mib, pct(r.before_peak_mib, r.measured_peak_mib),
+            r.after_peak_mib if r.after_peak_mib is not None else "-",
+            pct(r.after_peak_mib, r.measured_peak_mib), r.job_id, "new" if r.new else "kept"]
            for r in rows],
           ["plan", "meas ms", "before ms", "err", "after ms", "err", "meas peak MiB", "before MiB", "err",
            "after MiB", "err", "job", "run"])

@@ -119,3 +119,20 @@ def test_simulate_scales_searches_each_scale_with_one_model(tmp_path):
         assert check["pipeline_ms_search"] == pytest.approx(check["pipeline_ms_event_driven"], rel=1e-9)
         assert check["pipeline_ms_textbook"] > 0 and 0 <= check["bubble_fraction"] < 1
     assert not (tmp_path / "out").exists()  # simulate writes nothing
+
+
+def test_verify_rows_are_typed_and_keep_their_json_keys():
+    from types import SimpleNamespace
+
+    from memx_hpc.planner import VerifyRow, _rows_mape, _verify_row
+    rec = SimpleNamespace(prediction={"iteration_ms": 110.0}, key="k1", job_id="17", iteration_ms=100.0,
+                          peak_footprint_bytes=2 * 2**30, peak_allocated_max_bytes=2**30)
+    held = SimpleNamespace(before_ms=120.0, after_ms=105.0, before_footprint_bytes=3 * 2**30,
+                           after_footprint_bytes=2 * 2**30, fitted_on=4)
+    row = _verify_row("runs/plan-01.json", rec, True, held)
+    assert isinstance(row, VerifyRow) and row.after_ms == 105.0 and row.measured_peak_mib == 2048.0
+    assert list(row.to_dict())[:4] == ["plan", "key", "job_id", "new"] and row.to_dict()["calibrated_on_runs"] == 4
+    m = _rows_mape([row])
+    assert m["mape_time_before_pct"] == pytest.approx(20.0) and m["mape_memory_after_pct"] == pytest.approx(0.0)
+    kept = _verify_row("p.json", rec, False, None)
+    assert kept.before_ms is None and kept.after_peak_mib is None and not kept.new
