@@ -80,11 +80,14 @@ def preset(name: str) -> ModelSpec:
     return p[name]
 
 
-def precision_notes(site, job) -> list[str]:
-    """One line per GPU type of ``site`` whose matrix units cannot run ``job``'s precision
-    natively (bf16 on Volta or Turing): what the planner assumes and what to use instead."""
+def precision_notes(site, job, gpu_types=None) -> list[str]:
+    """One line per GPU type of ``site`` (of ``gpu_types`` when given) whose matrix units
+    cannot run ``job``'s precision natively (bf16 on Volta or Turing): what the planner
+    assumes and what to use instead."""
     out = []
     for name in dict.fromkeys(p.gpu_type for p in site.partitions):
+        if gpu_types is not None and name not in gpu_types:
+            continue
         g = site.gpu(name)
         if g.native(job.precision):
             continue

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     provenance.update({g: v for g, v in provenance_of(model, site).items() if g in gpus})
     from ..catalog import precision_notes
     from ..planner import error_bands
-    notes += [n for n in precision_notes(site, job) if n.split(" ")[0] in gpus]
+    notes += precision_notes(site, job, gpu_types=gpus)
     from ..search.objective import risk_utilisation
     bands = error_bands(model, site, job, store, notes)
     risk = risk_utilisation(pred, bands)

@@ -35,6 +35,8 @@ def test_bf16_on_v100_is_modelled_slower_than_fp16_and_the_planner_says_so():
     notes = precision_notes(site, job)
     assert len(notes) == 1 and notes[0].startswith("V100-32 has no native bf16") and "precision: fp16" in notes[0]
     assert precision_notes(site, dataclasses.replace(job, precision="fp16")) == []
+    # a plan on the A100s alone (what predict reports) gets no V100 note
+    assert precision_notes(site, job, gpu_types=["A100-80"]) == [] and precision_notes(site, job, ["V100-32"]) == notes
     model = AnalyticCostModel(site)
     qs = [layer_query(dataclasses.replace(job, precision=p), "V100-32", kind="layer", tp=1, micro_batch_size=1,
                       recompute="none", sequence_parallel=False) for p in ("bf16", "fp16")]
