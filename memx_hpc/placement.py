@@ -34,7 +34,8 @@ from .errors import SpecError
 from .spec import Partition, Plan, Recompute, Site, Stage, TrainJob
 
 __all__ = ["ComponentPlacement", "Placement", "ProcessGroup", "GROUP_KINDS", "place", "place_groups",
-           "group_fits", "node_shape", "PartitionFacts", "site_facts", "shared_recompute", "group_ranks", "group_kinds", "comm_vendor"]
+           "group_fits", "node_shape", "PartitionFacts", "site_facts", "shared_recompute", "group_ranks",
+           "group_kinds", "comm_vendor"]
 
 #: The process groups megatron-core communicates over in a dense GPT without context
 #: parallel, in the order every rank creates them: ``tp``, ``dp``, ``pp``, ``mp`` (tp x pp),
