@@ -78,25 +78,21 @@ def _space_size(site, job) -> int | None:
 def measured_cost(store_path: Path) -> dict:
     """Per GPU type: tasks, points, task-seconds x ranks (from the job ledger); and the link
     curves' jobs and seconds (from the store's /comm provenance)."""
-    import json
-
     from memx_hpc.profile.comm import read_comm_rows
-    ledger_path = Path(str(store_path) + ".jobs.json")
+    from memx_hpc.profile.ledger import Ledger
+
     per: dict[str, dict] = {}
-    if ledger_path.is_file():
-        tasks = json.loads(ledger_path.read_text()).get("tasks", {})
-        for rec in tasks.values():
-            d = per.setdefault(rec.get("gpu_type", "?"), {"tasks": 0, "points": 0, "device_s": 0.0, "failed": 0,
-                                                          "untimed": 0})
-            if rec.get("state") != "collected":
-                d["failed"] += 1
-                continue
-            d["tasks"] += 1
-            d["points"] += len(rec.get("points", ()))
-            if "wall_s" in rec:
-                d["device_s"] += float(rec["wall_s"]) * int(rec.get("world_size", 1))
-            else:
-                d["untimed"] += 1
+    for e in Ledger.beside(store_path).load().entries.values():
+        d = per.setdefault(e.gpu_type, {"tasks": 0, "points": 0, "device_s": 0.0, "failed": 0, "untimed": 0})
+        if e.state != "collected":
+            d["failed"] += 1
+            continue
+        d["tasks"] += 1
+        d["points"] += len(e.points)
+        if e.wall_s is not None:
+            d["device_s"] += e.wall_s * e.world_size
+        else:
+            d["untimed"] += 1
     links = {"jobs": set(), "curves": 0, "device_s": 0.0}
     for row in read_comm_rows(store_path):
         prov = row.get("provenance", {})
@@ -114,7 +110,7 @@ def profile_local(with_links: bool) -> tuple[Path, float, object]:
     """Profile the local site's minimal set (and its links) into a fresh store; returns it."""
     from memx_hpc.profile.runner import RunSettings
     from memx_hpc.profile.store import ProfileStore
-    from memx_hpc.slurm.dispatch import profile
+    from memx_hpc.profile.campaign import profile
 
     site, job = load_site(REPO / CASES[0][0]), load_job(REPO / CASES[0][1])
     d = Path(tempfile.mkdtemp(prefix="memx-profiling-cost-"))
@@ -123,7 +119,7 @@ def profile_local(with_links: bool) -> tuple[Path, float, object]:
     t0 = time.monotonic()
     rep = profile(site, job, store, progress=False, settings=RunSettings())
     if with_links and rep.scheduler == "slurm":
-        from memx_hpc.slurm.comm import profile_comm
+        from memx_hpc.profile.link_campaign import profile_comm
         lrep = profile_comm(site, store.path, d / "runs" / "comm")
         for f in lrep.failures:
             print(f"links failed: {f}")

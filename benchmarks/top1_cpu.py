@@ -17,7 +17,7 @@ B. **Measured** (``--trials N``, each ~500 s on a quiet machine for the default 
 
 1. **Profile.** The minimal set of layer points the store lacks for the GPU type(s) of
    the two partitions used is measured through the local Slurm
-   (``memx_hpc.slurm.dispatch.profile``: submitit job arrays, the profiler on the node),
+   (``memx_hpc.profile.campaign.profile``: submitit job arrays, the profiler on the node),
    into a store in a temporary folder (or ``--store``; what it already holds is reused).
 2. **Fit.** The dual-output XGBoost predictor is fitted on those layer samples, as
    ``memx-hpc plan`` fits it (``memx_hpc.planner.load_cost_model``: the CPU's speed
@@ -153,7 +153,7 @@ def profile_and_fit(site: Site, job: TrainJob, store_path: Path, partitions: lis
     Returns (predictor, description)."""
     from memx_hpc.planner import load_cost_model
     from memx_hpc.profile.store import ProfileStore
-    from memx_hpc.slurm.dispatch import profile
+    from memx_hpc.profile.campaign import profile
 
     store = ProfileStore(store_path)
     t0 = time.monotonic()

@@ -468,7 +468,7 @@ def profile_missing(site: Site, job: TrainJob, store_path: Path, notes: list[str
 
     try:
         from .profile.store import ProfileStore
-        from .slurm.dispatch import profile
+        from .profile.campaign import profile
     except ImportError as e:  # an installation without the profiler
         return fault(f"profiling for {store_path} is not available in this installation ({e})")
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -195,7 +196,7 @@ def _export(store, args: argparse.Namespace) -> int:
 def _profile(args: argparse.Namespace) -> int:
     from ..profile.runner import RunSettings
     from ..profile.store import ProfileStore
-    from ..slurm.dispatch import profile
+    from ..profile.campaign import profile
     from ..spec import load_job
 
     if not args.site or not args.job:
@@ -226,12 +227,12 @@ def _profile(args: argparse.Namespace) -> int:
         if report.scheduler != "slurm":
             print("links: not measured (the comm jobs need Slurm: a hetjob per pair of partitions)", file=sys.stderr)
         else:
-            from ..slurm.comm import profile_comm
+            from ..profile.link_campaign import profile_comm
             links = profile_comm(site, store.path, site.resolve(site.work_dir) / "comm")
     links_failed = bool(links and links.failures)
     if args.json:
         emit_json({"store": str(store.path), **report.to_json(),
-                   **({"links": {"curves": links.written, "jobs": links.jobs, "failures": links.failures,
+                   **({"links": {"curves": links.written, "jobs": [dataclasses.asdict(j) for j in links.jobs], "failures": links.failures,
                                  "task_seconds": links.task_seconds}} if links else {})})
         return 2 if (report.failed or links_failed) and not report.dry_run else 0
     rows = []

@@ -1,7 +1,7 @@
 """Communication curves measured on the site, and where they live in the profile store.
 
 What is measured (:func:`comm_jobs`), each as one small Slurm job (submitted by
-:mod:`memx_hpc.slurm.comm`; :func:`run_comm_job` runs on the nodes):
+:mod:`memx_hpc.profile.link_campaign`; :func:`run_comm_job` runs on the nodes):
 
 * ``intra``: inside one node of every partition with two or more devices per node --
   p2p between two ranks and all-reduce over all the node's ranks;
@@ -321,7 +321,7 @@ def import_sailor_network(folder: str | Path, *, catalog: Any = None) -> list[Co
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m memx_hpc.profile.comm worker --task T --out O``: one rank of a comm job
-    (the job scripts of :mod:`memx_hpc.slurm.comm` run it)."""
+    (the job scripts of :mod:`memx_hpc.profile.link_campaign` run it)."""
     ap = argparse.ArgumentParser(prog="python -m memx_hpc.profile.comm",
                                  description="Run one rank of a communication-curve job.")
     sub = ap.add_subparsers(dest="cmd", required=True)

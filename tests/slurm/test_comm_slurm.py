@@ -9,7 +9,7 @@ import pytest
 
 from memx_hpc.model.links import load_links
 from memx_hpc.profile.comm import comm_jobs, read_comm_rows
-from memx_hpc.slurm.comm import profile_comm
+from memx_hpc.profile.link_campaign import profile_comm
 from memx_hpc.spec import load_site
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -22,7 +22,7 @@ import yaml
 from memx_hpc.profile.points import minimal_set
 from memx_hpc.profile.runner import RunSettings
 from memx_hpc.profile.store import ProfileStore
-from memx_hpc.slurm.dispatch import point_key, profile
+from memx_hpc.profile.campaign import point_key, profile
 from memx_hpc.spec import job_from_mapping, load_job, load_site, site_from_mapping
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

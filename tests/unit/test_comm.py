@@ -11,7 +11,7 @@ from memx_hpc.datapaths import shared_data
 from memx_hpc.model.links import CommCurve
 from memx_hpc.model.links import load_links
 from memx_hpc.profile.comm import comm_jobs, import_sailor_comm, read_comm_curves, write_comm_curves
-from memx_hpc.slurm.comm import render_comm_script
+from memx_hpc.profile.link_campaign import render_comm_script
 from memx_hpc.profile.store import ProfileStore
 from memx_hpc.spec import LayerSample, LayerShape, Partition, ProfilePoint, Site
 

@@ -15,11 +15,13 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "memx_hpc"
 
 #: The floors, lowest first. A module may import its own floor's modules and any lower
-#: floor. The flow: profile measures and stores; model is fitted on what the store holds;
-#: search composes and ranks with the model; slurm, train and the planner drive them.
-#: The foundation: specs, records, plan files, catalog, errors and the like. sitegen (a site
-#: file from what slurm/discover reads) sits beside the planner.
-RANK = {"<foundation>": 0, "profile": 1, "model": 2, "search": 3, "slurm": 4, "train": 5, "planner": 6, "sitegen": 6,
+#: floor. slurm knows Slurm only (requests, job arrays and their states, rendering a
+#: placement), so it sits right on the foundation; profile measures through it and stores;
+#: model is fitted on what the store holds; search composes and ranks with the model; train
+#: and the planner drive them. The foundation: specs, records, plan files, catalog, errors,
+#: the placement rule and the like. sitegen (a site file from what slurm/discover reads)
+#: sits beside the planner.
+RANK = {"<foundation>": 0, "slurm": 1, "profile": 2, "model": 3, "search": 4, "train": 5, "planner": 6, "sitegen": 6,
         "cli": 7, "__main__": 8}
 FOUNDATION = {"__init__", "errors", "spec", "catalog", "datapaths", "records", "planfile", "megatron_cpu", "data",
               "tables", "shellsafe", "params", "hfconfig", "placement", "megatron_args"}
@@ -110,18 +112,24 @@ def test_model_never_imports_search_train_slurm_or_cli():
 
 
 def test_profile_never_imports_the_model_or_above():
-    """What the profiler measures and stores does not depend on the model fitted to it."""
+    """What the profiler measures and stores does not depend on the model fitted to it; it
+    submits its campaigns through slurm/."""
     for path in sorted((PACKAGE / "profile").rglob("*.py")):
         for line, target in imported(ast.parse(path.read_text(encoding="utf-8")), module_name(path),
                                      path.name == "__init__.py"):
-            assert floor_of(target) in {"<foundation>", "profile"}, f"{module_name(path)}:{line} imports {target}"
+            assert floor_of(target) in {"<foundation>", "slurm", "profile"}, \
+                f"{module_name(path)}:{line} imports {target}"
 
 
-def test_reading_slurm_knows_slurm_only():
-    """What is read from Slurm (cluster state, start estimates) depends on no measurement, model or search."""
-    for name in ("discover.py", "estimate.py"):
-        path = PACKAGE / "slurm" / name
-        for line, target in imported(ast.parse(path.read_text(encoding="utf-8")), module_name(path), False):
+def test_slurm_knows_slurm_only():
+    """slurm/ submits arrays of tasks and scripts and says how they went; it never imports
+    what is measured (profile/), the model, the search or the run (train/). Campaigns that
+    use Slurm live with what they measure."""
+    modules = sorted((PACKAGE / "slurm").rglob("*.py"))
+    assert {"arrays.py", "request.py", "submit.py", "render.py"} <= {p.name for p in modules}
+    for path in modules:
+        for line, target in imported(ast.parse(path.read_text(encoding="utf-8")), module_name(path),
+                                     path.name == "__init__.py"):
             assert floor_of(target) in {"<foundation>", "slurm"}, f"{module_name(path)}:{line} imports {target}"
 
 
@@ -132,6 +140,9 @@ def test_reading_slurm_knows_slurm_only():
     ("from ..model.analytic import layer_params\n", "memx_hpc.profile.importers"),
     ("from .planner import plan\n", "memx_hpc.spec"),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .search import engine\n", "memx_hpc.records"),
+    ("from ..profile.store import ProfileStore\n", "memx_hpc.slurm.arrays"),
+    ("def f():\n    from ..profile.runner import run_task\n", "memx_hpc.slurm.render"),
+    ("from ..model.links import CommCurve\n", "memx_hpc.slurm.request"),
 ])
 def test_the_checker_sees_upward_imports(source, module):
     """Each of these runs upward (a local import, an ``import`` statement, a sibling floor,

@@ -175,7 +175,7 @@ def test_two_ranks_tp_layer_and_collectives(tmp_path):
 def test_dispatch_through_submitit_local_executor(tmp_path):
     """Where there is no Slurm: the same tasks through submitit's LocalExecutor."""
     from memx_hpc.profile.store import ProfileStore
-    from memx_hpc.slurm.dispatch import profile
+    from memx_hpc.profile.campaign import profile
     from memx_hpc.spec import job_from_mapping, site_from_mapping
 
     # the partition's python through a path with every non-alphanumeric character a path
@@ -212,9 +212,9 @@ def test_cpu_tasks_measure_one_at_a_time_on_a_host(tmp_path, monkeypatch):
     import threading
 
     from memx_hpc.profile.runner import ProfileTask
-    from memx_hpc.slurm import dispatch
+    from memx_hpc.profile import campaign
 
-    monkeypatch.setattr(dispatch, "CPU_LOCK", tmp_path / "cpu.lock")
+    monkeypatch.setattr(campaign, "CPU_LOCK", tmp_path / "cpu.lock")
     cpu = ProfileTask(gpu_type="cpu-4g", vendor="cpu", memory_cap_bytes=1, points=())
     gpu = ProfileTask(gpu_type="A100-80", vendor="nvidia", memory_cap_bytes=1, points=())
     entered = threading.Event()
@@ -222,13 +222,13 @@ def test_cpu_tasks_measure_one_at_a_time_on_a_host(tmp_path, monkeypatch):
         fcntl.flock(held, fcntl.LOCK_EX)  # another task is measuring
 
         def second():
-            with dispatch._one_cpu_measurement_at_a_time(cpu):
+            with campaign._one_cpu_measurement_at_a_time(cpu):
                 entered.set()
 
         t = threading.Thread(target=second)
         t.start()
         assert not entered.wait(0.5), "a CPU task measured while another held the host lock"
-        with dispatch._one_cpu_measurement_at_a_time(gpu):
+        with campaign._one_cpu_measurement_at_a_time(gpu):
             pass  # a GPU task is not held up
         fcntl.flock(held, fcntl.LOCK_UN)
     t.join(5)

@@ -1,4 +1,4 @@
-"""Submitting the communication-curve jobs of :mod:`memx_hpc.profile.comm` through Slurm.
+"""The link campaign: the communication-curve jobs of :mod:`memx_hpc.profile.comm`, run through Slurm.
 
 Each job is an sbatch script (a hetjob with one component per partition for a pair of
 partitions: ``srun A : B`` gives one step whose ranks are contiguous across the
@@ -6,7 +6,9 @@ components, each component with its own partition's setup, environment and Pytho
 The login node submits the jobs one at a time (a job waits for the previous one to end),
 so no measurement shares its links with another, reads what rank 0 wrote, and stores
 the curves in the profile store's ``/comm``
-table (:func:`memx_hpc.profile.comm.write_comm_curves`).
+table (:func:`memx_hpc.profile.comm.write_comm_curves`). What each component asks of Slurm
+is its :class:`~memx_hpc.slurm.request.SlurmRequest`; writing, checking, submitting and
+waiting are :mod:`memx_hpc.slurm.submit`'s.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import SpecError, SystemFailure
-from ..profile.comm import COMM_SIZES_BYTES, CommJob, comm_jobs, write_comm_curves
-from .dispatch import resolve_python
-from .request import SlurmRequest
-from .submit import cancel, submit, wait
+from ..slurm.request import SlurmRequest
+from ..slurm.submit import cancel, launch, wait
+from .campaign import resolve_python
+from .comm import COMM_SIZES_BYTES, CommJob, comm_jobs, write_comm_curves
 
 __all__ = ["CommReport", "render_comm_script", "profile_comm", "main"]
 
@@ -63,12 +65,22 @@ def render_comm_script(job: CommJob, site: Any, *, task_file: Path, out_file: Pa
 # --------------------------------------------------------------------------- on the login node
 
 
+@dataclass(frozen=True, kw_only=True)
+class CommJobRun:
+    """One comm job that ran to the end: its name, Slurm's id, its ranks and its wall time."""
+
+    job: str
+    slurm_job_id: str
+    ranks: int
+    wall_s: float
+
+
 @dataclass
 class CommReport:
-    """What :func:`profile_comm` did: curves written, and the jobs that failed (with why)."""
+    """What :func:`profile_comm` did: curves written, the jobs that ran, and those that failed (with why)."""
 
     written: int = 0
-    jobs: list[dict] = field(default_factory=list)
+    jobs: list[CommJobRun] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     task_seconds: float = 0.0  # measured: each job's rank-0 run time times its ranks
 
@@ -82,49 +94,57 @@ def profile_comm(site: Any, store_path: Path, work_dir: Path, *, sizes_bytes: Se
     deadline = time.monotonic() + timeout_s
     curves: list[dict] = []
     for job in jobs:  # one at a time: no measurement shares its links (or its cores) with another
-        task = work_dir / f"comm-{job.name}.task.json"
-        out = work_dir / f"comm-{job.name}.out.json"
-        for stale in (out, out.with_suffix(".rdzv")):
-            if stale.exists():
-                stale.unlink()
-        task.write_text(json.dumps(asdict(job)))
-        script = work_dir / f"comm-{job.name}.sbatch"
-        script.write_text(render_comm_script(job, site, task_file=task, out_file=out, log_dir=work_dir))
-        t0 = time.monotonic()
         try:
-            job_id = submit(script)
-        except SystemFailure as e:
+            run, rows = _run_one(job, site, work_dir, timeout_s=max(deadline - time.monotonic(), 1.0))
+        except _JobFailed as e:
             report.failures.append(f"{job.name}: {e}")
             continue
-        try:
-            outcome = wait(job_id, timeout_s=max(deadline - time.monotonic(), 1.0), poll_s=0.5)
-        except SystemFailure:
-            cancel(job_id)
-            report.failures.append(f"{job.name}: job {job_id} did not finish within {timeout_s:.0f} s (cancelled)")
-            continue
-        if outcome.state not in ("COMPLETED", "UNKNOWN"):
-            report.failures.append(f"{job.name}: job {job_id} ended {outcome.state} (log in {out.parent})")
-            continue
-        wall = time.monotonic() - t0
-        if not out.is_file():
-            report.failures.append(f"{job.name}: job {job_id} ended without results (log in {out.parent})")
-            continue
-        rows = json.loads(out.read_text())
         report.task_seconds += float(rows[0]["provenance"].get("task_seconds", 0.0)) if rows else 0.0
-        report.jobs.append({"job": job.name, "slurm_job_id": job_id, "ranks": job.world_size,
-                            "wall_s": round(wall, 2)})
+        report.jobs.append(run)
         curves += rows
     if curves:
         report.written = write_comm_curves(store_path, curves)
     return report
 
 
+class _JobFailed(Exception):
+    """A comm job that gave no curves (the message says why); the campaign goes on."""
+
+
+def _run_one(job: CommJob, site: Any, work_dir: Path, *, timeout_s: float) -> tuple[CommJobRun, list[dict]]:
+    """Write, submit and wait for one comm job; what it measured (rank 0's rows)."""
+    task = work_dir / f"comm-{job.name}.task.json"
+    out = work_dir / f"comm-{job.name}.out.json"
+    for stale in (out, out.with_suffix(".rdzv")):
+        if stale.exists():
+            stale.unlink()
+    task.write_text(json.dumps(asdict(job)))
+    text = render_comm_script(job, site, task_file=task, out_file=out, log_dir=work_dir)
+    t0 = time.monotonic()
+    try:
+        job_id = str(launch(text, work_dir / f"comm-{job.name}.sbatch", submit_job=True).job_id)
+    except SystemFailure as e:
+        raise _JobFailed(str(e)) from None
+    try:
+        outcome = wait(job_id, timeout_s=timeout_s, poll_s=0.5)
+    except SystemFailure:
+        cancel(job_id)
+        raise _JobFailed(f"job {job_id} did not finish within {timeout_s:.0f} s (cancelled)") from None
+    if outcome.state not in ("COMPLETED", "UNKNOWN"):
+        raise _JobFailed(f"job {job_id} ended {outcome.state} (log in {out.parent})")
+    wall = time.monotonic() - t0
+    if not out.is_file():
+        raise _JobFailed(f"job {job_id} ended without results (log in {out.parent})")
+    rows = json.loads(out.read_text())
+    return CommJobRun(job=job.name, slurm_job_id=job_id, ranks=job.world_size, wall_s=round(wall, 2)), rows
+
+
 # --------------------------------------------------------------------------- command line
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m memx_hpc.slurm.comm --site S [--store P]``: measure and store the site's links."""
-    ap = argparse.ArgumentParser(prog="python -m memx_hpc.slurm.comm",
+    """``python -m memx_hpc.profile.link_campaign --site S [--store P]``: measure and store the site's links."""
+    ap = argparse.ArgumentParser(prog="python -m memx_hpc.profile.link_campaign",
                                  description="Measure the site's communication curves (p2p, all-reduce) as Slurm "
                                              "jobs and store them in the profile store.")
     ap.add_argument("--site", required=True)
@@ -143,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for j in rep.jobs:
-        print(f"{j['job']}: job {j['slurm_job_id']}, {j['ranks']} ranks, {j['wall_s']} s")
+        print(f"{j.job}: job {j.slurm_job_id}, {j.ranks} ranks, {j.wall_s} s")
     for f in rep.failures:
         print(f"failed: {f}", file=sys.stderr)
     print(f"{rep.written} curve(s) written to {store}")
