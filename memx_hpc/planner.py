@@ -628,9 +628,10 @@ def launchable_space(site: Site, job: TrainJob, options: "SpaceOptions") -> tupl
     from .placement import comm_vendor
     from .slurm.cmdline import project_entry_refusal
 
+    options, notes = _launchable_sequence_parallel(site, options)
     vendors = sorted({comm_vendor(site, p) for p in site.partitions})
     if len(vendors) < 2 or options.single_vendor:
-        return options, []
+        return options, notes
     why = []
     refusal = project_entry_refusal(job)
     if refusal is not None:
@@ -639,10 +640,26 @@ def launchable_space(site: Site, job: TrainJob, options: "SpaceOptions") -> tupl
         why.append(f"the site's pipeline_comm.backend is {site.pipeline_comm_backend}, and NCCL/RCCL do not talk "
                    f"to each other (set it to ucc)")
     if not why:
-        return options, []
+        return options, notes
     note = (f"cross-vendor plans left out of the search (partitions of {', '.join(vendors)} are not mixed in one "
             f"plan): render would refuse them: " + "; ".join(why))
-    return dataclasses.replace(options, single_vendor=True), [note]
+    return dataclasses.replace(options, single_vendor=True), notes + [note]
+
+
+def _launchable_sequence_parallel(site: Site, options: "SpaceOptions") -> tuple["SpaceOptions", list[str]]:
+    """Sequence parallel left out of the search where render would refuse it (CPU devices);
+    asked for explicitly there, it is a user error naming the option."""
+    from .slurm.render import sequence_parallel_refusal
+
+    if options.sequence_parallel is False:
+        return options, []
+    why = sequence_parallel_refusal(site, [p.name for p in site.partitions])
+    if why is None:
+        return options, []
+    if options.sequence_parallel is True:
+        raise SpecError(why, field="--sequence-parallel", found="on", allowed="off, search")
+    return (dataclasses.replace(options, sequence_parallel=False),
+            [f"sequence parallel left out of the search: {why}"])
 
 
 def _one_rank_if_small(request: PlanRequest) -> tuple[PlanRequest | None, Any]:

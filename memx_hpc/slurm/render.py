@@ -47,7 +47,7 @@ from .request import SlurmOption, SlurmRequest
 
 __all__ = ["SUPPORTED_MEGATRON_VERSIONS", "EnvVar", "Component", "LaunchRequest",
            "VendorLaunch", "describe", "render", "render_request", "pipeline_layout", "recompute_args",
-           "process_groups", "rank_vendors", "transformer_impl_of", "PROJECT_ENTRY", "TEMPLATE"]
+           "process_groups", "rank_vendors", "transformer_impl_of", "sequence_parallel_refusal", "PROJECT_ENTRY", "TEMPLATE"]
 
 #: The Megatron-LM versions whose argument names this renderer emits.
 SUPPORTED_MEGATRON_VERSIONS = ("core_r0.16.0",)
@@ -265,6 +265,21 @@ def _check_plan(plan: Plan, site: Site, job: TrainJob) -> None:
     if plan.sequence_parallel and plan.tp == 1:
         raise SpecError("sequence parallelism needs tensor-parallel size > 1 (Megatron-LM refuses it)",
                         field="sequence_parallel", found=True)
+    if plan.sequence_parallel:
+        cpu = sequence_parallel_refusal(site, [s.partition for s in plan.stages])
+        if cpu is not None:
+            raise SpecError(cpu, field="sequence_parallel", found=True)
+
+
+def sequence_parallel_refusal(site: Site, partitions: Sequence[str]) -> str | None:
+    """Why sequence parallel cannot run on these partitions, or None. CPU devices train with
+    megatron-core's local layer spec, whose norm without Apex is torch's LayerNorm
+    (``WrappedTorchNorm``), and that asserts ``not config.sequence_parallel``."""
+    cpu = sorted({p for p in partitions if site.gpu_of(p).vendor == "cpu"})
+    if not cpu:
+        return None
+    return (f"sequence parallel cannot run on the CPU devices of {', '.join(cpu)}: megatron-core's local layer "
+            f"spec normalises with torch's LayerNorm there (no Apex), which refuses sequence parallel")
 
 
 def _check_vendors(plan: Plan, site: Site, placement: Placement) -> bool:

@@ -136,3 +136,31 @@ def test_verify_rows_are_typed_and_keep_their_json_keys():
     assert m["mape_time_before_pct"] == pytest.approx(20.0) and m["mape_memory_after_pct"] == pytest.approx(0.0)
     kept = _verify_row("p.json", rec, False, None)
     assert kept.before_ms is None and kept.after_peak_mib is None and not kept.new
+
+
+def test_sequence_parallel_is_not_planned_where_render_refuses_it() -> None:
+    """CPU devices train with torch's LayerNorm, which refuses sequence parallel: the space
+    leaves it out with a note, an explicit --sequence-parallel on is a user error, and render
+    refuses such a plan naming the field; GPU sites keep it searched."""
+    import dataclasses
+
+    from memx_hpc.errors import SpecError
+    from memx_hpc.planner import launchable_space
+    from memx_hpc.slurm.render import describe
+    from memx_hpc.spec import Plan, Stage, load_job
+
+    local, job = load_site(ROOT / "site_configs" / "local.yaml"), load_job(ROOT / "jobs" / "tiny-gpt.yaml")
+    options, notes = launchable_space(local, job, SpaceOptions())
+    assert options.sequence_parallel is False
+    assert any("sequence parallel left out" in n and "LayerNorm" in n for n in notes)
+    with pytest.raises(SpecError, match="sequence parallel"):
+        launchable_space(local, job, SpaceOptions(sequence_parallel=True))
+    cross = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml")
+    gpu_options, gpu_notes = launchable_space(cross, load_job(ROOT / "jobs" / "llama2-7b.yaml"), SpaceOptions())
+    assert gpu_options.sequence_parallel is None and not any("sequence parallel" in n for n in gpu_notes)
+    part = local.partitions[0]
+    sp = Plan(tp=2, dp=1, micro_batch_size=1, global_batch_size=job.global_batch_size, sequence_parallel=True,
+              stages=(Stage(partition=part.name, num_layers=job.model.num_layers),))
+    describe(dataclasses.replace(sp, sequence_parallel=False), local, job)
+    with pytest.raises(SpecError, match="CPU devices"):
+        describe(sp, local, job)
