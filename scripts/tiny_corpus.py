@@ -10,8 +10,8 @@ Nothing is downloaded.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "A stitch in time saves nine!",
@@ -38,4 +38,7 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "memx-local")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", nargs="?", default="memx-local",
+                        help="folder for corpus.jsonl and tokenizer/ (default: memx-local)")
+    main(parser.parse_args().out)
