@@ -389,9 +389,19 @@ def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, not
         if site.gpu(g).name not in have:
             notes.append(f"{g}: no samples of its own; layer times from {have_chips[site.gpu(g).chip_id]} "
                          f"(same chip), memory from its own size")
-    if not covered:
+    # The predictor's datasheet part (model.anchors.Anchors.datasheet: the roofline's parts at
+    # the costs every measured chip in the store shows) estimates a GPU type with no samples
+    # from its figures -- about half the roofline's error on held-out types
+    # (benchmarks/accuracy.py, new-gpu) -- when the store spans several GPU types to learn
+    # that mapping from; with fewer, the plain roofline is safer. Whether it answers depends
+    # on the store alone, never on what else the site holds: a site of only unprofiled
+    # types gets the same numbers as that site plus a profiled partition it does not use.
+    layer_types = {s.point.gpu_type for s in samples if s.point.kind == "layer"}
+    transfer = bool(missing) and len(layer_types) >= MIN_TYPES_FOR_DATASHEET_TRANSFER
+    if not covered and not transfer:
         notes.append(f"the profile store has no samples for {', '.join(site_gpus)}: estimates from datasheet "
-                     f"figures only")
+                     f"figures only (the store spans {len(layer_types)} profiled GPU type(s); "
+                     f"{MIN_TYPES_FOR_DATASHEET_TRANSFER} are needed to transfer their costs)")
         return fallback
     if not fit:
         return fallback
@@ -409,7 +419,7 @@ def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, not
 
     say(f"predictor: reusing {model_path} or fitting it on {len(samples):,} samples from {store_path} ...")
     predictor = fit_or_load(samples, model_path, gpus, progress=say)
-    say(f"predictor: ready in {time.perf_counter() - t0:.1f} s (covers {', '.join(covered)})")
+    say(f"predictor: ready in {time.perf_counter() - t0:.1f} s (covers {', '.join(covered) or 'no site GPU type'})")
     from .model.compose import layer_query
     for g in covered:
         q = layer_query(job, g, kind="layer", tp=1, micro_batch_size=1, recompute="none", sequence_parallel=False)
@@ -417,16 +427,11 @@ def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, not
             notes.append(f"{g}: {job.name}'s layer shape ({job.precision}, {job.attention}) was never profiled on "
                          f"this chip: its layer times are the chip's measured efficiency scaled to the work "
                          f"(extrapolated; profile it for measured times)")
+    if transfer:
+        notes.append(f"no samples for {', '.join(missing)} in {store_path}: the predictor estimates those "
+                     f"GPU types from their datasheet figures and the {len(layer_types)} profiled types")
+        return RoutedCostModel(_routes(site, site_gpus, predictor), fallback)
     if missing:
-        # The predictor's datasheet booster estimates a GPU type it has no samples of from
-        # that type's figures, which is about half the roofline's error on held-out types
-        # (benchmarks/accuracy.py, new-gpu) -- but only when the store spans several GPU
-        # types to learn that mapping from; with fewer, the plain roofline is safer.
-        layer_types = {s.point.gpu_type for s in samples if s.point.kind == "layer"}
-        if len(layer_types) >= MIN_TYPES_FOR_DATASHEET_TRANSFER:
-            notes.append(f"no samples for {', '.join(missing)} in {store_path}: the predictor estimates those "
-                         f"GPU types from their datasheet figures and the {len(layer_types)} profiled types")
-            return RoutedCostModel(_routes(site, site_gpus, predictor), fallback)
         notes.append(f"no samples for {', '.join(missing)} in {store_path}: those GPU types use the datasheet "
                      f"roofline (AnalyticCostModel)")
     return RoutedCostModel(_routes(site, covered, predictor), fallback)

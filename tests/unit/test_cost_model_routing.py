@@ -80,3 +80,44 @@ def test_a_job_shape_never_profiled_is_named_extrapolated(sailor_store):
     notes: list[str] = []
     load_cost_model(site, job, sailor_store, analytic=False, notes=notes)
     assert any("A100-80: " in n and "never profiled on this chip" in n and "extrapolated" in n for n in notes), notes
+
+
+def test_a_site_of_only_unprofiled_types_gets_the_numbers_it_gets_beside_a_profiled_partition(sailor_store):
+    """The transfer from the store's measured chips to a GPU type never profiled depends on the
+    store, not on what else the site holds: MI250X-GCD alone, and MI250X-GCD beside an A100-80
+    partition no plan below uses, get the same layer times, memory and plan predictions."""
+    import dataclasses
+
+    from memx_hpc.model.compose import layer_query, predict_plan
+    from memx_hpc.spec import Plan, Recompute, Stage
+
+    full = load_site(ROOT / "site_configs/example-cross-vendor.yaml")
+    mi = next(p for p in full.partitions if p.gpu_type == "MI250X-GCD")
+    a100 = next(p for p in full.partitions if p.gpu_type == "A100-80")
+    alone = dataclasses.replace(full, partitions=(mi,))
+    beside = dataclasses.replace(full, partitions=(mi, a100))
+    job = load_job(ROOT / "jobs/gpt3-2.7b.yaml")
+    queries = [layer_query(job, "MI250X-GCD", kind=k, tp=tp, micro_batch_size=b, recompute="none",
+                           sequence_parallel=False)
+               for k in ("layer", "embedding", "head") for tp in (1, 2, 8) for b in (1, 4)]
+    plans = [Plan(tp=tp, dp=8 // (tp * pp), micro_batch_size=b, global_batch_size=64,
+                  stages=tuple(Stage(partition=mi.name, num_layers=job.model.num_layers // pp,
+                                     recompute=Recompute(mode="full")) for _ in range(pp)))
+             for tp, pp, b in ((1, 1, 1), (2, 2, 2), (8, 1, 4), (1, 4, 1))]
+    answers = []
+    for site in (alone, beside):
+        notes: list[str] = []
+        model = load_cost_model(site, job, sailor_store, analytic=False, notes=notes)
+        assert isinstance(model.model_for("MI250X-GCD"), Predictor), notes
+        assert model.provenance("MI250X-GCD") == "datasheet-only"
+        assert any("MI250X-GCD" in n and "datasheet figures and the" in n for n in notes), notes
+        pred = model.predict(queries)
+        runs = [predict_plan(p, site, job, model) for p in plans]
+        answers.append((pred, [(r.iteration_ms, [st.peak_bytes for st in r.stages]) for r in runs]))
+    (p0, r0), (p1, r1) = answers
+    assert (p0 == p1).all()
+    assert r0 == r1
+    # and these are the transfer model's numbers, not the roofline's (which is never slower)
+    roof = AnalyticCostModel(alone).predict(queries)
+    layer = [i for i, q in enumerate(queries) if q.kind == "layer"]
+    assert (p0[layer, 0] > roof[layer, 0]).all()
