@@ -42,3 +42,49 @@ def test_usable_fraction_is_checked():
     with pytest.raises(SpecError, match="usable_fraction"):
         GpuType.from_mapping({"vendor": "nvidia", "memory_gib": 16, "peak_tflops_bf16": 1, "peak_tflops_fp32": 1,
                               "hbm_gbytes_per_s": 1, "link_gbytes_per_s": 1, "usable_fraction": 0.1}, "gpu_types.X", name="X")
+
+
+#: Parts with fp8 matrix units (Hopper, Ada, Blackwell, CDNA 3/4) and parts without (Volta,
+#: Turing, Ampere, CDNA 2, Pascal): an fp8 rate on the second set, or none on the first, is a
+#: catalog error, not a choice.
+FP8_PARTS = ("H100-SXM", "H100-NVL", "H200", "GH200", "B200", "GB200", "GB300", "B300", "L40S", "L4",
+             "MI300X", "MI325X", "MI350X", "MI355X")
+NO_FP8_PARTS = ("V100-16", "V100-32", "V100-PCIE-16", "A100-40", "A100-80", "A10G", "A6000", "T4", "P100", "P40", "RTX-2080",
+                "RTX-3090", "Titan-RTX", "MI210", "MI250X-GCD")
+
+
+@pytest.mark.parametrize("name", FP8_PARTS)
+def test_fp8_parts_have_a_dense_fp8_rate_twice_their_bf16(name):
+    """Dense fp8 is twice dense bf16 on every part that has it; a ratio of 4 (sparse fp8
+    beside dense bf16) or 1 (sparse bf16 beside dense fp8) would mean a mixed-up figure."""
+    g = catalog().get(name)
+    assert 1.95 <= g.peak_tflops_fp8 / g.peak_tflops_bf16 <= 2.05, (name, g.peak_tflops_fp8, g.peak_tflops_bf16)
+
+
+@pytest.mark.parametrize("name", NO_FP8_PARTS)
+def test_parts_without_fp8_units_have_no_fp8_rate(name):
+    assert catalog().get(name).peak_tflops_fp8 == 0.0
+
+
+def test_every_catalog_type_is_classed_for_fp8():
+    names = {g.name for g in catalog() if not g.measured_at_profile_time}
+    assert names == set(FP8_PARTS) | set(NO_FP8_PARTS)
+
+
+@pytest.mark.parametrize("name", ("GB200", "GB300", "B300", "B200", "MI350X", "MI355X"))
+def test_current_recipe_gpus_cite_a_datasheet_by_url_and_say_how_sparse_figures_were_read(name):
+    g = catalog().get(name)
+    assert "datasheet" in g.source and ("nvidia.com" in g.source or "amd.com" in g.source), name
+    # every figure is dense: a source that starts from a sparse figure says it halved it
+    if "sparsity" in g.source:
+        assert "halved" in g.source, name
+    # memory: a device report, or the entry says there is none and holds a lower bound
+    mem = g.source.split("memory:")[1]
+    assert "nvidia-smi" in mem or "rocm-smi" in mem or "amd-smi" in mem or "report cited" in mem, name
+
+
+def test_lower_bound_memory_never_exceeds_the_capacity_the_datasheet_states():
+    """An entry without a device report reads the datasheet's GB as decimal (or the vendor's
+    own GiB table): never above the binary reading of the stated capacity."""
+    for name, stated_gb in (("GB300", 288), ("B300", 288), ("MI350X", 288), ("MI355X", 288)):
+        assert catalog().get(name).memory_gib <= stated_gb, name
