@@ -8,9 +8,10 @@ searched, what is predicted and what is launched are the same ranks on the same 
 
 The rule, as Slurm and Megatron-LM run a plan:
 
-* Global ranks follow Megatron's default order ``tp-cp-ep-dp-pp`` (cp = ep = 1 here): TP
-  fastest, then DP, then the pipeline stage, so a stage's ``tp * dp`` ranks are contiguous
-  and its TP and DP groups stay inside the stage's partition.
+* Global ranks follow Megatron's default order ``tp-cp-ep-dp-pp``: TP fastest, then
+  context parallel, then DP, then the pipeline stage, so a stage's ``tp * cp * dp`` ranks
+  are contiguous and its TP, CP, DP and expert groups stay inside the stage's partition
+  (the experts' ``etp * ep * edp`` ranks are the same ranks, see :func:`group_ranks`).
 * A *component* (one ``#SBATCH hetjob`` component, one command line) is a run of
   consecutive stages on one partition that one recompute setting serves
   (:func:`shared_recompute`): Megatron-LM takes recompute flags per process.
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .errors import SpecError
-from .spec import Partition, Plan, Recompute, Site, Stage, TrainJob
+from .spec import Partition, Plan, Recompute, Site, Stage, TrainJob, check_plan_for_model
 
 __all__ = ["ComponentPlacement", "Placement", "ProcessGroup", "GROUP_KINDS", "place", "place_groups",
            "group_fits", "node_shape", "PartitionFacts", "site_facts", "shared_recompute", "group_ranks",
@@ -66,10 +67,10 @@ def node_shape(partition: Partition, ranks: int, tp: int) -> tuple[int, int] | s
     return nodes, per_node
 
 
-def group_fits(partition: Partition, stages: int, *, tp: int, dp: int) -> bool:
-    """Whether ``stages`` consecutive stages of ``tp x dp`` ranks, one component, fit on
+def group_fits(partition: Partition, stages: int, *, tp: int, dp: int, cp: int = 1) -> bool:
+    """Whether ``stages`` consecutive stages of ``tp x cp x dp`` ranks, one component, fit on
     ``partition`` (the search's question for a skeleton's partition group)."""
-    shape = node_shape(partition, stages * tp * dp, tp)
+    shape = node_shape(partition, stages * tp * cp * dp, tp)
     return not isinstance(shape, str) and shape[0] <= partition.nodes
 
 
@@ -211,13 +212,16 @@ class ProcessGroup:
 class Placement:
     """What :func:`place` returns: every rank's partition and node, by component.
 
-    The stage width (ranks per stage) is ``tp * dp``; a parallel dimension that multiplies
-    it (context or expert parallelism) enters here and in :func:`group_ranks`."""
+    The stage width (ranks per stage) is ``tp * cp * dp``; expert parallelism lays the
+    experts over the same ranks (``etp * ep`` divides it), see :func:`group_ranks`."""
 
     tp: int
     dp: int
     stage_partitions: tuple[str, ...]
     components: tuple[ComponentPlacement, ...]
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
 
     @property
     def pp(self) -> int:
@@ -225,7 +229,12 @@ class Placement:
 
     @property
     def ranks_per_stage(self) -> int:
-        return self.tp * self.dp
+        return self.tp * self.cp * self.dp
+
+    def group_kinds(self) -> tuple[str, ...]:
+        """The kinds of groups this plan's ranks build (:func:`group_kinds`)."""
+        experts = self.ep > 1 or (self.etp is not None and self.etp > 1)
+        return group_kinds(cp=self.cp, ep=self.ep, etp=(self.tp if self.etp is None else self.etp) if experts else 1)
 
     @property
     def world_size(self) -> int:
@@ -292,7 +301,9 @@ class Placement:
         """Every process group megatron-core builds for this plan, with the vendors of its ranks."""
         vendors = self.rank_vendors()
         return tuple(ProcessGroup(kind=kind, ranks=ranks, vendors=tuple(sorted({vendors[r] for r in ranks})))
-                     for kind in GROUP_KINDS for ranks in group_ranks(kind, tp=self.tp, dp=self.dp, pp=self.pp))
+                     for kind in self.group_kinds()
+                     for ranks in group_ranks(kind, tp=self.tp, dp=self.dp, pp=self.pp, cp=self.cp, ep=self.ep,
+                                              etp=self.etp))
 
     def cross_vendor_groups(self) -> tuple[ProcessGroup, ...]:
         """The groups whose ranks span vendors: each needs a backend both vendors speak."""
@@ -321,9 +332,10 @@ def site_facts(site: Site) -> dict[str, PartitionFacts]:
 
 
 def _place(facts: dict[str, PartitionFacts], tp: int, dp: int, stage_partitions: Sequence[str],
-           runs: Sequence[tuple[str, Sequence[int], Recompute | None]]) -> Placement:
+           runs: Sequence[tuple[str, Sequence[int], Recompute | None]], *, cp: int = 1, ep: int = 1,
+           etp: int | None = None) -> Placement:
     """Place components ``(partition, stage indices, shared recompute)`` in pipeline order."""
-    w = tp * dp
+    w = tp * cp * dp
     used: dict[str, int] = {}
     comps = []
     for ci, (name, idx, rc) in enumerate(runs):
@@ -346,11 +358,13 @@ def _place(facts: dict[str, PartitionFacts], tp: int, dp: int, stage_partitions:
             index=ci, partition=name, gpu_type=p.gpu_type, vendor=f.vendor, comm_vendor=f.comm_vendor,
             stages=tuple(idx), first_rank=idx[0] * w, num_ranks=ranks, nodes=nodes, tasks_per_node=per_node,
             first_node=first_node, recompute=rc))
-    return Placement(tp=tp, dp=dp, stage_partitions=tuple(stage_partitions), components=tuple(comps))
+    return Placement(tp=tp, dp=dp, stage_partitions=tuple(stage_partitions), components=tuple(comps), cp=cp,
+                     ep=ep, etp=etp)
 
 
 def place_groups(site: Site, *, tp: int, dp: int, groups: Sequence[tuple[str, int]],
-                 facts: dict[str, PartitionFacts] | None = None) -> Placement:
+                 facts: dict[str, PartitionFacts] | None = None, cp: int = 1, ep: int = 1,
+                 etp: int | None = None) -> Placement:
     """Place a layout given as partition groups ``((partition, stages), ...)`` in pipeline
     order, each group one component (a search skeleton; no Plan is built). ``facts``:
     :func:`site_facts` of ``site``, for callers that place many layouts."""
@@ -359,7 +373,7 @@ def place_groups(site: Site, *, tp: int, dp: int, groups: Sequence[tuple[str, in
     for name, n in groups:
         runs.append((name, list(range(len(names), len(names) + n)), None))
         names += [name] * n
-    return _place(facts or site_facts(site), tp, dp, names, runs)
+    return _place(facts or site_facts(site), tp, dp, names, runs, cp=cp, ep=ep, etp=etp)
 
 
 def component_runs(plan: Plan) -> list[tuple[str, list[int], Recompute]]:
@@ -380,7 +394,8 @@ def component_runs(plan: Plan) -> list[tuple[str, list[int], Recompute]]:
 
 def place(plan: Plan, site: Site, job: TrainJob, *, by_partition: bool = False) -> Placement:
     """The placement of ``plan`` on ``site``; SpecError naming the field when it does not fit:
-    an unknown partition, a layer count other than the model's, a component that cannot
+    an unknown partition, a layer count other than the model's, context- or expert-parallel
+    degrees the model cannot take (:func:`~memx_hpc.spec.check_plan_for_model`), a component that cannot
     spread over whole nodes, or more nodes of a partition than it has.
 
     ``by_partition``: one component per run of stages on a partition whatever their
@@ -396,6 +411,8 @@ def place(plan: Plan, site: Site, job: TrainJob, *, by_partition: bool = False) 
     if plan.num_layers != job.model.num_layers:
         raise SpecError(f"the plan's stages hold {plan.num_layers} layers, the model has {job.model.num_layers}",
                         field="stages", found=[s.num_layers for s in plan.stages])
+    check_plan_for_model(plan, job.model)
     runs = ([(part, idx, shared_recompute([plan.stages[i] for i in idx])) for part, idx in plan.component_groups()]
             if by_partition else component_runs(plan))
-    return _place(site_facts(site), plan.tp, plan.dp, [s.partition for s in plan.stages], runs)
+    return _place(site_facts(site), plan.tp, plan.dp, [s.partition for s in plan.stages], runs, cp=plan.cp,
+                  ep=plan.ep, etp=plan.etp)

@@ -3,12 +3,15 @@
 A Megatron-runnable plan::
 
     {"format": "memx-plan/1", "tp": 2, "dp": 1, "micro_batch_size": 1,
-     "global_batch_size": 64, "sequence_parallel": false,
+     "global_batch_size": 64, "sequence_parallel": false, "virtual_stages": 2, "cp": 2,
      "stages": [{"partition": "gpu_a100", "num_layers": 14, "recompute": "none"},
                 {"partition": "gpu_v100", "num_layers": 10, "recompute": "full:4"}]}
 
 ``recompute`` is ``none``, ``selective``, ``full`` (all layers of the stage) or
-``full:K`` (K of its layers). A general plan, as other planners produce them, gives
+``full:K`` (K of its layers). ``virtual_stages`` (model chunks per pipeline rank), ``cp``
+(context parallel), ``ep`` and ``etp`` (expert parallel, expert tensor parallel) are written
+where they are not 1 and read as 1 where absent, so files written before them still read.
+A general plan, as other planners produce them, gives
 per stage a list of data-parallel replicas, each with its own GPU type and TP::
 
     {"format": "memx-plan/1", "micro_batch_size": 1, "global_batch_size": 64,
@@ -43,6 +46,8 @@ from .spec import (MODEL_EXTENSION_FIELDS, GeneralPlan, GeneralStage, ModelSpec,
                    _build, _Reader, load_json)
 
 FORMAT = "memx-plan/1"
+#: the plan's degrees beyond TP/DP/PP, written when not 1 (etp: when given)
+_DEGREES = ("virtual_stages", "cp", "ep", "etp")
 _EXTRA = ("format", "prediction", "job", "site", "rank", "score", "provenance", "note", "role", "objective", "run",
           "memory_error", "why")
 
@@ -61,9 +66,11 @@ def parse_recompute(text: Any, field: str) -> Recompute:
 
 def plan_to_dict(plan: Plan, **extra: Any) -> dict:
     d = {"format": FORMAT, "tp": plan.tp, "dp": plan.dp, "micro_batch_size": plan.micro_batch_size,
-         "global_batch_size": plan.global_batch_size, "sequence_parallel": plan.sequence_parallel,
-         "stages": [{"partition": s.partition, "num_layers": s.num_layers, "recompute": s.recompute.label()}
-                    for s in plan.stages]}
+         "global_batch_size": plan.global_batch_size, "sequence_parallel": plan.sequence_parallel}
+    # the degrees beyond TP/DP/PP only where they are not 1 (files without them read as 1)
+    d.update({k: getattr(plan, k) for k in _DEGREES if getattr(plan, k) != (None if k == "etp" else 1)})
+    d["stages"] = [{"partition": s.partition, "num_layers": s.num_layers, "recompute": s.recompute.label()}
+                   for s in plan.stages]
     d.update(extra)
     return d
 
@@ -104,10 +111,11 @@ def plan_from_mapping(data: Any) -> Plan | GeneralPlan:
     tp = r.int("tp", min=1)
     dp = r.int("dp", min=1)
     sp = r.bool("sequence_parallel", False)
+    degrees = {k: r.int(k, 1 if k != "etp" else None, min=1) for k in _DEGREES}
     r.finish()
     try:
         return Plan(tp=tp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs, stages=tuple(out),
-                    sequence_parallel=sp)
+                    sequence_parallel=sp, **degrees)
     except SpecError as e:
         raise SpecError(e.detail, field=e.field or "plan", found=e.found) from None
 

@@ -201,6 +201,16 @@ def _slurm_signal(value: Any, name: str) -> None:
                                 "at most 65535 s")
 
 
+def _degrees(value: Any, name: str, hi: int) -> None:
+    """A list of parallel degrees a search may choose among: whole numbers in ``[1, hi]``."""
+    if not isinstance(value, tuple):
+        raise SpecError("expected a list of whole numbers >= 1", field=name, found=_short(value))
+    if len(value) > MAX_MICRO_BATCH_CHOICES:
+        raise SpecError(f"{len(value)} sizes", field=name, allowed=f"at most {MAX_MICRO_BATCH_CHOICES}")
+    for i, v in enumerate(value):
+        _whole(v, f"{name}[{i}]", 1, hi)
+
+
 def _str_tuple(value: Any, name: str) -> None:
     if not isinstance(value, tuple) or not all(isinstance(x, str) for x in value):
         raise SpecError("expected a list of strings", field=name, found=_short(value))
@@ -872,10 +882,19 @@ class Site:
     #: whether a new profile store starts from the shipped reference profiles (Sailor,
     #: Cephalo); None: yes unless every partition is a CPU (memx_hpc.profile.reference)
     reference_data: bool | None = None
+    #: the parallel degrees the search may choose among on this site (empty: any; a job's own
+    #: lists narrow them further): see :class:`TrainJob`
+    virtual_stages: tuple[int, ...] = ()
+    context_parallel_sizes: tuple[int, ...] = ()
+    expert_parallel_sizes: tuple[int, ...] = ()
+    expert_tensor_parallel_sizes: tuple[int, ...] = ()
     source_file: str | None = None
 
     def __post_init__(self) -> None:
         _text(self.name, "name")
+        _degrees(self.virtual_stages, "virtual_stages", MAX_LAYERS)
+        for name in ("context_parallel_sizes", "expert_parallel_sizes", "expert_tensor_parallel_sizes"):
+            _degrees(getattr(self, name), name, 1 << 16)
         if not isinstance(self.gpu_types, tuple) or not all(isinstance(g, GpuType) for g in self.gpu_types):
             raise SpecError("expected GPU types", field="gpu_types", found=_short(self.gpu_types))
         from .catalog import catalog
@@ -1329,6 +1348,13 @@ class TrainJob:
     eval_interval: int = 1000
     eval_iters: int = 10  # only where the data's split has a validation part
     max_pipeline_stages: int | None = None
+    #: the degrees the search may choose among (empty: its own candidates, see
+    #: memx_hpc/search/space.py): virtual pipeline stages per pipeline rank, context-parallel
+    #: sizes, and, for an MoE model, expert-parallel and expert tensor-parallel sizes
+    virtual_stages: tuple[int, ...] = ()
+    context_parallel_sizes: tuple[int, ...] = ()
+    expert_parallel_sizes: tuple[int, ...] = ()
+    expert_tensor_parallel_sizes: tuple[int, ...] = ()
     # what a training launch (render, plan --submit) uses; verify's short runs keep mock data
     data: TrainData | None = None
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
@@ -1380,6 +1406,24 @@ class TrainJob:
         _whole(self.eval_interval, "eval_interval", 1, MAX_TRAIN_ITERS)
         _whole(self.eval_iters, "eval_iters", 0, MAX_TRAIN_ITERS)
         _whole(self.max_pipeline_stages, "max_pipeline_stages", 1, MAX_LAYERS, optional=True)
+        _degrees(self.virtual_stages, "virtual_stages", MAX_LAYERS)
+        for name in ("context_parallel_sizes", "expert_parallel_sizes", "expert_tensor_parallel_sizes"):
+            _degrees(getattr(self, name), name, 1 << 16)
+        m = self.model
+        for i, cp in enumerate(self.context_parallel_sizes):
+            if cp > 1 and m.seq_length % (2 * cp):
+                raise SpecError(f"context parallel splits each sequence into 2 x cp = {2 * cp} chunks (Megatron-LM "
+                                f"asserts it): seq_length {m.seq_length} is not a multiple of it",
+                                field=f"context_parallel_sizes[{i}]", found=cp)
+        for name in ("expert_parallel_sizes", "expert_tensor_parallel_sizes"):
+            sizes = getattr(self, name)
+            if not m.is_moe and any(x > 1 for x in sizes):
+                raise SpecError(f"expert parallel needs a mixture of experts; model {m.name} is dense (give "
+                                f"num_experts, or leave {name} out)", field=name, found=list(sizes))
+        for i, ep in enumerate(self.expert_parallel_sizes):
+            if m.is_moe and m.num_experts % ep:
+                raise SpecError(f"does not divide the model's {m.num_experts} experts (Megatron-LM asserts it)",
+                                field=f"expert_parallel_sizes[{i}]", found=ep)
 
     @property
     def bytes_per_element(self) -> int:
@@ -1485,26 +1529,76 @@ class Plan:
     global_batch_size: int
     stages: tuple[Stage, ...]
     sequence_parallel: bool = False
+    #: model chunks per pipeline rank (interleaved 1F1B; Megatron's virtual pipeline stages):
+    #: stage ``i``'s layers are split into ``virtual_stages`` chunks as evenly as possible,
+    #: chunk ``k`` of stage ``i`` being virtual stage ``k * pp + i`` (the pipeline layout's order)
+    virtual_stages: int = 1
+    #: context-parallel size: each sequence split over ``cp`` ranks (ring attention)
+    cp: int = 1
+    #: expert-parallel size and expert tensor-parallel size (None: TP's) of an MoE model's
+    #: expert layers; ``etp * ep`` ranks of a stage's ``tp * cp * dp`` hold one copy of the experts
+    ep: int = 1
+    etp: int | None = None
 
     def __post_init__(self) -> None:
         _whole(self.tp, "tp", 1, 1 << 16)
         _whole(self.dp, "dp", 1, MAX_NODES * MAX_GPUS_PER_NODE)
+        _whole(self.cp, "cp", 1, 1 << 16)
+        _whole(self.ep, "ep", 1, 1 << 16)
+        _whole(self.etp, "etp", 1, 1 << 16, optional=True)
+        _whole(self.virtual_stages, "virtual_stages", 1, MAX_LAYERS)
+        if not isinstance(self.sequence_parallel, bool):
+            raise SpecError("expected true or false", field="sequence_parallel", found=_short(self.sequence_parallel))
         _check_batches_and_stages(self)
         if self.global_batch_size % (self.micro_batch_size * self.dp):
             raise SpecError("global_batch_size must be a multiple of micro_batch_size * dp", field="global_batch_size",
                             found=(self.global_batch_size, self.micro_batch_size, self.dp))
+        width = self.tp * self.cp * self.dp
+        if width % (self.expert_tp * self.ep):
+            raise SpecError(f"expert TP x EP = {self.expert_tp} x {self.ep} must divide the {width} ranks of a stage "
+                            f"(tp x cp x dp = {self.tp} x {self.cp} x {self.dp}): megatron-core lays the experts "
+                            f"over the same ranks", field="ep", found=self.ep)
+        v = self.virtual_stages
+        if v > 1:
+            if self.pp < 2:
+                raise SpecError("virtual pipeline stages interleave a pipeline of at least 2 stages",
+                                field="virtual_stages", found=v, allowed="1 with one stage")
+            short = [i for i, s in enumerate(self.stages) if s.num_layers < v]
+            if short:
+                raise SpecError(f"stage {short[0]} has {self.stages[short[0]].num_layers} layers, fewer than its "
+                                f"{v} model chunks", field="virtual_stages", found=v,
+                                allowed=f"at most {min(s.num_layers for s in self.stages)}")
+            m = self.num_microbatches
+            if m < self.pp or m % self.pp:
+                # megatron-core's interleaved schedule: groups of pp micro-batches per chunk
+                # (--microbatch-group-size-per-virtual-pipeline-stage, default pp), the last one full
+                raise SpecError(f"interleaved 1F1B runs micro-batches in groups of pp = {self.pp}: the "
+                                f"{m} micro-batches per iteration must be a multiple of it", field="virtual_stages",
+                                found=v, allowed=f"1, or micro-batches per iteration a multiple of {self.pp}")
 
     @property
     def pp(self) -> int:
         return len(self.stages)
 
     @property
+    def expert_tp(self) -> int:
+        """The expert layers' tensor-parallel size (``etp``, else TP's, as megatron-core)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
     def gpus_per_stage(self) -> int:
-        return self.tp * self.dp
+        return self.tp * self.cp * self.dp
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.dp * self.pp
+        return self.tp * self.cp * self.dp * self.pp
+
+    def chunk_layers(self, stage: int) -> tuple[int, ...]:
+        """Layers of each of stage ``stage``'s ``virtual_stages`` chunks (even, the remainder to the
+        later chunks)."""
+        n, v = self.stages[stage].num_layers, self.virtual_stages
+        base, rem = divmod(n, v)
+        return tuple(base + (1 if k >= v - rem else 0) for k in range(v))
 
     @property
     def num_microbatches(self) -> int:
@@ -1523,6 +1617,26 @@ class Plan:
             else:
                 groups.append((s.partition, [i]))
         return groups
+
+
+def check_plan_for_model(plan: Plan, model: ModelSpec) -> None:
+    """What a plan's context- and expert-parallel degrees need of the model (the Plan checks
+    what needs no model): SpecError naming the field. Megatron-LM asserts a sequence of a
+    multiple of ``2 * cp`` (ring attention's load-balanced halves), experts only in an MoE
+    model, and ``num_experts`` a multiple of EP; each expert's FFN is split by expert TP."""
+    if plan.cp > 1 and model.seq_length % (2 * plan.cp):
+        raise SpecError(f"context parallel splits each sequence into 2 x cp = {2 * plan.cp} chunks: seq_length "
+                        f"{model.seq_length} is not a multiple of it", field="cp", found=plan.cp)
+    if plan.ep > 1 or plan.etp is not None:
+        if not model.is_moe:
+            raise SpecError(f"expert parallel needs a mixture of experts; model {model.name} is dense",
+                            field="ep" if plan.ep > 1 else "etp", found=plan.ep if plan.ep > 1 else plan.etp,
+                            allowed="ep 1 and no etp")
+        if model.num_experts % plan.ep:
+            raise SpecError(f"EP must divide the model's {model.num_experts} experts", field="ep", found=plan.ep)
+        if model.expert_ffn_hidden_size % plan.expert_tp:
+            raise SpecError(f"expert TP must divide the experts' FFN width {model.expert_ffn_hidden_size}",
+                            field="etp", found=plan.expert_tp)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1714,10 +1828,13 @@ def transformer_impls(samples: Iterable[LayerSample]) -> dict[str, str]:
 # --------------------------------------------------------------------------- loading files
 
 
+#: the parallel degrees a site (what its Megatron-LM builds and networks are meant for) or a job
+#: lets the search choose among
+DEGREE_KEYS = ("virtual_stages", "context_parallel_sizes", "expert_parallel_sizes", "expert_tensor_parallel_sizes")
 SITE_KEYS = ("name", "partitions", "gpu_types", "links", "inter_partition_gbytes_per_s", "inter_partition_gbps",
              "scheduler", "slurm",
              "store", "cache", "work_dir", "pipeline_comm", "memory_safety_margin", "megatron_version",
-             "objective", "reference_data")
+             "objective", "reference_data") + DEGREE_KEYS
 PARTITION_KEYS = ("name", "gpu_type", "nodes", "gpus_per_node", "intra_node_gbytes_per_s", "inter_node_gbytes_per_s",
                   "intra_node_gbps", "inter_node_gbps",
                   "gres_type", "account", "qos", "time_limit_min", "exclusive", "cpus_per_task", "mem_per_node_gib",
@@ -1825,6 +1942,7 @@ def site_from_mapping(data: Any, *, source_file: str | None = None) -> Site:
         work_dir=r.str("work_dir", "memx-runs"),
         memory_safety_margin=r.float("memory_safety_margin", 0.05),
         megatron_version=r.str("megatron_version", "core_r0.16.0"),
+        **_degrees_from(r),
         source_file=source_file,
         **kw,
     )
@@ -1856,7 +1974,8 @@ def find_relative_to_site(path: str, source_file: str | None) -> Path | None:
 
 JOB_KEYS = ("name", "model", "global_batch_size", "precision", "optimizer", "distributed_optimizer",
             "attention", "micro_batch_sizes", "recompute_modes", "train_iters", "train_samples", "train_tokens",
-            "log_interval", "eval_interval", "eval_iters", "max_pipeline_stages", "data", "lr_schedule", "checkpoint")
+            "log_interval", "eval_interval", "eval_iters", "max_pipeline_stages", "data", "lr_schedule", "checkpoint",
+            "virtual_stages", "context_parallel_sizes", "expert_parallel_sizes", "expert_tensor_parallel_sizes")
 MODEL_KEYS = ("preset", "hf_config", "name", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
               "ffn_hidden_size", "vocab_size", "seq_length", "activation", "tied_embeddings",
               "position_embedding", "normalization", "add_bias_linear") + MODEL_EXTENSION_FIELDS
@@ -1990,6 +2109,17 @@ def _checkpoint_from(d: "_Reader | None") -> Checkpointing | None:
     return out
 
 
+def _degrees_from(r: "_Reader") -> dict[str, tuple]:
+    """The degree lists of a site or job mapping (:data:`DEGREE_KEYS`), as given (checked by the spec)."""
+    out = {}
+    for name in DEGREE_KEYS:
+        v = r.raw(name, [])
+        if isinstance(v, bool) or not isinstance(v, (list, int)):
+            raise SpecError("expected a list of whole numbers >= 1", field=name, found=_short(v))
+        out[name] = tuple(v) if isinstance(v, list) else (v,)
+    return out
+
+
 def job_from_mapping(data: Any, *, source_file: str | None = None) -> TrainJob:
     """Map a job document to :class:`TrainJob` keyword arguments (the TrainJob checks them)."""
     r = _Reader(data, "", kind="a job mapping with 'model' and 'global_batch_size'")
@@ -2018,13 +2148,15 @@ def job_from_mapping(data: Any, *, source_file: str | None = None) -> TrainJob:
         eval_interval=r.int("eval_interval", 1000),
         eval_iters=r.int("eval_iters", 10),
         max_pipeline_stages=r.int("max_pipeline_stages", None),
+        **_degrees_from(r),
         data=_data_from(r.sub("data")),
         lr_schedule=_lr_from(r.sub("lr_schedule")),
         checkpoint=_checkpoint_from(r.sub("checkpoint")),
         source_file=source_file,
     )
     r.finish(JOB_KEYS)
-    return replace(job, micro_batch_sizes=tuple(sorted(set(job.micro_batch_sizes))))
+    return replace(job, micro_batch_sizes=tuple(sorted(set(job.micro_batch_sizes))),
+                   **{n: tuple(sorted(set(getattr(job, n)))) for n in DEGREE_KEYS})
 
 
 def job_for_model(model: ModelSpec, global_batch_size: int, **kw: Any) -> TrainJob:

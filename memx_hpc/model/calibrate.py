@@ -277,7 +277,7 @@ def _device_memory(runs: Sequence[_Run], memo: _Memo, site: Site,
     from .memory import fit_device_memory, prior_for
     pairs: dict[str, list[tuple[float, float]]] = {}
     for run in runs:
-        width = run.plan.tp * run.plan.dp
+        width = run.plan.gpus_per_stage
         per: dict[str, list[tuple[float, float]]] = {}
         for rank, foot in run.record.peak_footprint_bytes_by_rank.items():
             try:

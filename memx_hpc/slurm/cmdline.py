@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import SpecError
-from ..spec import PROJECT_ENTRY_TOKENIZERS, Plan, Recompute, Stage, TrainJob
+from ..megatron_args import parallel_args
+from ..spec import PROJECT_ENTRY_TOKENIZERS, ModelSpec, Plan, Recompute, Stage, TrainJob
 
 __all__ = ["SYNTHETIC_TRAIN_ITERS", "RUN_KINDS", "TrainingLength", "ComponentShape", "CommandLine",
-           "training_length", "command_line", "pipeline_layout", "recompute_args", "project_entry_refusal", "Refusal",
+           "training_length", "command_line", "pipeline_layout", "recompute_args", "virtual_recompute_refusal",
+           "project_entry_plan_refusal", "project_entry_refusal", "Refusal",
            "CHECKPOINT_FORMAT"]
 
 #: The length of a synthetic-data run whose job names none (what the job file used to default to).
@@ -77,28 +79,43 @@ class CommandLine:
     per_component: tuple[tuple[tuple[str, ...], ...], ...]
 
 
-def pipeline_layout(stages: Sequence[Stage]) -> str:
+def pipeline_layout(stages: Sequence[Stage], virtual_stages: int = 1) -> str:
     """Megatron's ``--pipeline-model-parallel-layout`` for these stages: ``E`` before the first
     stage's layers, ``L`` after the last stage's, ``|`` between stages (core_r0.16.0,
-    megatron/core/transformer/pipeline_parallel_layer_layout.py)."""
+    megatron/core/transformer/pipeline_parallel_layer_layout.py).
+
+    With ``virtual_stages = v > 1`` the layout lists ``pp * v`` model chunks in layer order,
+    chunk ``k`` of pipeline rank ``i`` at position ``k * pp + i`` (what Megatron reads back
+    as v virtual stages per rank; it takes no ``--num-virtual-stages-per-pipeline-rank``
+    beside a layout). Each stage's layers are split as :meth:`~memx_hpc.spec.Plan.chunk_layers`
+    splits them, so uneven stages interleave too."""
+    pp, v = len(stages), virtual_stages
+    chunks = []
+    for k in range(v):
+        for i, s in enumerate(stages):
+            base, rem = divmod(s.num_layers, v)
+            chunks.append(base + (1 if k >= v - rem else 0))
     parts = []
-    for i, s in enumerate(stages):
-        body = "t" if s.num_layers == 1 else f"t*{s.num_layers}"
-        if i == 0:
+    for j, n in enumerate(chunks):
+        body = "" if n == 0 else ("t" if n == 1 else f"t*{n}")
+        if j == 0:
             body = "E" + body
-        if i == len(stages) - 1:
+        if j == len(chunks) - 1:
             body = body + "L"
         parts.append(body)
+    assert len(parts) == pp * v
     return "|".join(parts)
 
 
-def recompute_args(recompute: Recompute, num_layers: int) -> tuple[tuple[str, ...], ...]:
+def recompute_args(recompute: Recompute, num_layers: int, virtual_stages: int = 1) -> tuple[tuple[str, ...], ...]:
     """Megatron-LM's recompute flags for one stage of ``num_layers`` layers.
 
     ``selective`` recomputes core attention (Megatron-LM's default module); ``full`` every
     layer (``uniform`` method, one layer per checkpointed chunk); ``full:K`` the first K
     layers of the stage (``block`` method: "the number of individual Transformer layers to
-    recompute within each pipeline stage").
+    recompute within each pipeline stage"). With ``virtual_stages = v`` each model chunk is
+    its own transformer block and the block method recomputes the first ``K / v`` layers of
+    every chunk (K a multiple of v, see :func:`virtual_recompute_refusal`).
     """
     if recompute.mode == "none":
         return ()
@@ -111,7 +128,24 @@ def recompute_args(recompute: Recompute, num_layers: int) -> tuple[tuple[str, ..
         return (("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                 ("--recompute-num-layers", "1"))
     return (("--recompute-granularity", "full"), ("--recompute-method", "block"),
-            ("--recompute-num-layers", str(min(k, num_layers))))
+            ("--recompute-num-layers", str(min(k, num_layers) // virtual_stages)))
+
+
+def virtual_recompute_refusal(plan: Plan) -> tuple[int, str] | None:
+    """``(stage, reason)`` when a stage's ``full:K`` recompute cannot run with the plan's virtual
+    stages: Megatron recomputes the first k layers of each of a rank's v chunks, so the K layers
+    must be ``v * k`` with k no more than the smallest chunk's layers."""
+    v = plan.virtual_stages
+    if v == 1:
+        return None
+    for i, s in enumerate(plan.stages):
+        k = s.recompute.num_layers
+        if s.recompute.mode != "full" or k is None or k == 0 or k >= s.num_layers:
+            continue
+        if k % v or k // v > min(plan.chunk_layers(i)):
+            return i, (f"stage {i} recomputes {k} of its {s.num_layers} layers, which its {v} model chunks "
+                       f"cannot share evenly (Megatron recomputes the first k layers of every chunk)")
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +170,19 @@ def project_entry_refusal(job: TrainJob) -> Refusal | None:
         return Refusal(field="data.tokenizer.type",
                        reason=f"tokenizer {d.tokenizer_type}: the project's megatron-core entry, which cross-vendor "
                               f"plans run, builds {', '.join(PROJECT_ENTRY_TOKENIZERS)} from local files")
+    return None
+
+
+def project_entry_plan_refusal(plan: Plan) -> Refusal | None:
+    """Why the project's entry (cross-vendor plans) cannot run ``plan``'s parallel degrees, or
+    None: it builds one model chunk per rank and no context- or expert-parallel groups, so
+    cross-vendor plans keep one virtual stage, CP 1 and EP 1 (the search asks the same)."""
+    for name, label in (("virtual_stages", "virtual pipeline stages"), ("cp", "context parallel"),
+                        ("ep", "expert parallel")):
+        if getattr(plan, name) > 1:
+            return Refusal(field=name, reason=f"{label} ({name} {getattr(plan, name)}): the project's megatron-core "
+                                              f"entry, which cross-vendor plans run, builds one model chunk per rank "
+                                              f"without context- or expert-parallel groups")
     return None
 
 
@@ -230,13 +277,15 @@ def _extension_args(m) -> list[tuple[str, ...]]:  # noqa: ANN001 - ModelSpec
     return a
 
 
-def _parallel_args(plan: Plan, *, cross_vendor: bool, pipeline_backend: str) -> list[tuple[str, ...]]:
+def _parallel_args(plan: Plan, model: ModelSpec, *, cross_vendor: bool,
+                   pipeline_backend: str) -> list[tuple[str, ...]]:
     a: list[tuple[str, ...]] = [("--tensor-model-parallel-size", str(plan.tp)),
                                 ("--pipeline-model-parallel-size", str(plan.pp))]
     if plan.pp > 1:
-        a.append(("--pipeline-model-parallel-layout", pipeline_layout(plan.stages)))
-    if plan.sequence_parallel:
-        a.append(("--sequence-parallel",))
+        # the layout carries the virtual stages (Megatron refuses both flags together)
+        a.append(("--pipeline-model-parallel-layout", pipeline_layout(plan.stages, plan.virtual_stages)))
+    a += parallel_args(model, tp=plan.tp, sequence_parallel=plan.sequence_parallel, cp=plan.cp, ep=plan.ep,
+                       etp=plan.etp)
     if cross_vendor and plan.pp > 1:
         a.append(("--pipeline-model-parallel-comm-backend", pipeline_backend))
     a += [("--micro-batch-size", str(plan.micro_batch_size)), ("--global-batch-size", str(plan.global_batch_size))]
@@ -357,7 +406,8 @@ def command_line(plan: Plan, job: TrainJob, *, components: Sequence[ComponentSha
     if kind == "train" and job.data is None:
         raise SpecError("a training run needs the job's data: section", field="data", file=job.source_file)
     length = training_length(job, iters=iters, kind=kind)
-    common = _model_args(job) + _parallel_args(plan, cross_vendor=cross_vendor, pipeline_backend=pipeline_backend)
+    common = _model_args(job) + _parallel_args(plan, job.model, cross_vendor=cross_vendor,
+                                               pipeline_backend=pipeline_backend)
     common += _precision_args(job)
     common += _schedule_args(job, length, global_batch_size=plan.global_batch_size, kind=kind)
     common += _eval_args(job, kind)
@@ -369,8 +419,8 @@ def command_line(plan: Plan, job: TrainJob, *, components: Sequence[ComponentSha
         common += _data_args(job)
     else:
         common += [("--mock-data",), ("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(job.model.vocab_size))]
-    per = tuple((("--transformer-impl", c.transformer_impl),) + recompute_args(c.recompute, c.max_stage_layers)
-                for c in components)
+    per = tuple((("--transformer-impl", c.transformer_impl),)
+                + recompute_args(c.recompute, c.max_stage_layers, plan.virtual_stages) for c in components)
     if kind == "train":
         banner = (f"TRAINING RUN: {length.label()} ({length.source}) on {' '.join(job.data.paths)} "
                   f"with {job.data.tokenizer_type}")

@@ -41,8 +41,9 @@ from ..errors import SpecError, SystemFailure
 from ..placement import ComponentPlacement, Placement, comm_vendor, place
 from ..shellsafe import check_entry
 from ..spec import Partition, Plan, Recompute, Site, TrainJob
-from .cmdline import CommandLine, ComponentShape, command_line, pipeline_layout, project_entry_refusal, recompute_args
-from .groups import GroupBackend, encode_rank_vendors, format_map, group_backends
+from .cmdline import (CommandLine, ComponentShape, command_line, pipeline_layout, project_entry_plan_refusal,
+                      project_entry_refusal, recompute_args, virtual_recompute_refusal)
+from .groups import GroupBackend, cross_vendor_unsupported, encode_rank_vendors, format_map, group_backends
 from .request import SlurmOption, SlurmRequest
 
 __all__ = ["SUPPORTED_MEGATRON_VERSIONS", "EnvVar", "Component", "LaunchRequest",
@@ -230,21 +231,26 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
     name = job_name or job.name
     out_dir = log_dir if log_dir is not None else os.path.normpath(site.resolve(site.work_dir))
     leader = _JobWide(name=name, output=f"{out_dir.rstrip('/')}/{name}-%j.out", chdir=workdir)
-    groups = group_backends(placement.rank_vendors(), tp=plan.tp, dp=plan.dp, pp=plan.pp,
-                            cross_vendor_backend=site.pipeline_comm_backend)
+    groups = group_backends(placement.rank_vendors(), tp=plan.tp, dp=plan.dp, pp=plan.pp, cp=plan.cp, ep=plan.ep,
+                            etp=plan.etp, cross_vendor_backend=site.pipeline_comm_backend)
+    unsupported = cross_vendor_unsupported(groups)
+    if unsupported:  # the cross-vendor group rule: every hot group that spans vendors has what it carries
+        raise SpecError("; ".join(unsupported), field="pipeline_comm.backend", found=site.pipeline_comm_backend)
     comps = [_component(plan, site, placement, pc, groups=groups, cross_vendor=cross_vendor,
                         leader=leader if pc.index == 0 else None) for pc in placement.components]
     cmd = _command_line(plan, site, job, comps, cross_vendor=cross_vendor, iters=iters, measure=bool(mock_data))
     comps = [dataclasses.replace(c, args=a) for c, a in zip(comps, cmd.per_component)]
     for k, e in enumerate(extra):
         _no_control(e, f"extra[{k}]")
-    summary = (f"tp={plan.tp} pp={plan.pp} dp={plan.dp} micro-batch={plan.micro_batch_size} "
+    more = "".join(f" {k}={getattr(plan, attr)}" for k, attr in (("vp", "virtual_stages"), ("cp", "cp"), ("ep", "ep"),
+                                                                 ("etp", "etp")) if getattr(plan, attr) not in (1, None))
+    summary = (f"tp={plan.tp} pp={plan.pp} dp={plan.dp}{more} micro-batch={plan.micro_batch_size} "
                f"global-batch={plan.global_batch_size} world={plan.world_size}; stages: " +
                ", ".join(f"{s.partition}:{s.num_layers}:{s.recompute.label()}" for s in plan.stages))
     return LaunchRequest(
         tool_version=__version__, site_name=site.name, job_name=name, megatron_version=site.megatron_version,
         summary=summary, tp=plan.tp, pp=plan.pp, dp=plan.dp, world_size=plan.world_size,
-        layout=pipeline_layout(plan.stages) if plan.pp > 1 else None, components=tuple(comps),
+        layout=pipeline_layout(plan.stages, plan.virtual_stages) if plan.pp > 1 else None, components=tuple(comps),
         common_args=cmd.common, groups=groups, cross_vendor=cross_vendor, preflight_code=_preflight_source(),
         extra_args=tuple(extra), run_kind=cmd.kind, banner=cmd.banner)
 
@@ -269,6 +275,10 @@ def _check_plan(plan: Plan, site: Site, job: TrainJob) -> None:
         cpu = sequence_parallel_refusal(site, [s.partition for s in plan.stages])
         if cpu is not None:
             raise SpecError(cpu, field="sequence_parallel", found=True)
+    vr = virtual_recompute_refusal(plan)
+    if vr is not None:
+        raise SpecError(vr[1], field=f"stages[{vr[0]}].recompute", found=plan.stages[vr[0]].recompute.label(),
+                        allowed=f"none, selective, full, or full:K with K a multiple of {plan.virtual_stages}")
 
 
 def sequence_parallel_refusal(site: Site, partitions: Sequence[str]) -> str | None:
@@ -359,6 +369,9 @@ def _command_line(plan: Plan, site: Site, job: TrainJob, comps: Sequence[Compone
     run on the job's data, or a synthetic-data run when it has none."""
     kind = "measure" if measure else ("train" if job.data is not None else "synthetic")
     if cross_vendor:
+        why = project_entry_plan_refusal(plan)
+        if why is not None:
+            raise SpecError(why.reason, field=why.field, found=getattr(plan, why.field))
         why = project_entry_refusal(job)
         if why is not None:
             raise SpecError(why.reason, field=why.field, file=job.source_file,
@@ -411,14 +424,14 @@ def _preflight_source() -> str:
 def rank_vendors(plan: Plan, site: Site) -> tuple[str, ...]:
     """The (communication) vendor of every global rank, in Megatron's rank order."""
     return tuple(comm_vendor(site, site.partition(s.partition)) for s in plan.stages
-                 for _ in range(plan.tp * plan.dp))
+                 for _ in range(plan.gpus_per_stage))
 
 
 def process_groups(plan: Plan, site: Site) -> tuple[GroupBackend, ...]:
     """Every process group of ``plan`` on ``site`` with the backend the group rule gives it
     (:func:`memx_hpc.slurm.groups.group_backends`); what the rendered job's ranks build."""
-    return group_backends(rank_vendors(plan, site), tp=plan.tp, dp=plan.dp, pp=plan.pp,
-                          cross_vendor_backend=site.pipeline_comm_backend)
+    return group_backends(rank_vendors(plan, site), tp=plan.tp, dp=plan.dp, pp=plan.pp, cp=plan.cp, ep=plan.ep,
+                          etp=plan.etp, cross_vendor_backend=site.pipeline_comm_backend)
 
 
 def _effective(backend: str, vendor: str) -> tuple[str, ...]:

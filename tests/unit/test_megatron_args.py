@@ -425,3 +425,28 @@ def test_megatron_lm_reads_a_checkpoint_of_the_project_entry(tmp_path: Path, mon
     assert {"args", "optimizer", "opt_param_scheduler"} <= set(state)
     checkpointing.set_checkpoint_version(state["checkpoint_version"])
     checkpointing.check_checkpoint_args(state["args"])  # the model Megatron-LM would build is the one saved
+
+
+@pytest.mark.parametrize("job_name,par", [
+    ("gpt3-2.7b", dict(tp=2, dp=1, cp=2, virtual_stages=2, sequence_parallel=True)),
+    ("Mixtral-8x7B", dict(tp=2, dp=2, ep=4, etp=1, sequence_parallel=True)),
+])
+def test_megatron_lm_accepts_rendered_virtual_context_and_expert_parallel(job_name, par, monkeypatch):
+    """The renderer's own command line for plans with virtual stages (in the layout), context
+    and expert parallel: Megatron-LM reads back the degrees the plan has."""
+    from memx_hpc.catalog import preset
+    from memx_hpc.spec import Plan, Stage, job_for_model
+
+    site = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml")
+    job = (load_job(ROOT / "jobs" / f"{job_name}.yaml") if job_name.startswith("gpt3")
+           else job_for_model(preset(job_name), 64, train_iters=10))
+    stages = (Stage(partition="gpu_a100", num_layers=16),) * 2 if par.get("virtual_stages") else \
+        (Stage(partition="gpu_a100", num_layers=32),)
+    plan = Plan(micro_batch_size=1, global_batch_size=64, stages=stages, **par)
+    text = render(plan, site, job)
+    req = describe(plan, site, job)
+    args = judge(_argv_of(text, 0), req.world_size, monkeypatch, _judged_env(text, 0))
+    assert args.context_parallel_size == plan.cp and args.expert_model_parallel_size == plan.ep
+    assert (args.virtual_pipeline_model_parallel_size or 1) == plan.virtual_stages
+    assert args.data_parallel_size == plan.dp  # world / (tp x cp x pp): CP ranks are not data-parallel
+    assert args.world_size == plan.world_size

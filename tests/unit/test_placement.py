@@ -89,3 +89,67 @@ def test_every_plan_the_space_enumerates_is_placed_as_the_renderer_places_it():
         priced = place_groups(site, tp=sk.tp, dp=sk.dp, groups=[(site.partitions[p].name, n) for p, n in sk.groups])
         shape = lambda c: (c.partition, c.stages, c.first_rank, c.nodes, c.tasks_per_node, c.first_node)  # noqa: E731
         assert [shape(c) for c in pl.components] == [shape(c) for c in priced.components]
+
+
+# --------------------------------------------------------------------------- context and expert parallel
+
+
+def test_context_parallel_widens_every_stage_and_builds_its_groups():
+    site, job = load_site(CROSS), load_job(ROOT / "jobs" / "gpt3-2.7b.yaml")  # seq 2048
+    base = _plan(("gpu_a100", 16, None), ("gpu_a100", 16, None), tp=2, dp=1)
+    plan = Plan(tp=2, dp=1, cp=2, micro_batch_size=1, global_batch_size=64, stages=base.stages)
+    pl = place(plan, site, job)
+    assert (pl.ranks_per_stage, pl.world_size, plan.world_size) == (4, 8, 8)
+    assert pl.nodes_by_partition() == {"gpu_a100": 2}
+    kinds = {g.kind for g in pl.process_groups()}
+    assert {"cp", "dp_cp"} <= kinds and "ep" not in kinds
+    # rank order tp-cp-dp-pp: the CP peers of rank 0 are TP apart, inside the stage's ranks
+    assert [g.ranks for g in pl.process_groups() if g.kind == "cp"][0] == (0, 2)
+    # a CP group never leaves its stage, so never its partition or vendor
+    assert not any(g.cross_vendor for g in pl.process_groups() if g.kind in ("cp", "dp_cp"))
+    # cp 4 on stages of 2 x 4 ranks: 2 stages x 8 ranks = 4 nodes of the 2 there are
+    with pytest.raises(SpecError, match="nodes of partition gpu_a100"):
+        place(Plan(tp=2, dp=1, cp=4, micro_batch_size=1, global_batch_size=64, stages=base.stages), site, job)
+
+
+def test_context_and_expert_parallel_need_what_the_model_has():
+    from memx_hpc.catalog import preset
+    from memx_hpc.spec import job_for_model
+
+    site = load_site(CROSS)
+    job = load_job(ROOT / "jobs" / "gpt3-2.7b.yaml")
+    stages = (Stage(partition="gpu_a100", num_layers=32),)
+    with pytest.raises(SpecError) as e:  # 2048 is not a multiple of 2 x 3
+        place(Plan(tp=1, dp=1, cp=3, micro_batch_size=1, global_batch_size=64, stages=stages), site, job)
+    assert e.value.field == "cp"
+    with pytest.raises(SpecError) as e:  # a dense model has no experts
+        place(Plan(tp=1, dp=2, ep=2, micro_batch_size=1, global_batch_size=64, stages=stages), site, job)
+    assert e.value.field == "ep" and "dense" in str(e.value)
+    moe = job_for_model(preset("Mixtral-8x7B"), 64)  # 8 experts, 32 layers
+    pl = place(Plan(tp=2, dp=2, ep=4, etp=1, micro_batch_size=1, global_batch_size=64, stages=stages), site, moe)
+    assert "ep" in pl.group_kinds() and "edp" in pl.group_kinds()
+    assert [g.ranks for g in pl.process_groups() if g.kind == "ep"] == [(0, 1, 2, 3)]
+    with pytest.raises(SpecError) as e:
+        place(Plan(tp=1, dp=4, ep=3, micro_batch_size=1, global_batch_size=64, stages=stages), site, moe)
+    assert e.value.field == "ep"
+
+
+def test_plan_refuses_degrees_megatron_cannot_run():
+    st = (Stage(partition="p", num_layers=4), Stage(partition="p", num_layers=2))
+    ok = Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=8, stages=st, virtual_stages=2)
+    assert ok.chunk_layers(0) == (2, 2) and ok.chunk_layers(1) == (1, 1)
+    assert dataclasses_replace(ok, virtual_stages=1).world_size == 8
+    for kw, field, words in ((dict(virtual_stages=3), "virtual_stages", "fewer than its 3 model chunks"),
+                             (dict(global_batch_size=6), "virtual_stages", "multiple of it"),
+                             (dict(stages=st[:1]), "virtual_stages", "at least 2 stages"),
+                             (dict(virtual_stages=1, ep=8), "ep", "must divide the 4 ranks"),
+                             (dict(virtual_stages=1, cp=0), "cp", "between 1")):
+        with pytest.raises(SpecError, match=words) as e:
+            dataclasses_replace(ok, **kw)
+        assert e.value.field == field
+
+
+def dataclasses_replace(plan, **kw):
+    import dataclasses
+
+    return dataclasses.replace(plan, **kw)

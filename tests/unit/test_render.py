@@ -518,3 +518,81 @@ def test_cross_vendor_environment_that_megatron_core_or_ucx_would_refuse_is_refu
     # one vendor: neither applies (Megatron-LM's own entry wants CUDA_DEVICE_MAX_CONNECTIONS=1)
     describe(_plan(("gpu_a100", 16), ("gpu_v100", 16), gbs=64), with_env(0, UCX_TLS="rc"),
              load_job(ROOT / "jobs" / "gpt3-2.7b.yaml"))
+
+
+# --------------------------------------------------------------------------- virtual, context, expert parallel
+
+
+def test_virtual_stages_go_into_the_layout_in_megatrons_chunk_order() -> None:
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    st = [Stage(partition="a", num_layers=n) for n in (5, 3, 4)]
+    text = pipeline_layout(st, 2)
+    # chunk k of rank i at k*pp + i; the remainder of a stage's layers to its later chunk
+    assert text == "Et*2|t|t*2|t*3|t*2|t*2L"
+    layout = PipelineParallelLayerLayout(text, 3)
+    per_rank = [[sum(x.name == "decoder" for x in chunk) for chunk in rank] for rank in layout.layout]
+    assert per_rank == [[2, 3], [1, 2], [2, 2]]
+    layout.validate_layer_layout(12, None)  # what megatron-core checks when it builds the model
+    plan = Plan(tp=1, dp=1, micro_batch_size=1, global_batch_size=6, virtual_stages=2, stages=tuple(st))
+    assert [list(plan.chunk_layers(i)) for i in range(3)] == per_rank
+
+
+def test_context_and_expert_parallel_arguments_and_groups() -> None:
+    from memx_hpc.catalog import preset
+    from memx_hpc.spec import job_for_model
+
+    site = load_site(CROSS)
+    job = load_job(ROOT / "jobs" / "gpt3-2.7b.yaml")
+    plan = Plan(tp=2, dp=1, cp=2, micro_batch_size=1, global_batch_size=64, virtual_stages=2, sequence_parallel=True,
+                stages=(Stage(partition="gpu_a100", num_layers=16), Stage(partition="gpu_a100", num_layers=16)))
+    req = describe(plan, site, job)
+    argv = req.megatron_argv[0]
+    assert argv[argv.index("--context-parallel-size") + 1] == "2"
+    assert argv[argv.index("--pipeline-model-parallel-layout") + 1] == "Et*8|t*8|t*8|t*8L"
+    assert "--num-virtual-stages-per-pipeline-rank" not in argv  # the layout carries them
+    assert req.world_size == 8 and "cp=2" in req.summary and "vp=2" in req.summary
+    assert {g.kind for g in req.groups} >= {"cp", "dp_cp"}
+    moe = job_for_model(preset("Mixtral-8x7B"), 64, train_iters=10)
+    ep = Plan(tp=2, dp=2, ep=4, etp=1, micro_batch_size=1, global_batch_size=64,
+              stages=(Stage(partition="gpu_a100", num_layers=32),))
+    argv = describe(ep, site, moe).megatron_argv[0]
+    assert argv[argv.index("--expert-model-parallel-size") + 1] == "4"
+    assert argv[argv.index("--expert-tensor-parallel-size") + 1] == "1"
+
+
+def test_what_the_new_degrees_cannot_run_is_refused_by_name() -> None:
+    site = load_site(CROSS)
+    job = load_job(ROOT / "jobs" / "gpt3-2.7b.yaml")
+    two = (Stage(partition="gpu_a100", num_layers=16), Stage(partition="gpu_a100", num_layers=16))
+    # full:3 of 16 layers cannot be shared by 2 chunks (Megatron recomputes k of each chunk)
+    odd = (Stage(partition="gpu_a100", num_layers=16, recompute=Recompute(mode="full", num_layers=3)), two[1])
+    with pytest.raises(SpecError) as e:
+        describe(Plan(tp=2, dp=1, micro_batch_size=1, global_batch_size=64, virtual_stages=2, stages=odd), site, job)
+    assert e.value.field == "stages[0].recompute"
+    even = (Stage(partition="gpu_a100", num_layers=16, recompute=Recompute(mode="full", num_layers=4)), two[1])
+    argv = describe(Plan(tp=2, dp=1, micro_batch_size=1, global_batch_size=64, virtual_stages=2, stages=even),
+                    site, job).megatron_argv[0]
+    assert argv[argv.index("--recompute-num-layers") + 1] == "2"  # 2 of each chunk's 8 = 4 of the stage
+    # cross-vendor plans run the project's entry: one chunk per rank, no CP
+    cross = (Stage(partition="gpu_a100", num_layers=16), Stage(partition="gpu_mi250x", num_layers=16))
+    for kw, field in ((dict(virtual_stages=2), "virtual_stages"), (dict(cp=2), "cp")):
+        with pytest.raises(SpecError) as e:
+            describe(Plan(tp=2, dp=1, micro_batch_size=1, global_batch_size=64, stages=cross, **kw), site, job)
+        assert e.value.field == field and "project's megatron-core entry" in str(e.value)
+
+
+def test_plan_files_carry_the_new_degrees_and_old_files_still_read(tmp_path: Path) -> None:
+    from memx_hpc.planfile import plan_from_mapping, plan_to_dict, save_plan
+
+    plan = Plan(tp=2, dp=2, cp=2, ep=4, etp=1, virtual_stages=2, micro_batch_size=1, global_batch_size=64,
+                stages=(Stage(partition="gpu_a100", num_layers=16), Stage(partition="gpu_a100", num_layers=16)))
+    save_plan(plan, tmp_path / "p.json")
+    assert load_plan(tmp_path / "p.json") == plan
+    plain = dataclasses.replace(plan, cp=1, ep=1, etp=None, virtual_stages=1)
+    d = plan_to_dict(plain)
+    assert not {"cp", "ep", "etp", "virtual_stages"} & set(d)  # files of plain plans are as before
+    assert plan_from_mapping(d) == plain
+    with pytest.raises(SpecError) as e:
+        plan_from_mapping({**plan_to_dict(plan), "virtual_stages": 0})
+    assert e.value.field == "virtual_stages"

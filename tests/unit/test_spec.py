@@ -272,3 +272,34 @@ def test_replace_gets_the_same_checks_as_files():
         with pytest.raises(SpecError) as e:
             dataclasses.replace(obj, **kw)
         assert e.value.field == field
+
+
+def test_sites_and_jobs_name_the_parallel_degrees_the_search_may_choose():
+    """``context_parallel_sizes`` and friends are read (not refused as unknown fields) in both
+    files; what Megatron-LM cannot run for the job's model is refused naming the entry."""
+    site_doc = yaml.safe_load((ROOT / "site_configs" / "example-cross-vendor.yaml").read_text())
+    site = site_from_mapping({**site_doc, "context_parallel_sizes": [1, 2, 4], "expert_parallel_sizes": [1, 2, 8],
+                              "virtual_stages": [1, 2]})
+    assert (site.context_parallel_sizes, site.expert_parallel_sizes, site.virtual_stages) == ((1, 2, 4), (1, 2, 8),
+                                                                                              (1, 2))
+    with pytest.raises(SpecError) as e:
+        site_from_mapping({**site_doc, "context_parallel_sizes": [2, 0]})
+    assert e.value.field == "context_parallel_sizes[1]"
+    with pytest.raises(SpecError) as e:
+        site_from_mapping({**site_doc, "context_parallel_size": [2]})
+    assert "context_parallel_sizes" in str(e.value)  # the nearest name suggested
+    dense = {"model": {"preset": "Llama-2-7B", "seq_length": 4096}, "global_batch_size": 64}
+    job = job_from_mapping({**dense, "context_parallel_sizes": [4, 1, 2, 2], "virtual_stages": [2, 1]})
+    assert job.context_parallel_sizes == (1, 2, 4) and job.virtual_stages == (1, 2)
+    for doc, field, words in (
+            ({**dense, "context_parallel_sizes": [1, 3]}, "context_parallel_sizes[1]", "2 x cp = 6"),
+            ({**dense, "expert_parallel_sizes": [2]}, "expert_parallel_sizes", "dense"),
+            ({**dense, "virtual_stages": "two"}, "virtual_stages", "list of whole numbers"),
+            ({"model": "Mixtral-8x7B", "global_batch_size": 64, "expert_parallel_sizes": [3]},
+             "expert_parallel_sizes[0]", "8 experts")):
+        with pytest.raises(SpecError, match=words) as e:
+            job_from_mapping(doc)
+        assert e.value.field == field
+    moe = job_from_mapping({"model": "Mixtral-8x7B", "global_batch_size": 64, "expert_parallel_sizes": [8, 2],
+                            "expert_tensor_parallel_sizes": [1]})
+    assert moe.expert_parallel_sizes == (2, 8) and moe.expert_tensor_parallel_sizes == (1,)
