@@ -312,11 +312,9 @@ def load_cost_model(site, job, store_path: Path, *, analytic: bool, notes: list[
                                      progress=progress, store=store)
     # every p2p and collective of the composition reads the site's link curves: measured
     # and imported ones from the store, the site's figures (labelled so) for the rest
-    from .model.links import load_links
+    from .model.links import link_notes, load_links
     model.links = load_links(site, store_path if store_path.is_file() else None)
-    fallback = [r["link"] + " " + r["scope"] for r in model.links.describe() if r["provenance"] == "site-figure"]
-    if fallback:
-        notes.append("links from the site file's figures (no measured or imported curve): " + ", ".join(fallback))
+    notes.extend(link_notes(model.links))
     if analytic or not calibrate or not store_path.is_file():
         return model
     return calibrated(model, site, job, store_path, notes, store=store)

@@ -155,7 +155,7 @@ def records_hash(records: Iterable[E2ERecord]) -> str:
 
 COMM_KINDS = ("p2p", "allreduce")
 COMM_SCOPES = ("intra", "inter", "cross")  # inside a node; between nodes of a partition; between partitions
-CURVE_PROVENANCES = ("measured", "imported", "site-figure")
+CURVE_PROVENANCES = ("measured", "imported", "site-figure", "generic")
 #: Start-up latency of one message when only a bandwidth figure is known (microseconds):
 #: NCCL's own latency model uses a few us per hop inside a node and ~5-20 us over the
 #: network (NCCL ``src/graph/tuning.cc``, base latencies of the Simple protocol); the

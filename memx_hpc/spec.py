@@ -47,6 +47,17 @@ CONTAINER_RUNTIMES = ("pyxis", "apptainer")
 _SLURM_SIGNAL = re.compile(r"(?:[RB]:)?(?:[0-9]{1,2}|(?:SIG)?[A-Z][A-Z0-9]{0,15})(?:@[0-9]{1,5})?")
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
 STAND_IN_VENDORS = ("nvidia", "amd", "intel")
+#: Clusters whose published network curves the package can import (:mod:`memx_hpc.profile.comm`):
+#: a partition naming one in ``link_curves_from`` says its nodes are that cluster's, so the
+#: curves measured there stand for its links. Another cluster's fabric is not this site's:
+#: without the field imported curves are never used.
+LINK_CURVE_CLUSTERS = ("sailor",)
+#: Between nodes, the figure a partition gets when the site file states none (GB/s per
+#: direction, labelled ``generic`` wherever it is used): one HDR InfiniBand adapter,
+#: 200 Gb/s = 25 GB/s per port (NVIDIA ConnectX-6 VPI adapter product brief: "up to 200Gb/s
+#: InfiniBand HDR"), the rate HPE Slingshot-11's Cassini NIC also states (200 Gb/s, HPE
+#: Slingshot interconnect datasheet). Only a stand-in: a site states its own figure.
+GENERIC_INTER_NODE_GBPS = 25.0
 BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -776,8 +787,11 @@ class Partition:
     gpu_type: str
     nodes: int
     gpus_per_node: int
-    intra_node_gbps: float | None = None  # None: the GPU type's link_gbps
-    inter_node_gbps: float = 25.0
+    intra_node_gbps: float | None = None  # None: the GPU type's link_gbps (catalog, labelled generic)
+    inter_node_gbps: float | None = None  # None: GENERIC_INTER_NODE_GBPS (labelled generic)
+    #: the cluster (one of LINK_CURVE_CLUSTERS) whose imported network curves are this
+    #: partition's own: its nodes are that cluster's. None: imported curves are not used.
+    link_curves_from: str | None = None
     gres_type: str | None = None  # Slurm GRES type name (gpu:<type>:N); None: untyped
     account: str | None = None
     qos: str | None = None
@@ -804,7 +818,10 @@ class Partition:
         _whole(self.nodes, "nodes", 1, MAX_NODES)
         _whole(self.gpus_per_node, "gpus_per_node", 1, MAX_GPUS_PER_NODE)
         _real(self.intra_node_gbps, "intra_node_gbps", MIN_RATE, MAX_GBPS, optional=True)
-        _real(self.inter_node_gbps, "inter_node_gbps", MIN_RATE, MAX_GBPS)
+        _real(self.inter_node_gbps, "inter_node_gbps", MIN_RATE, MAX_GBPS, optional=True)
+        if self.link_curves_from is not None and self.link_curves_from not in LINK_CURVE_CLUSTERS:
+            raise SpecError("names no cluster whose network curves can be imported", field="link_curves_from",
+                            found=_short(self.link_curves_from), allowed=", ".join(LINK_CURVE_CLUSTERS))
         for name in ("gres_type", "account", "qos"):
             _safe_name(getattr(self, name), name, optional=True)
         _whole(self.time_limit_min, "time_limit_min", 1, MAX_TIME_LIMIT_MIN, optional=True)
@@ -989,18 +1006,49 @@ class Site:
         return sum(p.total_gpus for p in self.partitions)
 
     def intra_gbps(self, partition: str) -> float:
-        p = self.partition(partition)
-        return p.intra_node_gbps if p.intra_node_gbps is not None else self.gpu(p.gpu_type).link_gbps
+        return self.intra_figure(partition)[0]
 
     def link_gbps(self, a: str, b: str) -> float:
         """Per-direction bandwidth between a GPU in partition ``a`` and one in ``b``."""
+        return self.link_figure(a, b)[0]
+
+    def intra_figure(self, partition: str) -> tuple[float, str, str]:
+        """Inside a node of ``partition``: ``(GB/s, provenance, what)``; provenance
+        ``site-figure`` when the site file states ``intra_node_gbytes_per_s``, else
+        ``generic``: the GPU type's catalog link figure (NVLink / Infinity Fabric / PCIe
+        from its datasheet, memx_hpc/data/gpus.yaml)."""
+        p = self.partition(partition)
+        if p.intra_node_gbps is not None:
+            return p.intra_node_gbps, "site-figure", f"site partition {p.name} intra_node_gbytes_per_s"
+        g = self.gpu(p.gpu_type)
+        return g.link_gbps, "generic", f"generic: {g.name} datasheet link (gpu type link_gbytes_per_s)"
+
+    def inter_figure(self, partition: str) -> tuple[float, str, str]:
+        """Between nodes of ``partition``: ``(GB/s, provenance, what)`` as :meth:`intra_figure`;
+        the generic figure is :data:`GENERIC_INTER_NODE_GBPS`."""
+        p = self.partition(partition)
+        if p.inter_node_gbps is not None:
+            return p.inter_node_gbps, "site-figure", f"site partition {p.name} inter_node_gbytes_per_s"
+        return (GENERIC_INTER_NODE_GBPS, "generic",
+                "generic: no inter_node_gbytes_per_s in the site file, one HDR InfiniBand adapter (200 Gb/s)")
+
+    def link_figure(self, a: str, b: str) -> tuple[float, str, str]:
+        """Between a GPU of ``a`` and one of ``b`` (other nodes): ``(GB/s, provenance, what)``.
+        Between partitions: the site's ``links`` entry for the pair, else the slowest of
+        ``inter_partition_gbytes_per_s`` and both partitions' inter-node figures (generic
+        when the slowest is a figure the site file does not state)."""
         if a == b:
-            return self.partition(a).inter_node_gbps
+            return self.inter_figure(a)
         for link in self.links:
             if {link.a, link.b} == {a, b}:
-                return link.gbps
-        return min(self.inter_partition_gbps, self.partition(a).inter_node_gbps,
-                   self.partition(b).inter_node_gbps)
+                return link.gbps, "site-figure", f"site link {a}-{b}"
+        cands = [(self.inter_partition_gbps, "site-figure", "site inter_partition_gbytes_per_s"),
+                 self.inter_figure(a), self.inter_figure(b)]
+        gbps = min(c[0] for c in cands)
+        for c in cands:  # the site's own figure when it ties with a generic one
+            if c[0] == gbps and c[1] == "site-figure":
+                return gbps, "site-figure", f"link {a}-{b}: {c[2]}"
+        return next((gbps, c[1], f"link {a}-{b}: {c[2]}") for c in cands if c[0] == gbps)
 
     def resolve(self, path: str) -> Path:
         """Resolve a path from the site file relative to the site file's folder."""
@@ -1839,7 +1887,7 @@ PARTITION_KEYS = ("name", "gpu_type", "nodes", "gpus_per_node", "intra_node_gbyt
                   "intra_node_gbps", "inter_node_gbps",
                   "gres_type", "account", "qos", "time_limit_min", "exclusive", "cpus_per_task", "mem_per_node_gib",
                   "setup", "env", "python", "container", "megatron_entry", "module_purge", "transformer_impl",
-                  "stand_in_for")
+                  "stand_in_for", "link_curves_from")
 
 
 def _wrap_file(fn: Callable[[], Any], file: str) -> Any:
@@ -1864,7 +1912,8 @@ def _partition_from(pr: _Reader) -> Partition:
         nodes=pr.int("nodes"),
         gpus_per_node=pr.int("gpus_per_node"),
         intra_node_gbps=pr.rate("intra_node_gbytes_per_s", None),
-        inter_node_gbps=pr.rate("inter_node_gbytes_per_s", 25.0),
+        inter_node_gbps=pr.rate("inter_node_gbytes_per_s", None),
+        link_curves_from=pr.str("link_curves_from", None),
         gres_type=pr.str("gres_type", None),
         account=pr.str("account", None),
         qos=pr.str("qos", None),

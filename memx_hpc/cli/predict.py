@@ -83,10 +83,11 @@ def run(args: argparse.Namespace) -> int:
     from ..search.objective import risk_utilisation
     bands = error_bands(model, site, job, store, notes)
     risk = risk_utilisation(pred, bands)
+    links = plan_links(model, pred)
     if args.json:
         d = pred.to_dict()
         d.update({"plan": str(args.plan), "general": isinstance(plan, GeneralPlan), "provenance": provenance,
-                  "notes": notes, "risk_utilisation": risk,
+                  "links": links, "notes": notes, "risk_utilisation": risk,
                   "memory_error": {g: b.fraction for g, b in bands.items() if g in gpus}})
         emit_json(d)
         return 0
@@ -113,6 +114,18 @@ def run(args: argparse.Namespace) -> int:
     print("rep: data-parallel replica; in flight: micro-batches whose activations a stage holds at once; dp ms: "
           "gradient synchronisation")
     print("numbers from: " + "; ".join(f"{g}: {PROVENANCE_WORDS.get(v, v)}" for g, v in provenance.items()))
+    for r in links:
+        print(f"link {r['link']} {r['scope']}: {r['provenance']}, {r['gbps_at_64MiB']} GB/s at 64 MiB ({r['source']})")
     for n in notes:
         print(f"note: {n}")
     return 0
+
+
+def plan_links(model, pred) -> list[dict]:
+    """The links a predicted plan's stages use (:meth:`memx_hpc.model.links.LinkModel.describe`
+    rows between its partitions): where each figure came from. Empty for a model without links."""
+    links = getattr(model, "links", None)
+    if links is None:
+        return []
+    parts = {s.partition for s in pred.stages if s.partition}
+    return [r for r in links.describe() if {x.strip() for x in r["link"].split("<->")} <= parts]

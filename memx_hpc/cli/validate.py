@@ -39,7 +39,7 @@ def site_summary(site) -> dict:
         parts.append({"name": pt.name, "gpu_type": g.name, "vendor": g.vendor, "nodes": pt.nodes,
                       "gpus_per_node": pt.gpus_per_node, "gpus": pt.total_gpus, "memory_gib": g.memory_gib,
                       "peak_tflops_bf16": g.peak_tflops_bf16, "intra_node_gbps": site.intra_gbps(pt.name),
-                      "inter_node_gbps": pt.inter_node_gbps, "gres_type": pt.gres_type})
+                      "inter_node_gbps": site.link_gbps(pt.name, pt.name), "gres_type": pt.gres_type})
     vendors = sorted({p["vendor"] for p in parts})
     return {"site": site.name, "file": site.source_file, "scheduler": site.scheduler,
             "partitions": parts, "total_gpus": site.total_gpus, "vendors": vendors,

@@ -10,14 +10,24 @@ link is a :class:`CommCurve`, chosen in this order (:class:`LinkModel`):
 
 1. ``measured``: the curve the profiler measured on this site (:mod:`memx_hpc.profile.comm`:
    p2p and all-reduce over a sweep of message sizes inside a node, between two nodes of
-   a partition, and between every pair of partitions), stored in the profile store;
-2. ``imported``: Sailor's published curves for the GPU type (``intra`` / ``inter``
-   node; :func:`import_sailor_network`);
-   Between partitions nothing was published: when both partitions' GPU types have
-   imported inter-node curves, the slower of the two stands for the pair;
-3. ``site-figure``: the site file's bandwidth (``intra_node_gbps``, ``inter_node_gbps``,
-   ``links``, ``inter_partition_gbps``) as latency + bytes / bandwidth. The fallback, and
-   labelled so in every provenance.
+   a partition, and between every pair of partitions; the link campaign,
+   :mod:`memx_hpc.profile.link_campaign`), stored in the profile store;
+2. ``imported``: another cluster's published curves (Sailor's, per GPU type, ``intra`` /
+   ``inter`` node; :func:`import_sailor_network`) -- only for a partition whose site entry
+   says its nodes are that cluster's (``link_curves_from: sailor``). Another cluster's
+   fabric is not this site's: without that field they are never used, and the planner
+   says so (:func:`link_notes`). Between partitions nothing was published: when both
+   partitions say so, the slower of their two inter-node curves stands for the pair;
+3. ``site-figure``: the bandwidth the site file states (``intra_node_gbytes_per_s``,
+   ``inter_node_gbytes_per_s``, ``links``, ``inter_partition_gbytes_per_s``) as latency +
+   bytes / bandwidth;
+4. ``generic``: where the site file states none, a labelled figure for the fabric: inside
+   a node the GPU type's datasheet link (NVLink / Infinity Fabric / PCIe, the catalog's
+   ``link_gbytes_per_s``), between nodes one HDR InfiniBand adapter
+   (:data:`memx_hpc.spec.GENERIC_INTER_NODE_GBPS`).
+
+Every LinkCost and every :meth:`LinkModel.describe` row names the provenance and the
+source of the figure it used.
 
 Sailor's curves (Strati et al., "Sailor: Automating Distributed Training over Dynamic,
 Heterogeneous, and Geo-distributed Clusters", SOSP 2025; code eth-easl/sailor,
@@ -49,11 +59,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..errors import SpecError
 from ..profile.comm import import_sailor_network, read_comm_curves
 from ..records import COMM_KINDS, COMM_SCOPES, CURVE_PROVENANCES, SITE_LATENCY_US, CommCurve
 
 __all__ = ["COMM_KINDS", "COMM_SCOPES", "CURVE_PROVENANCES", "CommCurve", "LinkModel", "LinkCost",
-           "import_sailor_network", "load_links", "ring_allreduce_ms", "SITE_LATENCY_US"]
+           "curve_cluster", "import_sailor_network", "link_notes", "load_links", "ring_allreduce_ms",
+           "SITE_LATENCY_US"]
+
+
+def curve_cluster(c: CommCurve) -> str:
+    """The cluster an imported curve was measured on, as a site's ``link_curves_from``
+    names it: the first word of its source, lower case (``Sailor (ETH Zurich), ...`` ->
+    ``sailor``); empty for a curve that is not imported."""
+    if c.provenance != "imported" or not c.source.strip():
+        return ""
+    return c.source.split()[0].strip(",:;").lower()
 
 def ring_allreduce_ms(p2p_ms, nbytes: float, n: int) -> float:
     """Ring all-reduce of ``nbytes`` over ``n`` ranks from a p2p time function:
@@ -73,7 +94,7 @@ class LinkCost:
 
     ms: float
     source: str  # CommCurve.label() of the curve used
-    provenance: str  # measured | imported | site-figure
+    provenance: str  # measured | imported | site-figure | generic
 
 
 @dataclass
@@ -81,7 +102,8 @@ class LinkModel:
     """Every link of a site as a curve; the composition asks it for each p2p and collective.
 
     ``curves``: measured curves (from the store) and imported ones (Sailor's), in any
-    order; the lookup prefers measured over imported over the site's figures.
+    order; the lookup prefers measured, then imported ones of the cluster a partition says
+    it is (``link_curves_from``), then the site file's figures, then the generic ones.
     """
 
     site: Any
@@ -103,35 +125,42 @@ class LinkModel:
     def _gpu(self, partition: str) -> str:
         return self.site.gpu(self.site.partition(partition).gpu_type).name
 
+    def _claimed(self, partition: str) -> str | None:
+        return self.site.partition(partition).link_curves_from
+
+    def _imported(self, kind: str, scope: str, partition: str) -> list[CommCurve]:
+        """Imported curves for ``partition``'s GPU type from the cluster it says it is; none
+        when it says none."""
+        cluster = self._claimed(partition)
+        if not cluster:
+            return []
+        return [c for c in self._index.get((kind, scope, None, (self._gpu(partition),), "imported"), ())
+                if curve_cluster(c) == cluster]
+
     def _find(self, kind: str, scope: str, parts: tuple[str, ...]) -> list[CommCurve]:
-        """Curves for this link: measured on these partitions, else imported for their GPU type."""
+        """Curves for this link: measured on these partitions, else imported ones of the
+        cluster the partitions say they are; empty: the site's (or generic) figure."""
         key_parts = tuple(sorted(parts))
         found = self._index.get((kind, scope, key_parts, None, "measured"))
         if found:
             return found
         if scope != "cross":
-            gpus = (self._gpu(parts[0]),)
-            found = self._index.get((kind, scope, None, gpus, "imported"))
-            if found:
-                return found
-            return []
-        # between partitions nothing was published; when both GPU types have imported
-        # inter-node curves, the pair's network is taken to be the slower of the two (a
-        # message crosses both nodes' adapters)
-        both = [self._index.get((kind, "inter", None, (self._gpu(p),), "imported")) for p in parts]
-        if all(both):
+            return self._imported(kind, scope, parts[0])
+        # between partitions nothing was published; when both partitions are the cluster
+        # whose inter-node curves were imported, the pair's network is taken to be the slower
+        # of the two (a message crosses both nodes' adapters)
+        both = [self._imported(kind, "inter", p) for p in parts]
+        if all(both) and len({self._claimed(p) for p in parts}) == 1:
             return min(both, key=lambda cs: min(c.bandwidth_gbps(64 * 2**20) for c in cs))
         return []
 
     def _site_curve(self, scope: str, parts: tuple[str, ...]) -> CommCurve:
         if scope == "intra":
-            gbps, what = self.site.intra_gbps(parts[0]), f"partition {parts[0]} intra_node_gbps"
-        elif scope == "inter":
-            gbps, what = self.site.link_gbps(parts[0], parts[0]), f"partition {parts[0]} inter_node_gbps"
+            gbps, prov, what = self.site.intra_figure(parts[0])
         else:
-            gbps, what = self.site.link_gbps(parts[0], parts[1]), f"link {parts[0]}-{parts[1]}"
-        return CommCurve(kind="p2p", scope=scope, gpu_types=(), partitions=tuple(parts), provenance="site-figure",
-                         source=f"site {what} {gbps:g} GB/s", form="alpha-beta", latency_us=SITE_LATENCY_US[scope],
+            gbps, prov, what = self.site.link_figure(parts[0], parts[-1])
+        return CommCurve(kind="p2p", scope=scope, gpu_types=(), partitions=tuple(parts), provenance=prov,
+                         source=f"{what} {gbps:g} GB/s", form="alpha-beta", latency_us=SITE_LATENCY_US[scope],
                          gbps=gbps)
 
     @staticmethod
@@ -225,7 +254,8 @@ class LinkModel:
 
 def _site_links(site: Any) -> Any:
     try:
-        return {"parts": [(p.name, p.gpu_type, p.intra_node_gbps, p.inter_node_gbps) for p in site.partitions],
+        return {"parts": [(p.name, p.gpu_type, p.intra_node_gbps, p.inter_node_gbps,
+                           getattr(p, "link_curves_from", None)) for p in site.partitions],
                 "links": [(lk.a, lk.b, lk.gbps) for lk in getattr(site, "links", ())],
                 "inter": getattr(site, "inter_partition_gbps", None)}
     except AttributeError:
@@ -233,6 +263,54 @@ def _site_links(site: Any) -> Any:
 
 
 def load_links(site: Any, store_path: str | Path | None) -> LinkModel:
-    """The site's links: the store's curves (measured and imported), the site's figures for the rest."""
+    """The site's links: the store's curves (measured and imported), the site's figures
+    (then generic ones) for the rest. A partition that names a cluster in
+    ``link_curves_from`` whose curves the store does not hold for its GPU type is refused
+    (SpecError naming the field) when there is a store to hold them."""
     curves = read_comm_curves(store_path) if store_path else []
-    return LinkModel(site, curves)
+    model = LinkModel(site, curves)
+    if store_path:
+        for i, p in enumerate(site.partitions):
+            cluster = getattr(p, "link_curves_from", None)
+            if not cluster:
+                continue
+            gpu = model._gpu(p.name)
+            have = {g for c in curves if curve_cluster(c) == cluster for g in c.gpu_types}
+            if gpu not in have:
+                raise SpecError(f"the profile store {store_path} holds no network curves of cluster {cluster!r} "
+                                f"for {gpu}", field=f"partitions[{i}].link_curves_from", found=cluster,
+                                allowed=("GPU types " + ", ".join(sorted(have))) if have else
+                                "nothing (memx-hpc profile import --format sailor adds Sailor's curves)")
+    return model
+
+
+def link_notes(model: LinkModel, partitions: Sequence[str] | None = None) -> list[str]:
+    """What the links of ``partitions`` (default: all the site's) rest on, for ``plan`` and
+    ``predict`` notes: one line per provenance other than measured, naming the links and
+    figures; and a line for each GPU type whose imported curves are in the store but not
+    used because no partition says it is that cluster."""
+    keep = set(partitions) if partitions is not None else {p.name for p in model.site.partitions}
+    by: dict[str, list[str]] = {}
+    for r in model.describe():
+        names = {x.strip() for x in r["link"].split("<->")}
+        if names <= keep:
+            by.setdefault(r["provenance"], []).append(f"{r['link']} {r['scope']} ({r['source']})")
+    words = {"measured": "links measured on this site", "imported": "links from another cluster's curves, "
+             "where the site says the partition is that cluster (link_curves_from)",
+             "site-figure": "links from the site file's figures", "generic": "links from a generic figure "
+             "(the site file states none; give intra_node_gbytes_per_s / inter_node_gbytes_per_s or profile "
+             "the links)"}
+    out = [f"{words[k]}: " + "; ".join(v) for k, v in by.items() if k != "measured"]
+    unused: dict[str, set[str]] = {}
+    for p in model.site.partitions:
+        if p.name not in keep or p.link_curves_from:
+            continue
+        gpu = model._gpu(p.name)
+        for c in model.curves:
+            if c.provenance == "imported" and gpu in c.gpu_types:
+                unused.setdefault(curve_cluster(c), set()).add(f"{p.name} ({gpu})")
+    for cluster, ps in sorted(unused.items()):
+        out.append(f"{cluster}'s imported network curves for {', '.join(sorted(ps))} not used: another cluster's "
+                   f"fabric is not this site's ('link_curves_from: {cluster}' on a partition whose nodes are "
+                   f"that cluster's)")
+    return out

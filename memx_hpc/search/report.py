@@ -140,7 +140,7 @@ def rests_on(s: ScoredPlan, provenance: Mapping[str, str] | None, links: Sequenc
     sheet = [g for g in gpus if (provenance or {}).get(g) == "datasheet-only"]
     if sheet:
         weak.append(f"{', '.join(sheet)} datasheet-only")
-    used = [f"{r['link']} {r['scope']}" for r in (links or ()) if r.get("provenance") == "site-figure"
+    used = [f"{r['link']} {r['scope']}" for r in (links or ()) if r.get("provenance") in ("site-figure", "generic")
             and set(x.strip() for x in r["link"].split("<->")) <= parts]
     if used:
         weak.append(f"default links ({', '.join(used)})")

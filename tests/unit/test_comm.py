@@ -108,7 +108,7 @@ def test_store_table_keeps_samples_and_replaces_a_curve_by_key(tmp_path):
     lm = load_links(site3(), path)
     assert lm.p2p(1e8, "a", "a").ms == pytest.approx(7.0)
     assert lm.p2p(1e8, "a", "v").provenance == "measured"
-    assert lm.p2p(1e8, "m", "m").provenance == "site-figure"
+    assert lm.p2p(1e8, "m", "m").provenance == "generic"  # the site file states no figure for m
 
 
 def test_a_new_store_gets_the_table(tmp_path):
@@ -125,9 +125,14 @@ def test_sailor_curves_import_into_the_store(tmp_path):
     write_comm_curves(path, rows)
     curves = read_comm_curves(path)
     assert len(curves) == len(rows) and all(c.provenance == "imported" for c in curves)
-    site = Site(name="c", partitions=(Partition(name="gh", gpu_type="GH-96", nodes=4, gpus_per_node=4),))
+    # Sailor's GH200 nodes (Clariden): the site says its partition is that cluster
+    site = Site(name="c", partitions=(Partition(name="gh", gpu_type="GH-96", nodes=4, gpus_per_node=4,
+                                                link_curves_from="sailor"),))
     c = load_links(site, path).p2p(64e6, "gh", "gh")
     assert c.provenance == "imported" and "GH-96" in c.source
+    # a site that does not say so keeps its own (here generic) figure
+    own = Site(name="c", partitions=(Partition(name="gh", gpu_type="GH-96", nodes=4, gpus_per_node=4),))
+    assert load_links(own, path).p2p(64e6, "gh", "gh").provenance == "generic"
 
 
 @pytest.mark.skipif(shared_data(required=False) is None, reason="shared data absent")
