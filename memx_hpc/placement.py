@@ -18,7 +18,9 @@ The rule, as Slurm and Megatron-LM run a plan:
 * A component of ``r`` ranks on a partition of ``g`` GPUs per node takes
   ``n = ceil(r / g)`` whole nodes and ``r / n`` tasks on each (``--nodes n
   --ntasks-per-node r/n``): ``r`` must spread evenly, and a TP group never straddles a
-  node (the tasks per node are a multiple of TP). Components do not share nodes, so the
+  node boundary part-way: it stays inside a node (the tasks per node are a multiple of
+  TP) or spans ``TP / g`` whole nodes (TP a multiple of ``g``; its collectives then cross
+  the inter-node link, which :func:`memx_hpc.model.compose.tp_internode_ms` prices). Components do not share nodes, so the
   components on one partition need at most its node count together.
 
 The space enumerates skeletons whose partition groups are one component each
@@ -36,7 +38,7 @@ from .spec import Partition, Plan, Recompute, Site, Stage, TrainJob, check_plan_
 
 __all__ = ["ComponentPlacement", "Placement", "ProcessGroup", "GROUP_KINDS", "place", "place_groups",
            "group_fits", "node_shape", "PartitionFacts", "site_facts", "shared_recompute", "group_ranks",
-           "group_kinds", "comm_vendor"]
+           "group_kinds", "comm_vendor", "tp_fits_nodes", "tp_spans_nodes"]
 
 #: The process groups megatron-core communicates over in a dense GPT without context
 #: parallel, in the order every rank creates them: ``tp``, ``dp``, ``pp``, ``mp`` (tp x pp),
@@ -53,18 +55,33 @@ def node_shape(partition: Partition, ranks: int, tp: int) -> tuple[int, int] | s
     the reason it cannot run there (a string). Its node count is not compared with the
     partition's here: components on one partition add up (see :func:`place`)."""
     gpn = partition.gpus_per_node
-    if tp > gpn:
-        return (f"tensor-parallel size {tp} exceeds the {gpn} GPUs per node of partition {partition.name}: "
-                f"Megatron-LM's TP groups must stay inside a node")
+    if tp > gpn and tp % gpn:
+        return (f"tensor-parallel size {tp} exceeds the {gpn} GPUs per node of partition {partition.name} and is "
+                f"not a multiple of it: a TP group either stays inside a node or spans whole nodes")
     nodes = math.ceil(ranks / gpn)
     if ranks % nodes:
         return (f"{ranks} ranks do not spread evenly over {nodes} nodes of {gpn} GPUs in partition "
                 f"{partition.name}")
     per_node = ranks // nodes
+    if tp > gpn:  # whole nodes per TP group: ranks is a multiple of tp, so every node is full
+        return nodes, per_node
     if per_node % tp:
         return (f"{per_node} ranks per node on partition {partition.name} would split a tensor-parallel "
                 f"group of {tp} across nodes")
     return nodes, per_node
+
+
+def tp_fits_nodes(partition: Partition, tp: int) -> bool:
+    """Whether a TP group of ``tp`` can run on ``partition`` at all: inside one node, or over
+    whole nodes (``tp`` a multiple of its GPUs per node)."""
+    gpn = partition.gpus_per_node
+    return tp <= gpn or tp % gpn == 0
+
+
+def tp_spans_nodes(partition: Partition, tp: int) -> bool:
+    """Whether a TP group of ``tp`` on ``partition`` spans nodes (its collectives cross the
+    inter-node link)."""
+    return tp > partition.gpus_per_node
 
 
 def group_fits(partition: Partition, stages: int, *, tp: int, dp: int, cp: int = 1) -> bool:

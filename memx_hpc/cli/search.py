@@ -123,6 +123,10 @@ def add_search_options(p: argparse.ArgumentParser, *, out: bool = True, top_defa
     g.add_argument("--full-recompute-steps", type=_positive, default=2, metavar="N",
                    help="full recompute on ceil(n*j/N) of a stage's n layers, j = 1..N (default 2)")
     g.add_argument("--tp", type=_int_list, metavar="LIST", help="tensor-parallel degrees (default: powers of two)")
+    g.add_argument("--tp-across-nodes", action="store_true",
+                   help="also place TP groups over whole nodes (TP a multiple of a partition's GPUs per node; "
+                        "their collectives priced on the inter-node link); with --tp for degrees above the "
+                        "largest node, e.g. --tp 8,16 on 8-GPU nodes")
     g.add_argument("--micro-batch-sizes", type=_int_list, metavar="LIST",
                    help="micro-batch sizes (default: the job's)")
     g.add_argument("--split-within-groups", action="store_true",
@@ -166,7 +170,8 @@ def space_options(args: argparse.Namespace):
                         tp_degrees=args.tp or (), micro_batch_sizes=args.micro_batch_sizes or (),
                         full_recompute_steps=args.full_recompute_steps, recompute_spread=args.recompute_spread,
                         split_within_groups=args.split_within_groups, sequence_parallel={"search": None, "on": True, "off": False}[args.sequence_parallel],
-                        selective_with_sdpa=args.selective_with_sdpa)
+                        selective_with_sdpa=args.selective_with_sdpa,
+                        tp_across_nodes=getattr(args, "tp_across_nodes", False))
 
 
 def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=None, job=None):

@@ -304,6 +304,31 @@ def tied_sync_ms(links, job: TrainJob, tp: int, pp: int, first: str | None, last
     return links.allreduce(nbytes, 2, [first, last]).ms
 
 
+def tp_internode_ms(links, job: TrainJob, *, partition: str | None, gpu_type: str, tp: int,
+                    micro_batch_size: int) -> float:
+    """Extra ms of ONE layer's forward TP collectives when its TP group spans nodes.
+
+    A TP group of whole nodes (:func:`memx_hpc.placement.tp_spans_nodes`) runs its two
+    all-reduces of the ``s·b·h`` activation per layer forward (or, under sequence
+    parallelism, all-gather + reduce-scatter of the same volume) as a ring whose slowest hop
+    is the inter-node link: priced on the partition's inter-node curve
+    (:meth:`memx_hpc.model.links.LinkModel.allreduce`). The layer's cost model priced them
+    over the GPU's intra-node link (its roofline's ``comm_ms``, what measured TP groups inside
+    a node ran), so only the difference is added. A layer's forward + backward holds two such
+    forwards' worth (three under full recompute), the embedding and the head half of one
+    (one all-reduce each). 0 where the group stays inside a node."""
+    if partition is None or tp <= links.site.partition(partition).gpus_per_node:
+        return 0.0
+    nbytes = analytic.tp_allreduce_bytes(shape_of(job), micro_batch_size=micro_batch_size, precision=job.precision)
+    inter = links.allreduce(nbytes, tp, [partition], one_node=False).ms
+    intra = analytic.ring_allreduce_ms(nbytes, tp, links.site.gpu(gpu_type).link_gbps)
+    return max(0.0, inter - intra)
+
+
+#: TP-collective forwards per (layer under none/selective, layer under full, embedding, head)
+TP_COLLECTIVE_UNITS = (2.0, 3.0, 0.5, 0.5)
+
+
 def _limit(site: Site) -> float:
     return 1.0 - site.memory_safety_margin
 
@@ -464,7 +489,7 @@ class _LayoutTables:
         self._send_memo: dict[tuple, float] = {}
         self.sk = {name: np.zeros((S, P), dtype=np.int64) for name in ("ctx", "state", "opt", "sync")}
         self.sk.update({name: np.zeros((S, P), dtype=np.float64)
-                        for name in ("inflight", "first", "last", "link", "tied")})
+                        for name in ("inflight", "first", "last", "link", "tied", "tpx")})
         self.m = np.zeros(S, dtype=np.int64)
         self.pp = np.zeros(S, dtype=np.int64)
         for li, lay in enumerate(inputs.layouts):
@@ -492,6 +517,7 @@ class _LayoutTables:
             if i < pp - 1:
                 self.sk["link"][li, i] = self._send(mbs, tp, sp, bounds[i])
             self.sk["sync"][li, i] = self._sync(s, dp, name, one_node[i], tp)
+            self.sk["tpx"][li, i] = self._tpx(name, gpu, tp, mbs)
             if first or last:
                 self.sk["tied"][li, i] = tied
 
@@ -538,6 +564,14 @@ class _LayoutTables:
             a, b, same = bound
             v = self._send_memo[key] = send_ms(self.links, self.inputs.job, micro_batch_size=mbs, tp=tp,
                                                sequence_parallel=sp, a=a, b=b, same_node=same)
+        return v
+
+    def _tpx(self, name: str, gpu: str, tp: int, mbs: int) -> float:
+        key = ("tpx", name, gpu, tp, mbs)
+        v = self._send_memo.get(key)
+        if v is None:
+            v = self._send_memo[key] = tp_internode_ms(self.links, self.inputs.job, partition=name, gpu_type=gpu,
+                                                       tp=tp, micro_batch_size=mbs)
         return v
 
     def _sync(self, s: int, dp: int, name: str, one_node: bool, tp: int) -> int:
@@ -646,14 +680,17 @@ class Composer:
         k = np.minimum(n, np.ceil(block.group_max * self._lev_frac[lev] - 1e-9))
         nb = n - k
         ctx = g["ctx"]
-        t_base = self._ctx_t[ctx, base]
-        t_full = self._ctx_t[ctx, MODE_FULL]
+        tpx = g["tpx"]  # TP groups over whole nodes: their collectives' inter-node extra
+        u_base, u_full, u_emb, u_head = TP_COLLECTIVE_UNITS
+        t_base = self._ctx_t[ctx, base] + u_base * tpx
+        t_full = self._ctx_t[ctx, MODE_FULL] + u_full * tpx
         a_base = self._ctx_a[ctx, base]
         a_full = self._ctx_a[ctx, MODE_FULL]
         a_none = self._ctx_a[ctx, 0]
         emb, head = self._ctx_emb[ctx], self._ctx_head[ctx]
         first, last = g["first"], g["last"]
-        fwd, total = stage_time_ms(k, nb, t_full, t_base, self._ff[base], first, last, emb[..., 0], head[..., 0])
+        fwd, total = stage_time_ms(k, nb, t_full, t_base, self._ff[base], first, last, emb[..., 0] + u_emb * tpx,
+                                   head[..., 0] + u_head * tpx)
         bwd = total - fwd
         act, transient = stage_activation_bytes(k, nb, a_full, a_base, a_none, first, last, emb[..., 1],
                                                 head[..., 1])
@@ -707,7 +744,8 @@ class _Replica:
 def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micro_batch_size: int,
                   stages: Sequence[tuple[int, str, int | None, Sequence[_Replica]]], dp_per_stage: Sequence[int],
                   link_ms: Sequence[float], sync_of, tied_ms: float, sequence_parallel: bool,
-                  options: CostOptions, memory_scale=None, host_us: float = HOST_US_PER_OP) -> Prediction:
+                  options: CostOptions, memory_scale=None, host_us: float = HOST_US_PER_OP,
+                  links=None) -> Prediction:
     """The scalar composition shared by :func:`predict_plan` and :func:`predict_general`.
 
     ``stages``: per stage (layers, base mode of the layers not fully recomputed, number of
@@ -751,6 +789,10 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
             _, an = vals[row["none"]]
             te, ae = vals[row["emb"]]
             th, ah = vals[row["head"]]
+            tpx = tp_internode_ms(links, job, partition=r.partition, gpu_type=r.gpu_type, tp=r.tp,
+                                  micro_batch_size=mbs) if links is not None else 0.0
+            u_base, u_full, u_emb, u_head = TP_COLLECTIVE_UNITS
+            tb, tf, te, th = tb + u_base * tpx, tf + u_full * tpx, te + u_emb * tpx, th + u_head * tpx
             nb = n - kk
             fwd, total = stage_time_ms(kk, nb, tf, tb, forward_fraction(base), first, last, te, th)
             # the stage's share of micro-batches differs from m when its replica count does
@@ -853,7 +895,8 @@ def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: 
                          link_ms=link_ms, sync_of=sync_of, tied_ms=tied_sync_ms(lm, job, plan.tp, plan.pp, names[0],
                                                                                 names[-1]),
                          sequence_parallel=plan.sequence_parallel, options=options or CostOptions(),
-                         memory_scale=memory_scale_of(cost_model, site), host_us=host_us_per_op(cost_model))
+                         memory_scale=memory_scale_of(cost_model, site), host_us=host_us_per_op(cost_model),
+                         links=lm)
 
 
 def _check_general_fits(plan: GeneralPlan, site: Site, stages: list) -> None:
@@ -968,7 +1011,8 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
                          dp_per_stage=[len(s.replicas) for s in plan.stages], link_ms=link_ms, sync_of=sync_of,
                          tied_ms=tied_sync_ms(lm, job, first.tp, len(stages), first.partition, lastp.partition),
                          sequence_parallel=False, options=options or CostOptions(),
-                         memory_scale=memory_scale_of(cost_model, site), host_us=host_us_per_op(cost_model))
+                         memory_scale=memory_scale_of(cost_model, site), host_us=host_us_per_op(cost_model),
+                         links=lm)
 
 
 def _known(site: Site, name: str) -> bool:

@@ -54,7 +54,7 @@ import numpy as np
 
 from ..errors import SpecError
 from ..model.compose import Block, CompositionInputs, Layout
-from ..placement import comm_vendor, group_fits, place_groups, site_facts
+from ..placement import comm_vendor, group_fits, place_groups, site_facts, tp_fits_nodes
 from ..spec import Plan, RecomputeLevel, Site, Stage, TrainJob
 
 
@@ -88,6 +88,12 @@ class SpaceOptions:
     split_within_groups: bool = False
     #: None: searched (every TP > 1 layout with and without); True: on wherever TP > 1; False: off
     sequence_parallel: bool | None = None
+    #: also place TP groups over whole nodes (TP a multiple of a partition's GPUs per node;
+    #: their collectives cross the inter-node link). Off by default: the space stays what it
+    #: was (TP inside a node), since over slower links such groups rarely win and every
+    #: multi-node partition would add layouts; ``--tp-across-nodes`` (with ``--tp`` for degrees
+    #: above the largest node) asks for them.
+    tp_across_nodes: bool = False
     max_partitions: int | None = None
     #: only plans whose partitions all speak one vendor's collectives: what the planner asks
     #: for when a cross-vendor plan could not launch for this job and site (the project's
@@ -106,6 +112,8 @@ class SpaceOptions:
         if self.recompute_spread is not None and (not isinstance(self.recompute_spread, int)
                                                   or self.recompute_spread < 0):
             raise SpecError("must be a whole number >= 0", field="recompute_spread", found=self.recompute_spread)
+        if not isinstance(self.tp_across_nodes, bool):
+            raise SpecError("expected true or false", field="tp_across_nodes", found=self.tp_across_nodes)
         if self.sequence_parallel not in (None, True, False):
             raise SpecError("expected true, false or none (searched)", field="sequence_parallel",
                             found=self.sequence_parallel)
@@ -248,12 +256,22 @@ class PlanSpace:
             asked_mbs = o.micro_batch_sizes or self.job.micro_batch_sizes
             return ("--micro-batch-sizes" if o.micro_batch_sizes else "micro_batch_sizes",
                     f"no micro-batch size {list(asked_mbs)} divides the global batch {self.job.global_batch_size}")
-        placed = [t for t in tps if any(p.gpus_per_node % t == 0 for p in self.partitions)]
+        placed = [t for t in tps if any(p.gpus_per_node % t == 0 or (o.tp_across_nodes and t % p.gpus_per_node == 0)
+                                        for p in self.partitions)]
         if not placed:
             per_node = sorted({p.gpus_per_node for p in self.partitions})
+            if not o.tp_across_nodes and any(t % g == 0 for t in tps for g in per_node):
+                return ("--tp-across-nodes",
+                        f"no partition's GPUs per node ({', '.join(map(str, per_node))}) is a multiple of TP "
+                        f"{', '.join(map(str, tps))}; a TP group over whole nodes is searched only with "
+                        f"--tp-across-nodes")
             return ("--tp" if asked else "partitions",
-                    f"no partition's GPUs per node ({', '.join(map(str, per_node))}) is a multiple of TP "
-                    f"{', '.join(map(str, tps))} (a TP group never straddles nodes)")
+                    f"no partition's GPUs per node ({', '.join(map(str, per_node))}) is a multiple or a divisor of "
+                    f"TP {', '.join(map(str, tps))} (a TP group stays inside a node or spans whole nodes)")
+        big = max(p.total_gpus for p in self.partitions)
+        if all(t > big for t in placed):
+            return ("--tp" if asked else "partitions",
+                    f"TP {', '.join(map(str, placed))} needs that many GPUs of one partition; the largest has {big}")
         return ("--max-stages",
                 f"no pipeline layout: with at most {self.max_stages} stages, layer grid {self.granularity} and "
                 f"{len(self.partitions)} partition(s), no split of the {m.num_layers} layers fits the GPUs "
@@ -286,14 +304,21 @@ class PlanSpace:
         if r is None:
             r = {}
             for i, p in enumerate(self.partitions):
+                if not self.tp_placeable(p, tp):
+                    continue
                 sizes = [s for s in range(1, self.max_stages + 1) if group_fits(p, s, tp=tp, dp=dp)]
                 if sizes:
                     r[i] = sizes
             self._room[key] = r
         return r
 
+    def tp_placeable(self, partition, tp: int) -> bool:
+        """Whether this space places TP groups of ``tp`` on ``partition``: inside a node, or
+        over whole nodes where :attr:`SpaceOptions.tp_across_nodes` asks for it."""
+        return tp <= partition.gpus_per_node or (self.options.tp_across_nodes and tp_fits_nodes(partition, tp))
+
     def _partition_sequences(self, tp: int) -> list[tuple[int, ...]]:
-        usable = [i for i, p in enumerate(self.partitions) if tp <= p.gpus_per_node]
+        usable = [i for i, p in enumerate(self.partitions) if self.tp_placeable(p, tp)]
         most = min(len(usable), self.options.max_partitions or len(usable), self.max_stages)
         out = []
         for g in range(1, most + 1):
@@ -553,7 +578,7 @@ def space_size(space: "PlanSpace") -> SpaceSize:
 
     for tp in space.tp_candidates():
         sp_choices = len(space.sequence_parallel_choices(tp))
-        usable = [p for p in space.partitions if tp <= p.gpus_per_node]
+        usable = [p for p in space.partitions if space.tp_placeable(p, tp)]
         most_groups = min(len(usable), o.max_partitions or len(usable), space.max_stages)
         for mbs in space.micro_batch_candidates():
             for dp in space._dp_candidates(mbs):

@@ -28,10 +28,13 @@ def test_no_plan_generated_is_not_no_plan_fits(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no plan was generated" in err and "fits in memory" not in err
     assert "--tp" in err and "TP 3 does not divide" in err and "FFN width" in err
-    # TP 16 divides the heads but no partition has 16 GPUs per node
+    # TP 16 divides the heads and spans whole nodes, but no partition has 16 GPUs
     assert main(_plan(tmp_path, "--tp", "16")) == 1
     err = capsys.readouterr().err
-    assert "no plan was generated" in err and "GPUs per node (4, 8)" in err
+    assert "no plan was generated" in err and "--tp-across-nodes" in err and "GPUs per node (4, 8)" in err
+    assert main(_plan(tmp_path, "--tp", "16", "--tp-across-nodes")) == 1
+    err = capsys.readouterr().err
+    assert "no plan was generated" in err and "--tp" in err and "the largest has 8" in err
 
 
 @pytest.mark.parametrize("r, margin, want", [

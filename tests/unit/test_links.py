@@ -237,3 +237,53 @@ def test_replicas_on_two_gpu_types_sync_over_the_slower_link():
     mixed = predict_general(plan(["fast", "slow"]), site, job, FlatModel(), links=links).stages
     # the two replicas' ring crosses the pair's link: the slower partition's curve (1 GB/s), not 20 GB/s
     assert all(s.grad_sync_ms == pytest.approx(20 * homo, rel=0.05) for s in mixed)
+
+
+def _tp_site(gpus_per_node: int, inter: float = 25.0) -> Site:
+    nodes = 8 // gpus_per_node
+    return Site(name="s", partitions=(Partition(name="g", gpu_type="H100-SXM", nodes=nodes,
+                                                gpus_per_node=gpus_per_node, inter_node_gbps=inter),))
+
+
+def test_tp_over_whole_nodes_pays_its_collectives_on_the_inter_node_link():
+    """TP 8 on two 4-GPU nodes: the same layers as on one 8-GPU node, plus the difference of
+    its TP collectives between the inter-node link and the NVLink the layer cost priced;
+    more so on a slower network; the search's vectorised composition prices it alike."""
+    from memx_hpc.model.compose import TP_COLLECTIVE_UNITS, tp_internode_ms
+    from memx_hpc.model.links import LinkModel as LM
+    from memx_hpc.search.space import PlanSpace, SpaceOptions
+    model = ModelSpec(name="small", num_layers=8, hidden_size=4096, num_attention_heads=32, num_query_groups=32,
+                      ffn_hidden_size=16384, vocab_size=32000, seq_length=2048)
+    job = job_for_model(model, 8, precision="bf16", optimizer="adam", distributed_optimizer=False)
+    plan = Plan(tp=8, dp=1, micro_batch_size=1, global_batch_size=8, stages=(Stage(partition="g", num_layers=8),))
+    inside, spans, slow = _tp_site(8), _tp_site(4), _tp_site(4, inter=5.0)
+    assert tp_internode_ms(LM(inside, []), job, partition="g", gpu_type="H100-SXM", tp=8, micro_batch_size=1) == 0.0
+    x = tp_internode_ms(LM(spans, []), job, partition="g", gpu_type="H100-SXM", tp=8, micro_batch_size=1)
+    x_slow = tp_internode_ms(LM(slow, []), job, partition="g", gpu_type="H100-SXM", tp=8, micro_batch_size=1)
+    # two all-reduces of s*b*h bf16 per layer forward: a ring of 8 over 25 GB/s (14 steps, each
+    # with the inter-node latency), less the same volume over 450 GB/s NVLink
+    nbytes = 2 * 2 * 2048 * 4096
+    ring = 2 * 7 / 8 * nbytes / 25e9 * 1e3 + 14 * SITE_LATENCY_US["inter"] / 1e3
+    assert x == pytest.approx(ring - 2 * 7 / 8 * nbytes / 450e9 * 1e3, rel=1e-6)
+    assert x_slow > 4 * x
+    a = predict_plan(plan, inside, job, FlatModel())
+    b = predict_plan(plan, spans, job, FlatModel())
+    u_base, _, u_emb, u_head = TP_COLLECTIVE_UNITS
+    extra = (8 * u_base + u_emb + u_head) * x  # per micro-batch, fwd + bwd, one stage
+    assert b.stages[0].forward_ms + b.stages[0].backward_ms == pytest.approx(
+        a.stages[0].forward_ms + a.stages[0].backward_ms + extra, rel=1e-6)
+    assert b.iteration_ms > a.iteration_ms
+    # the search's vectorised composition gives the same numbers as the one-plan path
+    from memx_hpc.model.compose import Composer, required_queries
+    space = PlanSpace(spans, job, SpaceOptions(tp_degrees=(4, 8), micro_batch_sizes=(1,), layer_granularity=2, tp_across_nodes=True))
+    inputs = space.composition_inputs()
+    qs = required_queries(inputs)
+    comp = Composer(inputs, {q: tuple(v) for q, v in zip(qs, FlatModel().predict(qs))},
+                    overhead_bytes={"H100-SXM": FlatModel().overhead_bytes("H100-SXM")})
+    cost = comp.compose(space.decode(0, len(space)))
+    tps = set()
+    for i in range(len(space)):
+        p = space.plan_at(i)
+        tps.add(p.tp)
+        assert cost.iteration_ms[i] == pytest.approx(predict_plan(p, spans, job, FlatModel()).iteration_ms, rel=1e-9)
+    assert tps == {4, 8}

@@ -41,7 +41,8 @@ def test_cross_vendor_plan_ranks_nodes_and_groups():
 
 
 @pytest.mark.parametrize("stages,tp,dp,words", [
-    ((("gpu_v100", 32, None),), 8, 1, "exceeds the 4 GPUs per node"),
+    ((("gpu_v100", 32, None),), 6, 1, "exceeds the 4 GPUs per node of partition gpu_v100 and is not a multiple"),
+    ((("gpu_v100", 32, None),), 8, 1, "needs 2 nodes of partition gpu_v100"),  # whole nodes, but it has one
     ((("gpu_a100", 16, None), ("gpu_a100", 8, None), ("gpu_a100", 8, None)), 2, 1, "split a tensor-parallel group"),
     ((("gpu_a100", 32, None),), 2, 8, "needs 4 nodes of partition gpu_a100"),
     ((("gpu_a100", 31, None),), 1, 1, "hold 31 layers"),
@@ -153,3 +154,33 @@ def dataclasses_replace(plan, **kw):
     import dataclasses
 
     return dataclasses.replace(plan, **kw)
+
+
+def test_a_tp_group_may_span_whole_nodes():
+    """TP 8 on two 4-GPU nodes: one group over both nodes, every node full (Megatron runs it;
+    its collectives then cross the inter-node link)."""
+    site, job = load_site(CROSS), load_job(ROOT / "jobs" / "gpt3-2.7b.yaml")
+    pl = place(_plan(("gpu_a100", 32, None), tp=8), site, job)
+    (c,) = pl.components
+    assert (c.nodes, c.tasks_per_node) == (2, 4)
+    (tp_group,) = [g.ranks for g in pl.process_groups() if g.kind == "tp"]
+    assert {pl.node_of(r) for r in tp_group} == {("gpu_a100", 0), ("gpu_a100", 1)}
+    assert group_fits(site.partition("gpu_a100"), 1, tp=8, dp=1)
+    assert not group_fits(site.partition("gpu_a100"), 1, tp=8, dp=2)  # 16 GPUs: the partition has 8
+    assert not group_fits(site.partition("gpu_a100"), 1, tp=6, dp=1)  # neither inside a node nor whole nodes
+
+
+def test_tp_over_nodes_is_searched_only_where_asked():
+    """The default space keeps TP within a node; ``tp_degrees`` opts in to TP over whole nodes."""
+    site, job = load_site(CROSS), load_job(ROOT / "jobs" / "gpt3-2.7b.yaml")
+    default = PlanSpace(site, job)
+    assert max(sk.tp for sk in default.skeletons) <= 8
+    assert not any(site.partitions[i].name == "gpu_a100" and sk.tp == 8 for sk in default.skeletons for i, _ in sk.groups)
+    asked = PlanSpace(site, job, SpaceOptions(tp_degrees=(8,), tp_across_nodes=True))
+    wide = [sk for sk in asked.skeletons if any(site.partitions[i].name == "gpu_a100" for i, _ in sk.groups)]
+    assert wide and all(sk.tp == 8 for sk in asked.skeletons)
+    # without the option the same --tp 8 keeps to the 8-GPU partition
+    narrow = PlanSpace(site, job, SpaceOptions(tp_degrees=(8,)))
+    assert len(narrow) and all(site.partitions[i].name == "gpu_mi250x" for sk in narrow.skeletons for i, _ in sk.groups)
+    asked16 = PlanSpace(site, job, SpaceOptions(tp_degrees=(16,), tp_across_nodes=True))
+    assert len(asked16) == 0 and "the largest has 8" in asked16.why_empty()[1]  # whole nodes, but no partition has 16 GPUs

@@ -202,7 +202,8 @@ def _plan(*stages: tuple[str, int], tp: int = 1, dp: int = 1, mbs: int = 1, gbs:
 
 @pytest.mark.parametrize("plan,field,words", [
     (_plan(("nvidia_h100", 4)), "stages[0].partition", "unknown partition"),
-    (_plan(("nvidia_a100", 4), tp=4), "tp", "exceeds the 2 GPUs per node"),
+    # TP 4 over two whole 2-GPU nodes would be placed, but the partition has one node
+    (_plan(("nvidia_a100", 4), tp=4), "nodes", "needs 2 nodes of partition nvidia_a100"),
     (_plan(("nvidia_a100", 2), ("nvidia_a100", 2), tp=2), "nodes", "needs 2 nodes of partition nvidia_a100"),
     (_plan(("nvidia_a100", 3), ("amd_mi250", 2)), "stages", "hold 5 layers"),
     (_plan(("nvidia_a100", 4), sp=True), "sequence_parallel", "tensor-parallel size > 1"),

@@ -66,18 +66,22 @@ def test_every_plan_is_runnable():
                 assert 0 < s.recompute.num_layers < s.num_layers
 
 
-def _fits_whole_nodes(part, ranks, tp):
+def _fits_whole_nodes(part, ranks, tp, across=False):
     """The hetjob rule, stated on its own: ceil(ranks / gpn) nodes, the same tasks on each,
-    no TP group across a node, at most the partition's nodes."""
-    nodes = -(-ranks // part.gpus_per_node)
-    return (tp <= part.gpus_per_node and ranks % nodes == 0 and (ranks // nodes) % tp == 0
-            and nodes <= part.nodes)
+    no TP group across a node (``across``: or TP groups of whole nodes), at most the
+    partition's nodes."""
+    gpn = part.gpus_per_node
+    nodes = -(-ranks // gpn)
+    if across and tp > gpn:
+        return tp % gpn == 0 and ranks % gpn == 0 and ranks // gpn <= part.nodes
+    return tp <= gpn and ranks % nodes == 0 and (ranks // nodes) % tp == 0 and nodes <= part.nodes
 
 
-def test_skeletons_are_exactly_the_valid_ones():
+@pytest.mark.parametrize("across", [False, True])
+def test_skeletons_are_exactly_the_valid_ones(across):
     """Brute force over every (tp, mbs, dp, ordered partitions, stage counts) combination."""
     site, job = tiny_site(gpn=(2, 4), nodes=(2, 1)), tiny_job(gbs=8)
-    space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=4))
+    space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=4, tp_across_nodes=across))
     got = {(s.tp, s.dp, s.micro_batch_size, s.groups) for s in space.skeletons}
     want = set()
     parts = site.partitions
@@ -89,10 +93,12 @@ def test_skeletons_are_exactly_the_valid_ones():
                 for counts in itertools.product(range(1, 5), repeat=g):
                     if sum(counts) > 4:
                         continue
-                    ok = all(_fits_whole_nodes(parts[i], c * tp * dp, tp) for i, c in zip(seq, counts))
+                    ok = all(_fits_whole_nodes(parts[i], c * tp * dp, tp, across) for i, c in zip(seq, counts))
                     if ok and sum(counts) <= job.model.num_layers:
                         want.add((tp, dp, mbs, tuple(zip(seq, counts))))
     assert got == want
+    # across nodes, TP 4 runs on the 2-GPU partition too (two whole nodes); not by default
+    assert any(sk.tp == 4 and site.partitions[sk.groups[0][0]].gpus_per_node == 2 for sk in space.skeletons) == across
 
 
 def test_layer_splits_follow_the_grid():
