@@ -446,6 +446,33 @@ def _routes(site, names, model) -> dict:
     return out
 
 
+def rule_fallback(result, site, provenance: dict[str, str], notes: list[str]):
+    """``result`` with the rule of thumb's plan (:mod:`memx_hpc.search.rule`: largest DP,
+    then smallest TP, then largest micro-batch) first in its recommended ranking, on a kind
+    of site where the predictor's held-out top-1 is below the rule's
+    (``memx_hpc/data/ranking.yaml``, from benchmarks/ranking.py); ``result`` itself
+    elsewhere. The rule picks among the plans the recommended ranking keeps (risk-feasible
+    plans, the top-K), so its plan fits with the error band as every recommended plan does;
+    the others keep their order. What was done goes into ``notes`` and the result's
+    ``recommended_by`` line (printed with the three picks)."""
+    from .search.rule import rule_pick, rule_row
+
+    row = rule_row(site, provenance)
+    ranked = list(result.recommended_top)
+    if row is None or len(ranked) < 2:
+        return result
+    i = rule_pick([s.plan for s in ranked])
+    line = (f"the recommended plan is the rule of thumb's (largest DP, then smallest TP, then largest micro-batch) "
+            f"among the {len(ranked)} plans the recommended ranking keeps: on {row['nodes']} NVIDIA sites with "
+            f"{row['chip']} GPU types the predictor's held-out top-1 ({float(row['predictor_top1']):.0%} of "
+            f"{row['groups']} groups) is below the rule's ({float(row['rule_top1']):.0%}; benchmarks/ranking.py, "
+            f"memx_hpc/data/ranking.yaml)")
+    notes.append(line)
+    order = [ranked[i]] + ranked[:i] + ranked[i + 1:]
+    order = [dataclasses.replace(s, rank=k + 1) for k, s in enumerate(order)]
+    return dataclasses.replace(result, recommended_top=tuple(order), recommended_by=line)
+
+
 def provenance_of(cost_model, site) -> dict[str, str]:
     """Per GPU type of ``site``: where the cost model's numbers for it come from."""
     return {g: cost_model.provenance(g) for g in sorted({p.gpu_type for p in site.partitions})}
@@ -739,6 +766,8 @@ def _plan(request: PlanRequest) -> PlanResult:
     progress = ProgressBar("search", enabled=rank0 and request.progress)
     result = search(space, cost_model, options=pr.options, cache=pr.cache, comm=pr.comm, progress=progress)
     provenance = provenance_of(cost_model, site)
+    if request.objective == "recommended":
+        result = rule_fallback(result, site, provenance, notes)
     base = Path(os.path.normpath(Path(request.out_dir) if request.out_dir
                                  else site.resolve(site.work_dir) / f"plan-{job.name}"))
     kw = dict(objective=request.objective, bands=pr.bands)

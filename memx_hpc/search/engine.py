@@ -167,6 +167,9 @@ class SearchResult:
     risk_feasible: int = 0
     memory_error: Mapping[str, float] = field(default_factory=dict)
     time_noise: float = TIME_NOISE
+    #: who put the first plan of ``recommended_top`` first: ``predictor`` (the ranking above),
+    #: or the line saying why the rule of thumb did (:func:`memx_hpc.planner.rule_fallback`)
+    recommended_by: str = "predictor"
 
     @property
     def recommended(self) -> ScoredPlan | None:

@@ -183,7 +183,9 @@ def explain(result: SearchResult, *, bands: Mapping[str, MemoryErrorBand] | None
                      f"({(cap - peak) / GiB:.1f} GiB free), {u * (1 + band):.0%} with its +{band:.0%} error band: "
                      f"{risk_words(s, margin=margin)}{rests_on(s, provenance, links)}{where}")
     rec = p.get("recommended")
-    if rec is not None and fast is not None:
+    if rec is not None and result.recommended_by != "predictor":
+        lines.append(result.recommended_by)
+    elif rec is not None and fast is not None:
         if rec.index == fast.index:
             lines.append("the recommended plan is the fastest plan that fits: its peak plus the expected error stays "
                          "within every GPU's memory")
