@@ -72,15 +72,20 @@ COLUMNS = [
 ]
 
 
+def _git(gitdir: Path, *args: str) -> str:
+    proc = subprocess.run(["git", "--git-dir", str(gitdir), *args], capture_output=True, text=True)
+    if proc.returncode:
+        print(f"error: {gitdir}: git {' '.join(args)} failed: {proc.stderr.strip()[:300]}", file=sys.stderr)
+        raise SystemExit(2)
+    return proc.stdout
+
+
 def git_show(gitdir: Path, commit: str, path: str) -> str:
-    return subprocess.run(["git", "--git-dir", str(gitdir), "show", f"{commit}:{path}"], check=True,
-                          capture_output=True, text=True).stdout
+    return _git(gitdir, "show", f"{commit}:{path}")
 
 
 def git_ls(gitdir: Path, commit: str, path: str) -> list[str]:
-    out = subprocess.run(["git", "--git-dir", str(gitdir), "ls-tree", "-r", "--name-only", commit, path],
-                         check=True, capture_output=True, text=True).stdout
-    return out.split()
+    return _git(gitdir, "ls-tree", "-r", "--name-only", commit, path).split()
 
 
 # --------------------------------------------------------------------------- Megatron-LM CI
@@ -92,7 +97,10 @@ CI_NOTED = ("--use-megatron-fsdp", "--fp8-format", "--overlap-moe-expert-paralle
             "--cuda-graph-impl", "--external-cuda-graph", "--deterministic-mode", "--mtp-num-layers",
             "--fine-grained-activation-offloading", "--optimizer", "--moe-token-dispatcher-type",
             "--overlap-grad-reduce", "--overlap-param-gather", "--num-distributed-optimizer-instances",
-            "--moe-router-load-balancing-type", "--delay-wgrad-compute", "--use-torch-fsdp2", "--hybrid-override-pattern")
+            "--moe-router-load-balancing-type", "--delay-wgrad-compute", "--use-torch-fsdp2", "--hybrid-override-pattern",
+            "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+            "--pipeline-model-parallel-layout", "--account-for-embedding-in-pipeline-split",
+            "--account-for-loss-in-pipeline-split", "--recompute-modules", "--cpu-offloading")
 
 
 def _recipes(gitdir: Path, commit: str) -> dict[tuple[str, str], tuple[int, int]]:
