@@ -1,0 +1,418 @@
+"""The planner's composition against public measured Megatron runs with VP, CP and EP.
+
+Every row of benchmarks/data/public_runs.csv (sources, licences and what each measured:
+benchmarks/data/README.md) is predicted as the Megatron plan it ran -- a ``Plan`` with its
+TP, DP, PP stages, virtual stages, CP, EP and ETP -- with the search's own composition
+(``memx_hpc.model.compose.predict_plan``) and the planner's own cost model
+(``memx_hpc.planner.load_cost_model``: the predictor fitted on the reference profiles
+the planner starts a store from, the datasheet transfer for GPU types without profiles),
+beside the datasheet roofline (``AnalyticCostModel``). Nothing is fitted to these runs.
+
+Printed, for dev and test separately and per dimension (VP, CP, EP, dense: a row with VP
+and CP counts in both): time MAPE and signed bias; where the source publishes peak memory,
+memory MAPE and bias. Memory compares allocator peaks: the measured
+``torch.cuda.max_memory_allocated`` (Megatron-LM CI: the logging rank, i.e. the last
+pipeline stage) against the composition's peak of that stage without the device terms
+(``(peak - overhead) / a``, as benchmarks/end_to_end.py).
+
+A row the planner cannot state yet (a precision it does not know, Megatron-FSDP, a model
+without a spec, a GPU type outside the catalog, a Plan field that does not exist yet, ...)
+is counted and listed as "not expressible yet: <reason>", never guessed; it is predicted
+automatically once the planner can state it.
+
+Locked test split: the ``split`` column, set by the rule in
+benchmarks/data/extract_public_runs.py (vendor tables: Llama-3-70B and Qwen3-30B-A3B are
+test; Megatron-LM CI: crc32(case) % 5 == 0), committed before this file produced a number.
+Only dev rows may inform a design choice.
+
+Assumptions the rows do not state (printed with the results): Adam; the distributed
+optimizer on for the vendor tables (their recipes) and as the CI arguments say; sequence
+parallel wherever TP > 1 for the vendor tables; no activation recompute unless the row
+names one; Megatron's even split of layers over pipeline stages (the remainder to the
+middle stages); between nodes 50 GB/s per GPU (one 400 Gb/s NIC per GPU in DGX H100/B200/
+B300/GB200/GB300; 25 GB/s for DGX A100's 200 Gb/s), except inside a GB200/GB300 NVL72
+rack (at most 72 GPUs), where every GPU reaches the others over NVLink.
+
+Run from the repository root:  .venv/bin/python benchmarks/public_runs.py [--help]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import math
+import re
+import sys
+import tempfile
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from memx_hpc.errors import SpecError  # noqa: E402
+from memx_hpc.tables import table  # noqa: E402
+
+DATA = ROOT / "benchmarks" / "data" / "public_runs.csv"
+GiB = 2**30
+DIMENSIONS = ("VP", "CP", "EP", "dense")
+#: GPT-2's BPE vocabulary (the CI runs' --vocab-file), before Megatron pads it
+GPT2_VOCAB = 50257
+NVL72 = ("GB200", "GB300")
+#: CI flags that change what a step does in ways the planner has no term for
+UNSUPPORTED_FLAGS = {
+    "mtp-num-layers": "multi-token prediction layers",
+    "hybrid-override-pattern": "hybrid Mamba layers",
+    "fine-grained-activation-offloading": "activation offloading to the host",
+    "optimizer=muon": "the Muon optimizer",
+    "optimizer=dist_muon": "the Muon optimizer",
+    "pipeline-model-parallel-layout": "an explicit pipeline layout",
+    "account-for-embedding-in-pipeline-split": "the embedding counted as a layer in the pipeline split",
+    "cpu-offloading": "offloading to the host",
+}
+
+
+class NotExpressible(Exception):
+    """The planner cannot state this run yet; the message says why."""
+
+
+def load_rows(path: Path = DATA) -> list[dict]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(line for line in fh if not line.startswith("#")))
+
+
+def _int(v: str, default: int | None = None) -> int | None:
+    return default if v in ("", None) else int(float(v))
+
+
+def dimensions(row: dict) -> list[str]:
+    d = []
+    if (_int(row["vp"], 1) or 1) > 1:
+        d.append("VP")
+    if (_int(row["cp"], 1) or 1) > 1:
+        d.append("CP")
+    if (_int(row["ep"], 1) or 1) > 1:
+        d.append("EP")
+    return d or ["dense"]
+
+
+def _precision(p: str) -> str:
+    from memx_hpc.spec import PRECISIONS
+    base = p.split(" ")[0].strip().lower()
+    if base in PRECISIONS:
+        return base
+    # the vendor tables' fp8 flavours: current scaling (fp8-cs) and blockwise (fp8-mx, mxfp8)
+    fp8 = base in ("fp8", "fp8-cs", "fp8-mx", "mxfp8")
+    if fp8 and "fp8" in PRECISIONS:
+        return "fp8"
+    raise NotExpressible(f"precision {base} is not one the planner knows ({', '.join(PRECISIONS)})")
+
+
+def _moe_freq(text: str, num_layers: int):
+    """Megatron's --moe-layer-freq: an int, or a list expression like ([0]*1+[1]*3)*2."""
+    if text in ("", None):
+        return 1
+    if re.fullmatch(r"\d+", text):
+        return int(text)
+    if not re.fullmatch(r"[\[\]\d\s\*\+\(\),]+", text):
+        raise NotExpressible(f"moe_layer_freq {text!r} is not a pattern this benchmark reads")
+    pattern = eval(text, {"__builtins__": {}}, {})  # digits, brackets, * and + only (checked above)
+    if len(pattern) != num_layers:
+        raise NotExpressible(f"moe_layer_freq gives {len(pattern)} layers, the model has {num_layers}")
+    return tuple(int(x) for x in pattern)
+
+
+def model_of(row: dict):
+    from memx_hpc.catalog import preset
+    from memx_hpc.spec import ModelSpec
+    seq = _int(row["seq_length"])
+    if row["model_preset"]:
+        return dataclasses.replace(preset(row["model_preset"]), seq_length=seq)
+    if not row["num_layers"]:
+        raise NotExpressible(f"no model spec for {row['family']} (no preset, shape not published in the row)")
+    if row["multi_latent_attention"] == "True":
+        raise NotExpressible("multi-latent attention ranks are not recorded in the row")
+    L, h, a = int(row["num_layers"]), int(row["hidden_size"]), int(row["num_attention_heads"])
+    vocab = GPT2_VOCAB if row["vocab_size"] == "gpt2-bpe" else _int(row["vocab_size"])
+    if vocab is None:
+        raise NotExpressible(f"vocabulary of tokenizer {row['vocab_size']!r} unknown")
+    kw = dict(name=row["family"][:60], num_layers=L, hidden_size=h, num_attention_heads=a,
+              num_query_groups=int(row["num_query_groups"]), ffn_hidden_size=int(row["ffn_hidden_size"]),
+              vocab_size=vocab, seq_length=seq, activation="swiglu" if row["swiglu"] == "True" else "gelu",
+              tied_embeddings=row["untied_embeddings"] != "True",
+              position_embedding="rope" if row["rope"] == "True" else "learned",
+              normalization="rmsnorm" if row["rmsnorm"] == "True" else "layernorm")
+    if int(row["kv_channels"]) != h // a:
+        kw["head_dim"] = int(row["kv_channels"])
+    if row["num_experts"]:
+        fields = {f.name for f in dataclasses.fields(ModelSpec)}
+        if "num_experts" not in fields:
+            raise NotExpressible("ModelSpec has no MoE fields")
+        kw.update(num_experts=int(row["num_experts"]), moe_router_topk=int(row["moe_router_topk"]),
+                  moe_layer_freq=_moe_freq(row["moe_layer_freq"], L))
+        if row["moe_ffn_hidden_size"]:
+            kw["moe_ffn_hidden_size"] = int(row["moe_ffn_hidden_size"])
+        if row["moe_shared_expert_size"]:
+            kw["moe_shared_expert_intermediate_size"] = int(row["moe_shared_expert_size"])
+    try:
+        return ModelSpec(**kw)
+    except (SpecError, TypeError) as e:
+        raise NotExpressible(f"model spec refused: {e}") from None
+
+
+def _recompute(text: str):
+    from memx_hpc.spec import Recompute
+    if text in ("", "none"):
+        return Recompute()
+    if text.startswith("full"):
+        return Recompute(mode="full")
+    if text.startswith("selective"):
+        mods = text.split(":", 1)[1] if ":" in text else "core_attn"
+        if mods not in ("core_attn", "[core_attn]", "['core_attn']"):
+            raise NotExpressible(f"selective recompute of {mods} (the planner's selective is core attention)")
+        return Recompute(mode="selective")
+    raise NotExpressible(f"recompute {text!r}")
+
+
+def _even(total: int, parts: int) -> list[int]:
+    """Layers per stage as Megatron splits them evenly; a remainder goes to the middle stages."""
+    base, rem = divmod(total, parts)
+    out = [base] * parts
+    order = sorted(range(parts), key=lambda i: (abs(i - (parts - 1) / 2), i))
+    for i in order[:rem]:
+        out[i] += 1
+    return out
+
+
+def _stage_layers(row: dict, total: int, pp: int) -> list[int]:
+    """Megatron's split: --decoder-first/last-pipeline-num-layers where given, the rest even."""
+    first = re.search(r"decoder-first-pipeline-num-layers=(\d+)", row["other_flags"])
+    last = re.search(r"decoder-last-pipeline-num-layers=(\d+)", row["other_flags"])
+    head = [int(first.group(1))] if first else []
+    tail = [int(last.group(1))] if last else []
+    middle = pp - len(head) - len(tail)
+    rest = total - sum(head) - sum(tail)
+    if middle < 0 or (middle == 0 and rest) or (middle and rest < middle):
+        raise NotExpressible(f"first/last stage layer counts do not fit {total} layers on {pp} stages")
+    return head + (_even(rest, middle) if middle else []) + tail
+
+
+def build(row: dict):
+    """(plan, site, job) for a row, or NotExpressible naming what the planner lacks."""
+    from memx_hpc.spec import Partition, Plan, Site, Stage, job_for_model
+    for flag, what in UNSUPPORTED_FLAGS.items():
+        if flag in row["other_flags"]:
+            raise NotExpressible(f"{what} ({flag.split('=')[0]})")
+    if _int(row["fsdp"], 0):
+        raise NotExpressible("Megatron-FSDP is not in the planner's space")
+    precision = _precision(row["precision"])
+    model = model_of(row)
+    gpus, gpn = int(row["gpus"]), int(row["gpus_per_node"])
+    tp, pp, cp = int(row["tp"]), int(row["pp"]), _int(row["cp"], 1)
+    vp, ep = _int(row["vp"], 1) or 1, _int(row["ep"], 1) or 1
+    etp = _int(row["etp"], None)
+    if gpus % (tp * pp * cp):
+        raise NotExpressible(f"{gpus} GPUs are not a multiple of tp x pp x cp = {tp * pp * cp}")
+    dp = gpus // (tp * pp * cp)
+    fields = {f.name for f in dataclasses.fields(Plan)}
+    kw = {}
+    for name, value, need in (("virtual_stages", vp, vp > 1), ("cp", cp, cp > 1), ("ep", ep, ep > 1),
+                              ("etp", etp, etp is not None and etp != tp)):
+        if need and name not in fields:
+            raise NotExpressible(f"Plan has no field {name}")
+        if name in fields and (need or name != "etp"):
+            kw[name] = value
+    vendor = not row["id"].startswith("mlm-ci/")
+    sp = tp > 1 if vendor else row["sequence_parallel"] == "True"
+    rec = _recompute(row["recompute"])
+    layers = _stage_layers(row, model.num_layers, pp)
+    if model.num_layers < pp * vp:
+        raise NotExpressible(f"{model.num_layers} layers cannot fill {pp} x {vp} model chunks")
+    gpu = row["gpu_type"]
+    if gpu in NVL72 and gpus <= 72:
+        inter = None  # one NVLink domain: the GPU's own link figure
+    else:
+        inter = 25.0 if gpu.startswith("A100") else 50.0
+    nodes = math.ceil(gpus / gpn)
+    part = Partition(name="p", gpu_type=gpu, nodes=nodes, gpus_per_node=gpn,
+                     **({"inter_node_gbps": inter} if inter is not None else {}))
+    site = Site(name=f"public-{gpu.lower()}", partitions=(part,))
+    try:
+        g = site.gpu(gpu)
+    except SpecError:
+        raise NotExpressible(f"GPU type {gpu} is not in the catalog") from None
+    if inter is None:
+        site = Site(name=site.name, partitions=(dataclasses.replace(part, inter_node_gbps=float(g.link_gbps)),))
+    attention = "core" if row["attention_backend"] == "unfused" else "sdpa"
+    dist_opt = True if vendor else row["distributed_optimizer"] == "True"
+    try:
+        job = job_for_model(model, int(row["global_batch_size"]), precision=precision, attention=attention,
+                            optimizer="adam", distributed_optimizer=dist_opt)
+        plan = Plan(tp=tp, dp=dp, micro_batch_size=int(row["micro_batch_size"]),
+                    global_batch_size=int(row["global_batch_size"]),
+                    stages=tuple(Stage(partition="p", num_layers=n, recompute=rec) for n in layers),
+                    sequence_parallel=sp, **kw)
+    except SpecError as e:
+        raise NotExpressible(f"plan refused: {e}") from None
+    return plan, site, job
+
+
+# --------------------------------------------------------------------------- prediction
+
+
+def cost_model(store: Path, analytic: bool):
+    """The planner's cost model for a site holding every GPU type of the rows (one fit)."""
+    from memx_hpc.model.api import AnalyticCostModel
+    from memx_hpc.planner import load_cost_model
+    from memx_hpc.catalog import preset
+    from memx_hpc.spec import Partition, Site, job_for_model
+    types = ("A100-80", "H100-SXM", "B200", "B300", "GB200", "GB300")
+    site = Site(name="public-runs", partitions=tuple(Partition(name=f"p{i}", gpu_type=t, nodes=1, gpus_per_node=8)
+                                                      for i, t in enumerate(types)))
+    if analytic:
+        return AnalyticCostModel(site), ["--analytic: the datasheet roofline only"]
+    notes: list[str] = []
+    job = job_for_model(preset("Llama-3-8B"), 128)
+    model = load_cost_model(site, job, store, analytic=False, notes=notes, calibrate=False, progress=True,
+                            reference=True)
+    return model, notes
+
+
+def predict_row(row: dict, model) -> dict:
+    from memx_hpc.model.api import AnalyticCostModel
+    from memx_hpc.model.compose import memory_scale_of, predict_plan
+    plan, site, job = build(row)
+    out = {}
+    for key, cm in (("pred", model), ("roof", AnalyticCostModel(site))):
+        try:
+            p = predict_plan(plan, site, job, cm)
+        except SpecError as e:
+            raise NotExpressible(f"the composition refused it: {e}") from None
+        a0 = memory_scale_of(cm, site)
+        alloc = [(st.peak_bytes - st.overhead_bytes) / a0(st.gpu_type) for st in p.stages]
+        last = [(st.peak_bytes - st.overhead_bytes) / a0(st.gpu_type) for st in p.stages
+                if st.stage == max(s.stage for s in p.stages)]
+        out[key + "_ms"] = p.iteration_ms
+        # CI: the logging (last) rank's peak; other sources: the largest stage's
+        out[key + "_mem"] = max(last) if row["id"].startswith("mlm-ci/") else max(alloc)
+        out[key + "_feasible"] = p.feasible
+    return out
+
+
+def _ape(pred: float, real: float) -> float:
+    return 100.0 * abs(pred - real) / real
+
+
+def _bias(pred: float, real: float) -> float:
+    return 100.0 * (pred - real) / real
+
+
+def _mean(v) -> str:
+    return f"{sum(v) / len(v):.1f}" if v else "-"
+
+
+def run(rows: list[dict], model, *, show_rows: bool = False, out=print) -> dict:
+    done, refused = [], []
+    for r in rows:
+        try:
+            res = predict_row(r, model)
+        except NotExpressible as e:
+            refused.append((r, str(e)))
+            continue
+        res.update(row=r, real_ms=float(r["iteration_ms"]) if r["iteration_ms"] else None,
+                   real_mem=float(r["peak_mem_bytes"]) if r["peak_mem_bytes"] else None)
+        done.append(res)
+    if show_rows and done:
+        tab = []
+        for d in done:
+            r = d["row"]
+            tab.append([r["id"][:70], r["split"], "+".join(dimensions(r)), r["gpu_type"], r["gpus"],
+                        f"{r['tp']}/{r['pp']}/{r['vp'] or 1}/{r['cp']}/{r['ep']}",
+                        f"{d['real_ms']:.1f}" if d["real_ms"] else "-", f"{d['pred_ms']:.1f}", f"{d['roof_ms']:.1f}",
+                        f"{d['real_mem'] / GiB:.2f}" if d["real_mem"] else "-", f"{d['pred_mem'] / GiB:.2f}",
+                        "" if d["pred_feasible"] else "over capacity"])
+        table(tab, ["row", "split", "dims", "gpu", "gpus", "tp/pp/vp/cp/ep", "real ms", "pred ms", "roofline ms",
+                    "real GiB", "pred GiB", "note"])
+    summary: dict = {}
+    tab = []
+    for split in ("dev", "test"):
+        for dim in DIMENSIONS:
+            sel = [d for d in done if d["row"]["split"] == split and dim in dimensions(d["row"])]
+            t = [d for d in sel if d["real_ms"]]
+            m = [d for d in sel if d["real_mem"]]
+            s = dict(n_time=len(t), time_mape=[_ape(d["pred_ms"], d["real_ms"]) for d in t],
+                     time_bias=[_bias(d["pred_ms"], d["real_ms"]) for d in t],
+                     roof_time_mape=[_ape(d["roof_ms"], d["real_ms"]) for d in t],
+                     n_mem=len(m), mem_mape=[_ape(d["pred_mem"], d["real_mem"]) for d in m],
+                     mem_bias=[_bias(d["pred_mem"], d["real_mem"]) for d in m],
+                     roof_mem_mape=[_ape(d["roof_mem"], d["real_mem"]) for d in m])
+            summary[(split, dim)] = {k: (sum(v) / len(v) if v else float("nan")) if isinstance(v, list) else v
+                                     for k, v in s.items()}
+            n_all = sum(1 for r in rows if r["split"] == split and dim in dimensions(r))
+            tab.append([split, dim, n_all, len(t), _mean(s["time_mape"]), _mean(s["time_bias"]),
+                        _mean(s["roof_time_mape"]), len(m), _mean(s["mem_mape"]), _mean(s["mem_bias"]),
+                        _mean(s["roof_mem_mape"])])
+    out(f"\npredicted {len(done)} of {len(rows)} rows; {len(refused)} not expressible yet")
+    table(tab, ["split", "dimension", "rows", "timed", "time MAPE %", "time bias %", "roofline time MAPE %",
+                "with memory", "memory MAPE %", "memory bias %", "roofline memory MAPE %"])
+    by_reason: dict[str, list[dict]] = defaultdict(list)
+    for r, why in refused:
+        by_reason[re.sub(r"\d+", "N", why) if why.startswith(("plan refused", "model spec refused")) else why].append(r)
+    if refused:
+        out("\nnot expressible yet (count: reason -- families):")
+        for why, rs in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+            fam = Counter(r["family"] for r in rs)
+            out(f"  {len(rs):4d}: {why} -- " + ", ".join(f"{f} ({n})" for f, n in sorted(fam.items())))
+    summary["predicted"], summary["refused"] = len(done), len(refused)
+    summary["reasons"] = {k: len(v) for k, v in by_reason.items()}
+    return summary
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        description="Score the planner's composition on public measured Megatron runs (VP, CP, EP, dense): "
+                    "time and memory MAPE per dimension, dev and test apart, beside the datasheet roofline.",
+        epilog="Example: .venv/bin/python benchmarks/public_runs.py --source mlm-ci --rows")
+    ap.add_argument("--data", type=Path, default=DATA, help=f"the runs (default {DATA.relative_to(ROOT)})")
+    ap.add_argument("--source", default="", help="only rows whose id starts with this (mlm-ci, bridge, nemo)")
+    ap.add_argument("--split", choices=("dev", "test"), help="only this half")
+    ap.add_argument("--limit", type=int, default=0, help="at most this many rows (0: all)")
+    ap.add_argument("--rows", action="store_true", help="print every predicted row")
+    ap.add_argument("--analytic", action="store_true", help="the roofline as the planner's model too (no fit; fast)")
+    ap.add_argument("--store", type=Path, default=Path(tempfile.gettempdir()) / "memx-public-runs" / "store.h5",
+                    help="profile store the planner starts from its reference profiles (kept, so the fit is reused)")
+    args = ap.parse_args(argv)
+    if args.limit < 0:
+        print("error: --limit: expected a whole number >= 0", file=sys.stderr)
+        return 1
+    try:
+        rows = load_rows(args.data)
+    except OSError as e:
+        print(f"error: cannot read {args.data}: {e.strerror}", file=sys.stderr)
+        return 2
+    rows = [r for r in rows if r["id"].startswith(args.source) and (not args.split or r["split"] == args.split)]
+    if args.limit:
+        rows = rows[:args.limit]
+    if not rows:
+        print("error: --source/--split: no row matches", file=sys.stderr)
+        return 1
+    try:
+        args.store.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"error: cannot create {args.store.parent}: {e.strerror}", file=sys.stderr)
+        return 2
+    model, notes = cost_model(args.store, args.analytic)
+    print(f"{len(rows)} rows from {args.data} (locked split: the 'split' column; rule in benchmarks/data/README.md)")
+    for n in notes:
+        print(f"  note: {n if len(n) <= 240 else n[:237] + '...'}")
+    print("assumptions: Adam; distributed optimizer on (vendor tables) or as the CI arguments say; sequence parallel "
+          "where TP > 1 (vendor tables); no recompute unless the row names one; layers split evenly over stages; "
+          "50 GB/s per GPU between nodes (A100: 25), NVLink inside a GB200/GB300 NVL72 rack")
+    run(rows, model, show_rows=args.rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""benchmarks/data/public_runs.csv (published Megatron runs) and benchmarks/public_runs.py:
+every row names its source, licence and what was measured; the split is the locked rule;
+the figures are physical; the benchmark predicts what the planner can state and lists the
+rest by reason instead of failing."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+bench = _load("public_runs_bench", ROOT / "benchmarks" / "public_runs.py")
+extract = _load("public_runs_extract", ROOT / "benchmarks" / "data" / "extract_public_runs.py")
+ROWS = bench.load_rows()
+
+
+def test_every_row_names_its_source_licence_and_measurement():
+    ids = [r["id"] for r in ROWS]
+    assert len(ids) == len(set(ids)) and len(ROWS) >= 100
+    for r in ROWS:
+        assert r["source"] and r["table"] and r["measured"], r["id"]
+        assert re.match(r"https://(github\.com|docs\.nvidia\.com)/", r["source_url"]), r["id"]
+        assert re.search(r"(Apache-2\.0|BSD-3-Clause)", r["licence"]), r["id"]
+        assert r["iteration_ms"] or r["peak_mem_bytes"], f"{r['id']}: neither time nor memory"
+        # a pinned commit, so the cited page is the one the row was read from
+        assert re.search(r"/blob/[0-9a-f]{40}/", r["source_url"]), r["id"]
+
+
+def test_split_is_the_locked_rule():
+    with open(bench.DATA) as fh:
+        header = [next(fh), next(fh)]
+    assert "locked before any prediction" in header[1]
+    assert extract.VENDOR_TEST_FAMILIES == frozenset({"llama3-70b", "llama3-70b-sft", "qwen3-30b-a3b"})
+    assert extract.CI_TEST_MODULUS == 5
+    for r in ROWS:
+        ci = r["id"].startswith("mlm-ci/")
+        assert r["split"] == extract.split_of(r["family"], ci=ci), r["id"]
+    # whole families: no family in both halves
+    halves: dict[str, set] = {}
+    for r in ROWS:
+        halves.setdefault(r["family"], set()).add(r["split"])
+    assert all(len(v) == 1 for v in halves.values())
+    # each half holds every dimension
+    for split in ("dev", "test"):
+        dims = {d for r in ROWS if r["split"] == split for d in bench.dimensions(r)}
+        assert dims == set(bench.DIMENSIONS), (split, dims)
+
+
+def test_figures_are_physical():
+    from memx_hpc.catalog import catalog
+    gpus = {g.name: g for g in catalog()}
+    for r in ROWS:
+        n, tp, pp, cp = int(r["gpus"]), int(r["tp"]), int(r["pp"]), int(r["cp"] or 1)
+        assert n % (tp * pp * cp) == 0, r["id"]
+        assert int(r["global_batch_size"]) % int(r["micro_batch_size"]) == 0, r["id"]
+        assert r["gpu_type"] in gpus, r["id"]
+        if r["iteration_ms"]:
+            assert 1.0 < float(r["iteration_ms"]) < 1e6, r["id"]
+        if r["peak_mem_bytes"]:
+            mem = float(r["peak_mem_bytes"])
+            assert 1e8 < mem <= gpus[r["gpu_type"]].memory_gib * 2**30, r["id"]
+        if r["tokens_per_s_per_gpu"]:
+            # the step time is the published throughput's exact inverse
+            t = int(r["global_batch_size"]) * int(r["seq_length"]) / (float(r["tokens_per_s_per_gpu"]) * n) * 1e3
+            assert float(r["iteration_ms"]) == pytest.approx(t, rel=1e-4), r["id"]
+        if r["model_tflops_per_gpu"]:
+            # below the GPU's dense peak at the lowest precision it has (fp4 rows: twice fp8)
+            g = gpus[r["gpu_type"]]
+            peak = max(g.peak_tflops_bf16, getattr(g, "peak_tflops_fp8", 0) or 0) * (2 if "fp4" in r["precision"] else 1)
+            assert 0 < float(r["model_tflops_per_gpu"]) < peak, r["id"]
+
+
+def _row(pattern: str) -> dict:
+    return next(r for r in ROWS if re.search(pattern, r["id"]))
+
+
+def test_benchmark_predicts_and_lists_what_it_cannot_state():
+    from memx_hpc.model.api import AnalyticCostModel
+    from memx_hpc.spec import Partition, Site
+    rows = [_row(r"mlm-ci/gpt/gpt3_7b_tp4_pp1_memory_speed/dgx_h100$"), _row(r"mlm-ci/gpt/gpt3_mcore_te_tp2_pp2_cp2/dgx_h100$"),
+            _row(r"mlm-ci/gpt/gpt3_mcore_te_tp1_pp4_vp1/dgx_h100$"), _row(r"^bridge-.*LLAMA3_70B/nvfp4/")]
+    site = Site(name="s", partitions=(Partition(name="p", gpu_type="H100-SXM", nodes=1, gpus_per_node=8),))
+    lines: list[str] = []
+    out = bench.run(rows, AnalyticCostModel(site), out=lines.append)
+    assert out["predicted"] == 3 and out["refused"] == 1
+    assert any("nvfp4" in k for k in out["reasons"])
+    dev_vp = out[("dev", "VP")]
+    assert dev_vp["n_time"] == 1 and math.isfinite(dev_vp["time_mape"]) and dev_vp["time_mape"] > 0
+    cp = out[("dev", "CP")] if rows[1]["split"] == "dev" else out[("test", "CP")]
+    assert cp["n_mem"] == 1 and math.isfinite(cp["mem_mape"])
+    assert any("not expressible yet" in ln for ln in lines)
+
+
+def test_rows_become_the_plans_they_ran():
+    plan, site, job = bench.build(_row(r"mlm-ci/gpt/gpt3_mcore_te_tp1_pp4_vp1/dgx_h100$"))
+    # 12 layers, 4 stages, one layer per virtual stage: 3 chunks per rank
+    assert (plan.tp, plan.pp, plan.dp, plan.virtual_stages) == (1, 4, 2, 3)
+    assert [s.num_layers for s in plan.stages] == [3, 3, 3, 3]
+    assert job.attention == "core" and site.partitions[0].gpus_per_node == 8
+    plan, _, _ = bench.build(_row(r"mlm-ci/gpt/gpt3_mcore_te_tp2_pp2_cp2/dgx_h100$"))
+    assert (plan.tp, plan.pp, plan.cp, plan.dp) == (2, 2, 2, 1)
+    assert bench._even(126, 8) == [15, 16, 16, 16, 16, 16, 16, 15]
+    with pytest.raises(bench.NotExpressible, match="precision"):
+        bench.build(_row(r"^bridge-.*LLAMA3_70B/nvfp4/"))
+
+
+def test_cli_refuses_bad_input(tmp_path, capsys):
+    assert bench.main(["--limit", "-1"]) == 1
+    assert bench.main(["--source", "no-such-source", "--analytic"]) == 1
+    assert bench.main(["--data", str(tmp_path / "missing.csv")]) == 2
+    assert "missing.csv" in capsys.readouterr().err
