@@ -99,7 +99,7 @@ def shared_recompute(stages: Sequence[Stage]) -> Recompute | None:
     --recompute-num-layers k`` recomputes the first ``min(k, n)`` layers of a stage of
     ``n``: so stages that recompute ``k`` of their layers and stages of at most ``k`` layers
     that recompute all of theirs share ``full:k`` (what the search's per-group recompute
-    level produces, see :class:`~memx_hpc.spec.RecomputeLevel`)."""
+    level produces, see :class:`~memx_hpc.spec.Recompute.Level`)."""
     first = stages[0].recompute
     if all(s.recompute == first for s in stages):
         return first

@@ -52,18 +52,6 @@ _EXTRA = ("format", "prediction", "job", "site", "rank", "score", "provenance", 
           "memory_error", "why")
 
 
-def parse_recompute(text: Any, field: str) -> Recompute:
-    if text is None:
-        return Recompute()
-    if not isinstance(text, str):
-        raise SpecError("expected none, selective, full or full:K", field=field, found=text)
-    mode, _, k = text.partition(":")
-    try:
-        return Recompute(mode=mode, num_layers=int(k) if k else None)
-    except (SpecError, ValueError):
-        raise SpecError("expected none, selective, full or full:K", field=field, found=text) from None
-
-
 def plan_to_dict(plan: Plan, **extra: Any) -> dict:
     d = {"format": FORMAT, "tp": plan.tp, "dp": plan.dp, "micro_batch_size": plan.micro_batch_size,
          "global_batch_size": plan.global_batch_size, "sequence_parallel": plan.sequence_parallel}
@@ -99,14 +87,14 @@ def plan_from_mapping(data: Any) -> Plan | GeneralPlan:
             if not reps:
                 raise SpecError("a stage needs at least one replica", field=sr._p("replicas"))
             gstages.append(_build(GeneralStage, sr.path, num_layers=sr.int("num_layers", min=1), replicas=tuple(reps),
-                                  recompute=parse_recompute(sr.raw("recompute", None), sr._p("recompute"))))
+                                  recompute=Recompute.parse(sr.raw("recompute", None), sr._p("recompute"))))
             sr.finish()
         r.finish()
         return _build(GeneralPlan, "", micro_batch_size=mbs, global_batch_size=gbs, stages=tuple(gstages))
     out = []
     for sr in stages:
         out.append(_build(Stage, sr.path, partition=sr.str("partition"), num_layers=sr.int("num_layers", min=1),
-                          recompute=parse_recompute(sr.raw("recompute", None), sr._p("recompute"))))
+                          recompute=Recompute.parse(sr.raw("recompute", None), sr._p("recompute"))))
         sr.finish()
     tp = r.int("tp", min=1)
     dp = r.int("dp", min=1)

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
               + (": fits" if risk <= 1.0 else ": MAY RUN OUT OF MEMORY (inside the error band)"))
     rows = []
     for s in pred.stages:
-        rows.append([s.stage, s.replica, s.partition or "-", s.gpu_type, s.tp, s.num_layers, s.recompute,
+        rows.append([s.stage, s.replica, s.partition or "-", s.gpu_type, s.tp, s.num_layers, s.recompute.label(),
                      s.forward_ms, s.backward_ms, s.in_flight, f"{s.peak_bytes / 2**30:.2f}",
                      f"{s.capacity_bytes / 2**30:.1f}", f"{s.utilisation:.1%}", s.grad_sync_ms, s.finish_ms])
     table(rows, ["stage", "rep", "partition", "gpu", "tp", "layers", "recompute", "fwd ms", "bwd ms", "in flight",

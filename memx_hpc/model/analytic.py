@@ -26,7 +26,7 @@ from ..errors import SpecError, SystemFailure
 from ..params import check_tp as _check_tp, kv_hidden as _kv_hidden, norm_params as _norm_params
 from ..params import is_mla as _is_mla, q_hidden as _q_hidden
 from ..params import expert_params, layer_params, layers_params, model_params, padded_vocab_size  # noqa: F401 (API)
-from ..spec import BYTES_PER_ELEMENT, RECOMPUTE_MODES, GpuType, LayerShape, ModelSpec
+from ..spec import BYTES_PER_ELEMENT, GpuType, LayerShape, ModelSpec, Recompute
 
 ShapeLike = Union[ModelSpec, LayerShape]
 
@@ -256,9 +256,7 @@ def activation_bytes_per_layer(model: ShapeLike, *, micro_batch_size: int, tp: i
     if model.seq_length % (2 * cp) and cp > 1:
         raise SpecError(f"seq_length {model.seq_length} is not divisible by 2 x the context-parallel degree",
                         field="cp", found=cp)
-    if recompute not in RECOMPUTE_MODES:
-        raise SpecError("unknown recompute mode", field="recompute", found=recompute,
-                        allowed=", ".join(RECOMPUTE_MODES))
+    Recompute.check_mode(recompute)
     _check_tp(tp, heads=model.num_attention_heads, groups=model.num_query_groups)
     if dropout_mask_bytes < 0:
         raise SpecError("dropout mask bytes must be >= 0", field="dropout_mask_bytes", found=dropout_mask_bytes)

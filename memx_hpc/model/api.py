@@ -22,7 +22,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from ..errors import SpecError
-from ..spec import PRECISIONS, RECOMPUTE_MODES, GpuType, LayerShape
+from ..spec import PRECISIONS, GpuType, LayerShape, Recompute
 from . import analytic
 
 QUERY_KINDS = ("layer", "embedding", "head")
@@ -52,7 +52,7 @@ class LayerQuery:
     shape: LayerShape
     tp: int
     micro_batch_size: int
-    recompute: str
+    recompute: str  # a Recompute.mode
     precision: str
     attention: str = "sdpa"
     sequence_parallel: bool = False
@@ -60,9 +60,7 @@ class LayerQuery:
     def __post_init__(self) -> None:
         if self.kind not in QUERY_KINDS:
             raise SpecError("unknown query kind", field="kind", found=self.kind, allowed=", ".join(QUERY_KINDS))
-        if self.recompute not in RECOMPUTE_MODES:
-            raise SpecError("unknown recompute mode", field="recompute", found=self.recompute,
-                            allowed=", ".join(RECOMPUTE_MODES))
+        Recompute.check_mode(self.recompute)
         if self.precision not in PRECISIONS:
             raise SpecError("unknown precision", field="precision", found=self.precision,
                             allowed=", ".join(PRECISIONS))
@@ -107,9 +105,7 @@ def forward_fraction(recompute: str) -> float:
     inside the backward: 1/(1 + 1 + 2) = 1/4. Selective recompute repeats only the
     attention scores (a few % of the layer), so it stays at 1/3.
     """
-    if recompute not in RECOMPUTE_MODES:
-        raise SpecError("unknown recompute mode", field="recompute", found=recompute,
-                        allowed=", ".join(RECOMPUTE_MODES))
+    Recompute.check_mode(recompute)
     return 0.25 if recompute == "full" else 1.0 / 3.0
 
 

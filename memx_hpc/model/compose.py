@@ -55,7 +55,7 @@ import numpy as np
 
 from ..errors import SpecError
 from ..placement import Placement, place, place_groups
-from ..spec import (BYTES_PER_ELEMENT, RECOMPUTE_MODES, GeneralPlan, LayerShape, Plan, Recompute, RecomputeLevel,
+from ..spec import (BYTES_PER_ELEMENT, RECOMPUTE_MODES, GeneralPlan, LayerShape, Plan, Recompute,
                     Site, TrainJob)
 from . import analytic
 from .api import LayerQuery, forward_fraction
@@ -91,7 +91,7 @@ class StagePrediction:
     gpu_type: str
     tp: int
     num_layers: int
-    recompute: str  # Recompute.label() of the stage: none | selective | full | full:K
+    recompute: Recompute  # the stage's (written by its label: none | selective | full | full:K)
     forward_ms: float  # per micro-batch
     backward_ms: float
     in_flight: int
@@ -149,6 +149,7 @@ class Prediction:
         d["peak_bytes_by_gpu_type"] = self.peak_by_gpu_type()
         for s, sd in zip(self.stages, d["stages"]):
             sd["utilisation"] = s.utilisation
+            sd["recompute"] = s.recompute.label()
         return d
 
 
@@ -431,7 +432,7 @@ class CompositionInputs:
     site: Site
     job: TrainJob
     layouts: tuple[Layout, ...]
-    levels: tuple[RecomputeLevel, ...]
+    levels: tuple[Recompute.Level, ...]
 
     @property
     def max_pp(self) -> int:
@@ -450,7 +451,7 @@ class Block:
     ``skeleton`` indexes :attr:`CompositionInputs.layouts`; ``layers`` / ``levels`` are (B, P)
     with 0 / -1 past a plan's last stage (``levels`` index :attr:`CompositionInputs.levels`);
     ``group_max`` holds, per stage, the most layers of a stage in its partition group (what
-    full recompute's k is taken from, see :class:`~memx_hpc.spec.RecomputeLevel`).
+    full recompute's k is taken from, see :class:`~memx_hpc.spec.Recompute.Level`).
     """
 
     start: int
@@ -814,8 +815,7 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
             opt = analytic.optimizer_step_ms(params, site.gpu(r.gpu_type), precision=job.precision,
                                              optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer,
                                              dp=dp_per_stage[i])
-            recompute = (Recompute(mode=base) if kk == 0 else
-                         Recompute(mode="full", num_layers=None if kk == n else kk)).label()
+            recompute = Recompute.of_layers(base, kk, n)
             d = dict(stage=i, replica=ri, partition=r.partition, gpu_type=r.gpu_type, tp=r.tp, num_layers=n,
                      recompute=recompute, forward_ms=float(fwd), backward_ms=float(total - fwd), in_flight=inflight,
                      activation_bytes=int(round(inflight * act + transient)), state_bytes=int(state),
@@ -857,17 +857,6 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
                       balance=float(umax / mean), feasible=feasible, reason=reason, limit_fraction=limit)
 
 
-def _base_and_k(rc, num_layers: int, field_name: str) -> tuple[str, int]:
-    """(base mode of the other layers, number of fully recomputed layers) of a Recompute."""
-    if rc.mode != "full":
-        return rc.mode, 0
-    k = num_layers if rc.num_layers is None else rc.num_layers
-    if k > num_layers:
-        raise SpecError(f"full recompute of {k} layers in a stage of {num_layers}", field=field_name,
-                        found=rc.label())
-    return "none", k
-
-
 def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: CostOptions | None = None,
                  links=None) -> Prediction:
     """Predict one Megatron-runnable plan (the same composition as the search)."""
@@ -887,7 +876,7 @@ def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: 
 
     stages = []
     for i, s in enumerate(plan.stages):
-        base, k = _base_and_k(s.recompute, s.num_layers, f"stages[{i}].recompute")
+        base, k = s.recompute.split(s.num_layers, f"stages[{i}].recompute")
         gpu = site.partition(s.partition).gpu_type
         stages.append((s.num_layers, base, k, [_Replica(gpu_type=gpu, tp=plan.tp, partition=s.partition)]))
     return _predict_from(site, job, cost_model.predict, cost_model.overhead_bytes,
@@ -958,7 +947,7 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
         # the largest shard (smallest TP) bottlenecks the DP ring: every replica moves it
         tmin = min(r.tp for r in reps)
         reps = [_Replica(gpu_type=r.gpu_type, tp=r.tp, partition=r.partition, sync_tp=tmin) for r in reps]
-        base, k = _base_and_k(s.recompute, s.num_layers, f"stages[{i}].recompute")
+        base, k = s.recompute.split(s.num_layers, f"stages[{i}].recompute")
         stages.append((s.num_layers, base, k, reps))
     _check_general_fits(plan, site, stages)
 

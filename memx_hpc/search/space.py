@@ -26,7 +26,7 @@ times a *recompute assignment*:
 * **Recompute.** Each stage gets its own level from ``none < selective < full on
   k = ceil(n_max*j/steps) layers`` (j = 1..steps; n_max the largest stage of its
   partition group, a stage recomputing min(k, n): one ``--recompute-num-layers`` per
-  hetjob component, see :class:`~memx_hpc.spec.RecomputeLevel`), restricted to the modes the job allows —
+  hetjob component, see :class:`~memx_hpc.spec.Recompute.Level`), restricted to the modes the job allows —
   heterogeneous recomputation: memory-poor partitions recompute while memory-rich ones
   do not. Within one
   partition group the levels never increase along the pipeline: the group's stages run
@@ -55,7 +55,7 @@ import numpy as np
 from ..errors import SpecError
 from ..model.compose import Block, CompositionInputs, Layout
 from ..placement import comm_vendor, group_fits, place_groups, site_facts, tp_fits_nodes
-from ..spec import Plan, RecomputeLevel, Site, Stage, TrainJob
+from ..spec import Plan, Recompute, Site, Stage, TrainJob
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,7 +126,7 @@ class SpaceOptions:
                     raise SpecError("expected whole numbers >= 1", field=name, found=getattr(self, name))
 
 
-def recompute_levels(job: TrainJob, steps: int, *, selective_with_sdpa: bool = False) -> tuple[RecomputeLevel, ...]:
+def recompute_levels(job: TrainJob, steps: int, *, selective_with_sdpa: bool = False) -> tuple[Recompute.Level, ...]:
     """Levels ordered by memory saved (and time spent): none < selective < full fractions.
 
     Selective is left out under fused attention unless asked for (see SpaceOptions) or named
@@ -135,13 +135,13 @@ def recompute_levels(job: TrainJob, steps: int, *, selective_with_sdpa: bool = F
     """
     out = []
     if "none" in job.recompute_modes:
-        out.append(RecomputeLevel(base="none", full_fraction=0.0))
+        out.append(Recompute.Level(base="none", full_fraction=0.0))
     dominated = (job.attention == "sdpa" and not selective_with_sdpa and not job.recompute_modes_given
                  and "none" in job.recompute_modes)
     if "selective" in job.recompute_modes and not dominated:
-        out.append(RecomputeLevel(base="selective", full_fraction=0.0))
+        out.append(Recompute.Level(base="selective", full_fraction=0.0))
     if "full" in job.recompute_modes:
-        out += [RecomputeLevel(base="none", full_fraction=j / steps) for j in range(1, steps + 1)]
+        out += [Recompute.Level(base="none", full_fraction=j / steps) for j in range(1, steps + 1)]
     if not out:
         raise SpecError("no recompute mode allowed", field="recompute_modes", found=list(job.recompute_modes),
                         allowed="none, selective, full")
