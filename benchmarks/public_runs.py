@@ -357,6 +357,19 @@ def run(rows: list[dict], model, *, show_rows: bool = False, out=print) -> dict:
     out(f"\npredicted {len(done)} of {len(rows)} rows; {len(refused)} not expressible yet")
     table(tab, ["split", "dimension", "rows", "timed", "time MAPE %", "time bias %", "roofline time MAPE %",
                 "with memory", "memory MAPE %", "memory bias %", "roofline memory MAPE %"])
+    src = []
+    for split in ("dev", "test"):
+        for source in sorted({r["source"] for r in rows}):
+            sel = [d for d in done if d["row"]["split"] == split and d["row"]["source"] == source]
+            t = [d for d in sel if d["real_ms"]]
+            m = [d for d in sel if d["real_mem"]]
+            n_all = sum(1 for r in rows if r["split"] == split and r["source"] == source)
+            src.append([split, source, n_all, len(t), _mean([_ape(d["pred_ms"], d["real_ms"]) for d in t]),
+                        _mean([_ape(d["roof_ms"], d["real_ms"]) for d in t]), len(m),
+                        _mean([_ape(d["pred_mem"], d["real_mem"]) for d in m])])
+    out("\nby source:")
+    table(src, ["split", "source", "rows", "timed", "time MAPE %", "roofline time MAPE %", "with memory",
+                "memory MAPE %"])
     by_reason: dict[str, list[dict]] = defaultdict(list)
     for r, why in refused:
         by_reason[re.sub(r"\d+", "N", why) if why.startswith(("plan refused", "model spec refused")) else why].append(r)
