@@ -25,7 +25,8 @@ benchmarks/data/extract_public_runs.py (vendor tables: Llama-3-70B and Qwen3-30B
 test; Megatron-LM CI: crc32(case) % 5 == 0), committed before this file produced a number.
 Only dev rows may inform a design choice.
 
-Assumptions the rows do not state (printed with the results): Adam; the distributed
+Assumptions the rows do not state (printed with the results): FP8 rows run bf16 weights
+with FP8 matmuls in Transformer Engine's hybrid format under the row's recipe; Adam; the distributed
 optimizer on for the vendor tables (their recipes) and as the CI arguments say; sequence
 parallel wherever TP > 1 for the vendor tables; no activation recompute unless the row
 names one; Megatron's even split of layers over pipeline stages (the remainder to the
@@ -98,16 +99,24 @@ def dimensions(row: dict) -> list[str]:
     return d or ["dense"]
 
 
-def _precision(p: str) -> str:
-    from memx_hpc.spec import PRECISIONS
-    base = p.split(" ")[0].strip().lower()
+def _precision(p: str) -> dict:
+    """The job fields for a row's precision: bf16/fp16/fp32 as they are; ``fp8-<recipe>``
+    (Transformer Engine's recipe: delayed, tensorwise = current scaling, mxfp8, blockwise)
+    as bf16 weights with FP8 matmuls in the hybrid format (the NeMo/Bridge recipes' and
+    Megatron-LM's default), where the planner's TrainJob has FP8 fields."""
+    from memx_hpc.spec import PRECISIONS, TrainJob
+    base = p.strip().lower()
     if base in PRECISIONS:
-        return base
-    # the vendor tables' fp8 flavours: current scaling (fp8-cs) and blockwise (fp8-mx, mxfp8)
-    fp8 = base in ("fp8", "fp8-cs", "fp8-mx", "mxfp8")
-    if fp8 and "fp8" in PRECISIONS:
-        return "fp8"
-    raise NotExpressible(f"precision {base} is not one the planner knows ({', '.join(PRECISIONS)})")
+        return {"precision": base}
+    fields = {f.name for f in dataclasses.fields(TrainJob)}
+    if base.startswith("fp8-"):
+        if "fp8" not in fields:
+            raise NotExpressible("FP8 is not a precision the planner knows (TrainJob has no fp8 field)")
+        recipe = base[4:]
+        if "fp8_recipe" not in fields and recipe != "delayed":
+            raise NotExpressible(f"FP8 recipe {recipe} (TrainJob has no fp8_recipe field)")
+        return {"precision": "bf16", "fp8": "hybrid", **({"fp8_recipe": recipe} if "fp8_recipe" in fields else {})}
+    raise NotExpressible(f"precision {base} is not one the planner knows ({', '.join(PRECISIONS)}, FP8 recipes)")
 
 
 def _moe_freq(text: str, num_layers: int):
@@ -248,8 +257,8 @@ def build(row: dict):
     attention = "core" if row["attention_backend"] == "unfused" else "sdpa"
     dist_opt = True if vendor else row["distributed_optimizer"] == "True"
     try:
-        job = job_for_model(model, int(row["global_batch_size"]), precision=precision, attention=attention,
-                            optimizer="adam", distributed_optimizer=dist_opt)
+        job = job_for_model(model, int(row["global_batch_size"]), attention=attention, optimizer="adam",
+                            distributed_optimizer=dist_opt, **precision)
         plan = Plan(tp=tp, dp=dp, micro_batch_size=int(row["micro_batch_size"]),
                     global_batch_size=int(row["global_batch_size"]),
                     stages=tuple(Stage(partition="p", num_layers=n, recompute=rec) for n in layers),
@@ -422,7 +431,8 @@ def main(argv=None) -> int:
         print(f"  note: {n if len(n) <= 240 else n[:237] + '...'}")
     print("assumptions: Adam; distributed optimizer on (vendor tables) or as the CI arguments say; sequence parallel "
           "where TP > 1 (vendor tables); no recompute unless the row names one; layers split evenly over stages; "
-          "50 GB/s per GPU between nodes (A100: 25), NVLink inside a GB200/GB300 NVL72 rack")
+          "50 GB/s per GPU between nodes (A100: 25), NVLink inside a GB200/GB300 NVL72 rack; FP8 rows: bf16 weights, "
+          "hybrid format, the row's recipe")
     run(rows, model, show_rows=args.rows)
     return 0
 

@@ -167,7 +167,8 @@ def ci_rows(gitdir: Path) -> list[dict]:
             rec = f"full:{a.get('--recompute-method', 'uniform')}:{a.get('--recompute-num-layers', '')}"
         elif a.get("--recompute-granularity") == "selective":
             rec = "selective:" + str(a.get("--recompute-modules", "core_attn"))
-        prec = "fp8" if a.get("--fp8-format") else ("bf16" if a.get("--bf16") else ("fp16" if a.get("--fp16") else "fp32"))
+        prec = (f"fp8-{a.get('--fp8-recipe', 'delayed')}" if a.get("--fp8-format")
+                else ("bf16" if a.get("--bf16") else ("fp16" if a.get("--fp16") else "fp32")))
         family = re.sub(r"_1node$", "", case)
         flags = ";".join(f"{k[2:]}={a[k]}" for k in CI_NOTED if k in a and a[k] not in (False, None))
         ep = int(_arg(a, "--expert-model-parallel-size", 1))
@@ -217,6 +218,13 @@ SYSTEMS = {"DGX-H100": ("H100-SXM", 8), "DGX-B200": ("B200", 8), "DGX-B300": ("B
 PRESETS = {"LLAMA3_8B": "Llama-3-8B", "LLAMA3-8B": "Llama-3-8B", "LLAMA3_70B": "Llama-3-70B", "LLAMA3-70B": "Llama-3-70B",
            "LLAMA3.1_405B": "Llama-3.1-405B", "LLAMA2-7B": "Llama-2-7B", "LLAMA2-13B": "Llama-2-13B",
            "LLAMA2-70B": "Llama-2-70B", "GPT3-175B": "GPT-3-175B", "Qwen3_30B_a3B": "Qwen3-30B-A3B"}
+
+
+#: the tables' precision labels as Transformer Engine's FP8 recipes (Megatron-LM --fp8-recipe):
+#: FP8 / FP8-CS current scaling = tensorwise (the Bridge recipes are named ..._fp8cs_config),
+#: FP8-MX / MXFP8 = mxfp8; NVFP4 and BF16 as they are
+VENDOR_PRECISION = {"fp8": "fp8-tensorwise", "fp8-cs": "fp8-tensorwise", "fp8-mx": "fp8-mxfp8",
+                    "mxfp8": "fp8-mxfp8", "nvfp4": "nvfp4", "bf16": "bf16"}
 
 
 def _family(model: str) -> str:
@@ -283,7 +291,17 @@ def table_rows(text: str, *, source: str, url: str, doc: str, licence: str, defa
                     gpus, gbs = _num(r["#-GPUs"]), _num(r["GBS"])
                     seq = _num(r.get("Sequence Length") or r.get("Sequence Length ") or "")
                     tok = _num(r["Tokens / sec / GPU"])
-                    prec = (r.get("Precision") or default_precision or "").lower()
+                    label = r.get("Precision") or ""
+                    if label:
+                        prec = VENDOR_PRECISION.get(label.lower(), label.lower())
+                    elif default_precision == "by-variant":
+                        # 25.09: no precision column; its footnote: the numbers in parentheses
+                        # use other quantisation granularities (Blackwell 32x32 = MXFP8; H100
+                        # 128x128 weights / 1x128 activations = blockwise), the others FP8-CS
+                        prec = ("fp8-tensorwise" if vi == 0 else
+                                "fp8-blockwise" if sysname == "DGX-H100" else "fp8-mxfp8")
+                    else:
+                        prec = default_precision or ""
                     fam = _family(mdl)
                     key = re.sub(r"\s*\(.*?\)", "", mdl).strip().replace(" ", "_")
                     tp, pp = _num(r["TP"]), _num(r["PP"])
@@ -298,8 +316,10 @@ def table_rows(text: str, *, source: str, url: str, doc: str, licence: str, defa
                         system=sysname, gpu_type=gpu, gpus=gpus, gpus_per_node=gpn, tp=tp, pp=pp,
                         vp=_num(r.get("VP", "")) or "", cp=_num(r.get("CP", "1")) or 1, ep=_num(r.get("EP", "")) or 1,
                         micro_batch_size=_num(r["MBS"]), global_batch_size=gbs, precision=prec, fsdp=fsdp,
-                        other_flags=("model note: " + re.search(r"\((.*?)\)", raw.get("Model", "")).group(1)
-                                     if "(" in raw.get("Model", "") else ""),
+                        other_flags=";".join(x for x in (
+                            ("model note: " + re.search(r"\((.*?)\)", raw.get("Model", "")).group(1)
+                             if "(" in raw.get("Model", "") else ""),
+                            f"table precision: {raw.get('Precision') or 'none given'}") if x),
                         iteration_ms=round(gbs * seq / (tok * gpus) * 1e3, 3), peak_mem_bytes="",
                         tokens_per_s_per_gpu=tok, model_tflops_per_gpu=_num(r["Model TFLOP / sec / GPU"])))
             continue
@@ -320,7 +340,7 @@ def skill_rows() -> list[dict]:
     base = dict(source="Megatron-Bridge skill page (measured study)", licence="Apache-2.0 (NVIDIA-NeMo/Megatron-Bridge)",
                 model_preset="Llama-3-70B", family="llama3-70b-sft", seq_length=4096, system="DGX-H100",
                 gpu_type="H100-SXM", gpus=32, gpus_per_node=8, cp=1, ep=1, micro_batch_size=1, global_batch_size=32,
-                precision="fp8", fsdp=0, other_flags="SFT (packed SQuAD); FP8 current scaling")
+                precision="fp8-tensorwise", fsdp=0, other_flags="SFT (packed SQuAD); FP8 current scaling")
     for tp, pp, vp, tfl, mem in ((4, 4, 5, 704, 58.8), (4, 8, 5, 668.0, 53.2), (8, 4, 5, 508.7, 50.2)):
         out.append(dict(base, id=f"bridge-skill/memory-tuning/llama3-70b-sft/tp{tp}pp{pp}vp{vp}",
                         source_url=f"https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/{c}/{BRIDGE_SKILL}",
@@ -359,12 +379,12 @@ def main(argv=None) -> int:
                            url=f"https://docs.nvidia.com/nemo/megatron-bridge/latest/{page} "
                                f"(github.com/NVIDIA-NeMo/Megatron-Bridge/blob/{bc}/{doc})",
                            doc="bridge-" + Path(doc).stem, licence="Apache-2.0 (NVIDIA-NeMo/Megatron-Bridge)",
-                           default_precision="fp8 (table gives none; footnote: FP8 granularities)")
+                           default_precision="by-variant")
     nc = COMMITS["nemo"]
     nemo_doc = "docs/source/performance/performance_summary.md"
     rows += table_rows(git_show(args.nemo, nc, nemo_doc), source="NeMo 24.07 performance summary",
                        url=f"https://github.com/NVIDIA/NeMo/blob/{nc}/{nemo_doc}", doc="nemo-24.07",
-                       licence="Apache-2.0 (NVIDIA/NeMo)", default_system="DGX-H100", default_precision="fp8",
+                       licence="Apache-2.0 (NVIDIA/NeMo)", default_system="DGX-H100", default_precision="fp8-delayed",
                        default_release="24.07")
     rows += skill_rows()
     seen = set()

@@ -115,7 +115,7 @@ def test_rows_become_the_plans_they_ran():
     plan, _, _ = bench.build(_row(r"mlm-ci/gpt/gpt3_mcore_te_tp2_pp2_cp2/dgx_h100$"))
     assert (plan.tp, plan.pp, plan.cp, plan.dp) == (2, 2, 2, 1)
     assert bench._even(126, 8) == [15, 16, 16, 16, 16, 16, 16, 15]
-    with pytest.raises(bench.NotExpressible, match="precision"):
+    with pytest.raises(bench.NotExpressible, match="nvfp4"):
         bench.build(_row(r"^bridge-.*LLAMA3_70B/nvfp4/"))
 
 
