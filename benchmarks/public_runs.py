@@ -29,8 +29,8 @@ Assumptions the rows do not state (printed with the results): FP8 rows run bf16 
 with FP8 matmuls in Transformer Engine's hybrid format under the row's recipe; Adam; the distributed
 optimizer on for the vendor tables (their recipes) and as the CI arguments say; sequence
 parallel wherever TP > 1 for the vendor tables; no activation recompute unless the row
-names one; Megatron's even split of layers over pipeline stages (the remainder to the
-middle stages); between nodes 50 GB/s per GPU (one 400 Gb/s NIC per GPU in DGX H100/B200/
+names one; Megatron's even split of layers over pipeline stages and model chunks (a run
+that splits otherwise without saying how is not expressible); between nodes 50 GB/s per GPU (one 400 Gb/s NIC per GPU in DGX H100/B200/
 B300/GB200/GB300; 25 GB/s for DGX A100's 200 Gb/s), except inside a GB200/GB300 NVL72
 rack (at most 72 GPUs), where every GPU reaches the others over NVLink.
 
@@ -186,7 +186,8 @@ def _recompute(text: str):
 
 
 def _even(total: int, parts: int) -> list[int]:
-    """Layers per stage as Megatron splits them evenly; a remainder goes to the middle stages."""
+    """Layers per stage, evenly; a remainder (only between the given first and last stages)
+    goes to the middle stages."""
     base, rem = divmod(total, parts)
     out = [base] * parts
     order = sorted(range(parts), key=lambda i: (abs(i - (parts - 1) / 2), i))
@@ -237,8 +238,12 @@ def build(row: dict):
     sp = tp > 1 if vendor else row["sequence_parallel"] == "True"
     rec = _recompute(row["recompute"])
     layers = _stage_layers(row, model.num_layers, pp)
-    if model.num_layers < pp * vp:
-        raise NotExpressible(f"{model.num_layers} layers cannot fill {pp} x {vp} model chunks")
+    uneven = "decoder-first-pipeline-num-layers" in row["other_flags"] or "decoder-last" in row["other_flags"]
+    if model.num_layers % (pp * vp) and not uneven:
+        # Megatron splits layers evenly over pp x vp chunks or is told how not to
+        why = (": the recipe counts the embedding and the loss as layers of the split"
+               if (model.num_layers + 2) % (pp * vp) == 0 else ": the recipe's uneven split is not recorded")
+        raise NotExpressible(f"{model.num_layers} layers do not split evenly over {pp} x {vp} model chunks{why}")
     gpu = row["gpu_type"]
     if gpu in NVL72 and gpus <= 72:
         inter = None  # one NVLink domain: the GPU's own link figure
@@ -430,7 +435,7 @@ def main(argv=None) -> int:
     for n in notes:
         print(f"  note: {n if len(n) <= 240 else n[:237] + '...'}")
     print("assumptions: Adam; distributed optimizer on (vendor tables) or as the CI arguments say; sequence parallel "
-          "where TP > 1 (vendor tables); no recompute unless the row names one; layers split evenly over stages; "
+          "where TP > 1 (vendor tables); no recompute unless the row names one; layers split evenly over stages and chunks; "
           "50 GB/s per GPU between nodes (A100: 25), NVLink inside a GB200/GB300 NVL72 rack; FP8 rows: bf16 weights, "
           "hybrid format, the row's recipe")
     run(rows, model, show_rows=args.rows)
