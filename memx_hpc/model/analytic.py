@@ -318,6 +318,22 @@ def head_activation_bytes(shape: ShapeLike, *, micro_batch_size: int, tp: int, p
     return int(rep + 4 * s * b * v // tp)
 
 
+def head_logits_transient_bytes(shape: ShapeLike, *, micro_batch_size: int, tp: int, precision: str) -> int:
+    """What the loss allocates on the last stage beyond the activations it keeps
+    (:func:`head_activation_bytes` counts the fp32 logits the cross entropy saves): the output
+    layer's logits in the training precision (``e·s·b·V/t``) while their fp32 copy is made --
+    Megatron computes the loss on ``output.float()`` (megatron/legacy/model/gpt_model.py,
+    ``post_language_model_processing``; megatron-core's ``compute_language_model_loss`` the
+    same unless ``--cross-entropy-loss-fusion``), so both are live at once -- and again in
+    the backward pass, where the gradient of the fp32 copy is cast back to the logits'
+    precision. Zero in fp32, whose ``float()`` is the tensor itself."""
+    e = _bytes_per_element(precision)
+    if e >= 4:
+        return 0
+    v = padded_vocab_size(shape.vocab_size, tp)
+    return int(e * shape.seq_length * micro_batch_size * v // tp)
+
+
 # --------------------------------------------------------------------------- FLOPs and bytes moved
 
 

@@ -352,12 +352,21 @@ def stage_time_ms(k, nb, t_full, t_base, ff_base, first, last, t_emb, t_head):
     return fwd, total
 
 
-def stage_activation_bytes(k, nb, a_full, a_base, a_none, first, last, a_emb, a_head):
-    """(activation bytes kept per in-flight micro-batch, the transient of a recomputing
-    stage: one layer's full activations rebuilt during its backward)."""
+def stage_activation_bytes(k, nb, a_full, a_base, a_none, first, last, a_emb, a_head, logits=0.0):
+    """(activation bytes kept per in-flight micro-batch, the transient on top of them: the
+    larger of a recomputing stage's one layer of full activations rebuilt during its
+    backward and, on the last stage, the logits the loss holds beside their fp32 copy
+    (``logits``: :func:`~memx_hpc.model.analytic.head_logits_transient_bytes`); the two are
+    never live at once -- the loss runs before the layers' backward)."""
     act = k * a_full + nb * a_base + first * a_emb + last * a_head
-    transient = np.where(k > 0, a_none - a_full, 0.0)
+    transient = np.maximum(np.where(k > 0, a_none - a_full, 0.0), last * logits)
     return act, transient
+
+
+def logits_transient_bytes(job: TrainJob, tp: int, micro_batch_size: int) -> float:
+    """:func:`~memx_hpc.model.analytic.head_logits_transient_bytes` of ``job``'s model."""
+    return float(analytic.head_logits_transient_bytes(shape_of(job), micro_batch_size=micro_batch_size, tp=tp,
+                                                      precision=job.precision))
 
 
 def in_flight(pp, stage, num_microbatches):
@@ -636,6 +645,8 @@ class Composer:
         self._sk = t.sk
         self._sk_m, self._sk_pp = t.m, t.pp
         self.contexts = tuple(t.ctx_ids)
+        self._ctx_logits = np.array([logits_transient_bytes(self.job, tp, mbs) for _, tp, mbs, _ in self.contexts],
+                                    dtype=np.float64)
 
     def set_predictions(self, predictions: Predictions) -> None:
         """Replace the per-layer values of every context with those ``predictions`` holds
@@ -694,7 +705,7 @@ class Composer:
                                    head[..., 0] + u_head * tpx)
         bwd = total - fwd
         act, transient = stage_activation_bytes(k, nb, a_full, a_base, a_none, first, last, emb[..., 1],
-                                                head[..., 1])
+                                                head[..., 1], self._ctx_logits[ctx])
         ni = block.layers.astype(np.int64)
         state = self._state[g["state"], ni]
         peak = stage_peak_bytes(state, g["inflight"], act, transient, self._ctx_scale[ctx], self._ctx_over[ctx])
@@ -799,7 +810,8 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
             # the stage's share of micro-batches differs from m when its replica count does
             scale = ms[i] / m
             fwd, total = fwd * scale, total * scale
-            act, transient = stage_activation_bytes(kk, nb, af, ab, an, first, last, ae, ah)
+            act, transient = stage_activation_bytes(kk, nb, af, ab, an, first, last, ae, ah,
+                                                    logits_transient_bytes(job, r.tp, mbs))
             act, transient = float(act), float(transient)
             params = analytic.stage_params(job.model, n, first=first, last=last, tp=r.tp, pp=p)
             state = analytic.state_bytes(params, precision=job.precision, optimizer=job.optimizer,

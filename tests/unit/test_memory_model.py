@@ -47,3 +47,29 @@ def test_slope_stays_physical():
 def test_prior_offsets_are_what_uncalibrated_models_report():
     from memx_hpc.model.api import DEFAULT_OVERHEAD_GIB
     assert {v: p.b_bytes / GiB for v, p in PRIORS.items()} == DEFAULT_OVERHEAD_GIB
+
+
+def test_the_last_stage_holds_the_logits_beside_their_fp32_copy():
+    """The loss runs on ``logits.float()``: on the last stage the bf16/fp16 logits are live
+    beside the fp32 copy the cross entropy keeps; not at the same time as a recomputed layer."""
+    import numpy as np
+
+    from memx_hpc.model.analytic import head_logits_transient_bytes, padded_vocab_size
+    from memx_hpc.model.compose import stage_activation_bytes
+    from memx_hpc.spec import LayerShape
+
+    shape = LayerShape(hidden_size=512, num_attention_heads=8, num_query_groups=8, ffn_hidden_size=2048,
+                       vocab_size=50257, seq_length=1024)
+    v = padded_vocab_size(50257, 2)
+    assert head_logits_transient_bytes(shape, micro_batch_size=4, tp=2, precision="bf16") == 2 * 1024 * 4 * v // 2
+    assert head_logits_transient_bytes(shape, micro_batch_size=4, tp=2, precision="fp32") == 0
+    logits = 100.0
+    # last stage, no recompute: the logits; a first stage never holds them
+    assert stage_activation_bytes(0, 4, 10.0, 10.0, 30.0, 0, 1, 5.0, 7.0, logits)[1] == logits
+    assert stage_activation_bytes(0, 4, 10.0, 10.0, 30.0, 1, 0, 5.0, 7.0, logits)[1] == 0.0
+    # recomputing last stage: the larger of the rebuilt layer (30 - 10) and the logits, not their sum
+    assert stage_activation_bytes(2, 2, 10.0, 10.0, 30.0, 0, 1, 5.0, 7.0, logits)[1] == logits
+    assert stage_activation_bytes(2, 2, 10.0, 10.0, 300.0, 0, 1, 5.0, 7.0, logits)[1] == 290.0
+    vec = stage_activation_bytes(np.array([0, 2]), np.array([4, 2]), 10.0, 10.0, 30.0, 0, np.array([1, 0]), 5.0, 7.0,
+                                 np.array([logits, logits]))[1]
+    assert list(vec) == [logits, 20.0]
