@@ -124,3 +124,17 @@ def test_cli_refuses_bad_input(tmp_path, capsys):
     assert bench.main(["--source", "no-such-source", "--analytic"]) == 1
     assert bench.main(["--data", str(tmp_path / "missing.csv")]) == 2
     assert "missing.csv" in capsys.readouterr().err
+
+
+def test_fp8_rows_become_fp8_jobs_once_the_job_has_fp8():
+    import dataclasses
+    from memx_hpc.spec import TrainJob
+    row = _row(r"^nemo-24.07/.*LLAMA3-70B/")  # FP8 (delayed scaling), TP4 PP4 CP2 VP5 on 64 H100
+    assert row["precision"] == "fp8-delayed"
+    if "fp8" in {f.name for f in dataclasses.fields(TrainJob)}:
+        plan, _, job = bench.build(row)
+        assert (job.precision, job.fp8) == ("bf16", "hybrid")
+        assert (plan.tp, plan.pp, plan.cp, plan.virtual_stages, plan.dp) == (4, 4, 2, 5, 2)
+    else:
+        with pytest.raises(bench.NotExpressible, match="FP8"):
+            bench.build(row)
