@@ -12,6 +12,7 @@ from memx_hpc.errors import SpecError
 from memx_hpc.model import analytic, host
 from memx_hpc.model.compose import (Composer, CostOptions, p2p_bytes, predict_general, predict_plan, required_queries,
                                   stage_layout, sync_ms_per_param)
+from memx_hpc.model.compose import logits_transient_bytes
 from memx_hpc.model.links import SITE_LATENCY_US
 from memx_hpc.placement import place_groups
 from memx_hpc.model.memory import PRIORS
@@ -137,10 +138,14 @@ def test_partial_full_recompute_costs_k_full_and_the_rest_none():
     model = LinearModel()
     k3 = predict_plan(mk(Recompute(mode="full", num_layers=3)), site, job, model).stages[0]
     assert k3.time_ms == pytest.approx(3 * 10 * 4 / 3 + 5 * 10 + 1 + 5)
-    assert k3.activation_bytes == 1 * (3 * 1e7 + 5 * 1e8 + 1e6 + 5e7) + (1e8 - 1e7)
+    # the one stage is also the last: its transient is the larger of the recomputed layer
+    # and the logits beside their fp32 copy
+    logits = logits_transient_bytes(job, 1, 1)
+    assert logits > 0
+    assert k3.activation_bytes == round(1 * (3 * 1e7 + 5 * 1e8 + 1e6 + 5e7) + max(1e8 - 1e7, logits))
     assert k3.recompute.label() == "full:3"
     sel = predict_plan(mk(Recompute(mode="selective")), site, job, model).stages[0]
-    assert sel.time_ms == pytest.approx(8 * 12.5 + 6) and sel.activation_bytes == 8 * 0.8e8 + 1e6 + 5e7
+    assert sel.time_ms == pytest.approx(8 * 12.5 + 6) and sel.activation_bytes == round(8 * 0.8e8 + 1e6 + 5e7 + logits)
 
 
 def test_grad_reduce_formulas():
@@ -186,7 +191,9 @@ def test_infeasible_above_capacity_minus_margin():
     pred = predict_plan(plan, site, job, model)
     cap = site.gpu("A100-80").memory_bytes
     a = PRIORS["nvidia"].a
-    assert pred.stages[0].peak_bytes == round(a * (pred.stages[0].state_bytes + 4 * 8e9 + 1e6 * 8 + 5e7 * 8) + GiB)
+    logits = logits_transient_bytes(job, 1, 8)
+    assert pred.stages[0].peak_bytes == round(a * (pred.stages[0].state_bytes + 4 * 8e9 + 1e6 * 8 + 5e7 * 8 + logits)
+                                              + GiB)
     assert pred.feasible == (pred.stages[0].peak_bytes <= 0.9 * cap) and pred.feasible
     deep = Plan(tp=1, dp=1, micro_batch_size=8, global_batch_size=64,
                 stages=(Stage(partition="pV", num_layers=2), Stage(partition="pA", num_layers=2)))
