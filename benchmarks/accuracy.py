@@ -86,7 +86,7 @@ def _ds(s: LayerSample) -> str:
 
 def _model(s: LayerSample) -> str:
     try:
-        return str(json.loads(s.provenance).get("model", ""))
+        return s.provenance.model
     except (ValueError, AttributeError):
         return ""
 

@@ -19,7 +19,6 @@ Run from the repository root:  .venv/bin/python benchmarks/store_append.py [--sa
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from memx_hpc.tables import table  # noqa: E402
 from memx_hpc.profile.store import ProfileStore  # noqa: E402
-from memx_hpc.spec import LayerSample, LayerShape, ProfilePoint  # noqa: E402
+from memx_hpc.spec import LayerSample, LayerShape, ProfilePoint, Provenance  # noqa: E402
 
 SHAPE = LayerShape(hidden_size=1024, num_attention_heads=16, num_query_groups=16, ffn_hidden_size=4096,
                    seq_length=1024, vocab_size=50304)
@@ -39,7 +38,7 @@ def sample(i: int) -> LayerSample:
     point = ProfilePoint(gpu_type="A100-80", kind="layer", shape=SHAPE, micro_batch_size=i + 1)
     return LayerSample(point=point, forward_ms=1.0 + i * 1e-3, backward_ms=2.0 + i * 1e-3, activation_bytes=1000 + i,
                        peak_allocated_bytes=2**30 + i, origin="measured", source=f"bench:{i}",
-                       provenance=json.dumps({"host": "bench", "task": i}))
+                       provenance=Provenance.of({"host": "bench", "task": i}))
 
 
 def run(n: int, window: int, *, fresh: bool) -> tuple[list[float], list[float], int]:

@@ -1851,6 +1851,79 @@ class ProfilePoint:
             raise SpecError("expected true or false", field="inter_node", found=_short(self.inter_node))
 
 
+@dataclass(frozen=True)
+class Provenance:
+    """Where a sample was made, beyond its ``source`` and ``origin``: host, device, driver,
+    versions, settings and time of a measurement; dataset, file and mapping of an import;
+    the neighbours of an augmented point. One JSON object; ``text`` is its serialised form,
+    kept as written (the store's and the CSV's ``provenance`` column hold it and a row's
+    digest covers it). The fields the planner reads are typed properties; the object is
+    read from ``text`` once, when one is first asked for."""
+
+    text: str = "{}"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            raise SpecError("expected JSON text", field="provenance", found=_short(self.text))
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> "Provenance":
+        """The provenance of ``values`` (sorted keys; values JSON cannot hold are written as text)."""
+        return cls(json.dumps(dict(values), sort_keys=True, default=str))
+
+    @classmethod
+    def parse(cls, text: Any, field: str = "provenance") -> "Provenance":
+        """``text`` when it is a JSON object, else SpecError naming ``field``."""
+        if not isinstance(text, str):
+            raise SpecError("provenance must be JSON text", field=field, found=_short(text))
+        try:
+            ok = isinstance(json.loads(text), dict)
+        except (ValueError, RecursionError):
+            ok = False
+        if not ok:
+            raise SpecError("provenance must be JSON text", field=field, found=text[:60])
+        return cls(text)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The object (an empty one where ``text`` is not a JSON object: rows from before the check)."""
+        got = self.__dict__.get("_fields")
+        if got is None:
+            try:
+                got = json.loads(self.text or "{}")
+            except (ValueError, RecursionError):
+                got = {}
+            if not isinstance(got, dict):
+                got = {}
+            object.__setattr__(self, "_fields", got)
+        return dict(got)
+
+    def _get(self, key: str) -> Any:
+        self.as_dict()
+        return self.__dict__["_fields"].get(key)
+
+    @property
+    def transformer_impl(self) -> str | None:
+        """The transformer layer a measurement ran (``local`` | ``transformer_engine``), if recorded."""
+        v = self._get("transformer_impl")
+        return v if isinstance(v, str) else None
+
+    @property
+    def extrapolated(self) -> bool:
+        """Whether an augmented point lies outside the measured ones."""
+        return self._get("extrapolated") is True
+
+    @property
+    def model(self) -> str:
+        """The model an imported sample was measured in ("" when not recorded)."""
+        v = self._get("model")
+        return v if isinstance(v, str) else ""
+
+    @property
+    def note(self) -> str | None:
+        v = self._get("note")
+        return v if isinstance(v, str) else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class LayerSample:
     """What was measured (or imported, or augmented) at one ProfilePoint.
@@ -1872,7 +1945,7 @@ class LayerSample:
     infeasible: bool = False
     origin: str = "measured"  # measured | imported | augmented
     source: str = ""  # where it came from: host/job id, or the imported file
-    provenance: str = "{}"  # JSON: host, device, driver, versions, settings, time
+    provenance: Provenance = field(default_factory=Provenance)
     weight: float = 1.0
 
     def __post_init__(self) -> None:
@@ -1883,6 +1956,8 @@ class LayerSample:
         for name in ("activation_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "device_footprint_bytes"):
             _whole(getattr(self, name), name, 0, MAX_SAMPLE_BYTES)
         _choice(self.origin, "origin", SAMPLE_ORIGINS)
+        if not isinstance(self.provenance, Provenance):
+            raise SpecError("expected a provenance", field="provenance", found=_short(self.provenance))
         _real(self.weight, "weight", 0.0, 1e6)
 
     @property
@@ -1890,10 +1965,7 @@ class LayerSample:
         """The transformer layer that was measured (``local`` | ``transformer_engine``), from the
         provenance; measured samples from before the field was recorded are megatron-core's
         local spec (the only one profiled then); other samples that do not say: ``unknown``."""
-        try:
-            impl = json.loads(self.provenance or "{}").get("transformer_impl")
-        except (ValueError, AttributeError):
-            impl = None
+        impl = self.provenance.transformer_impl
         if impl in TRANSFORMER_IMPLS:
             return impl
         return "local" if self.origin == "measured" else "unknown"

@@ -19,12 +19,11 @@ weight is lower still. Memory is interpolated only when both neighbours know it.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import replace
 from typing import Iterable, Sequence
 
-from ..spec import LayerSample
+from ..spec import LayerSample, Provenance
 
 #: Default grids: the micro-batch sizes and TP degrees a search typically asks for
 #: (powers of two and three times powers of two; powers of two for TP).
@@ -72,7 +71,7 @@ def _make(axis: str, x: int, lo: LayerSample, hi: LayerSample, *, weight: float,
         point=point, forward_ms=max(mix(lo.forward_ms, hi.forward_ms), 0.0),
         backward_ms=max(mix(lo.backward_ms, hi.backward_ms), 0.0), update_ms=max(mix(lo.update_ms, hi.update_ms), 0.0),
         activation_bytes=act, origin="augmented", source=f"augmented:{prov['axis']}",
-        provenance=json.dumps(prov, sort_keys=True),
+        provenance=Provenance.of(prov),
         weight=weight * min(lo.weight, hi.weight) * (EXTRAPOLATION_WEIGHT / DEFAULT_WEIGHT if extrapolated else 1.0))
 
 

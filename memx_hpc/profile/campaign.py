@@ -28,7 +28,6 @@ tasks return samples, they never open the store.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import tempfile
@@ -41,7 +40,7 @@ from ..errors import SpecError
 from ..slurm import arrays
 from ..slurm.render import transformer_impl_of
 from ..slurm.request import SlurmRequest
-from ..spec import LayerSample, Partition, ProfilePoint, Site, TrainJob, find_relative_to_site
+from ..spec import LayerSample, Partition, ProfilePoint, Provenance, Site, TrainJob, find_relative_to_site
 from .ledger import Ledger, LedgerEntry, point_key, point_to_json
 from .points import estimate_seconds, full_grid, grid_axes, layer_points, minimal_set, missing_points
 from .runner import ProfileTask, RunSettings, TaskResult, world_size_of
@@ -510,5 +509,5 @@ class _Campaign:
 
 
 def _oom_sample(p: ProfilePoint, state: str, job_id: str) -> LayerSample:
-    prov = json.dumps({"note": f"Slurm ended the job with {state}", "slurm_job_id": str(job_id)}, sort_keys=True)
+    prov = Provenance.of({"note": f"Slurm ended the job with {state}", "slurm_job_id": str(job_id)})
     return LayerSample(point=p, infeasible=True, origin="measured", source=f"slurm:{job_id}", provenance=prov)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..errors import SpecError
-from ..spec import LayerSample, open_regular_file
+from ..spec import LayerSample, Provenance, open_regular_file
 from .store import COLUMN_NAMES, COLUMNS, Column, row_to_sample, sample_to_row
 
 __all__ = ["write_csv", "read_csv", "CSV_COLUMNS"]
@@ -140,10 +140,9 @@ def read_csv(path: str | os.PathLike) -> list[LayerSample]:
                 for c in COLUMNS:
                     row.setdefault(c.name, c.default)
                 try:
-                    json.loads(row["provenance"])
-                except (TypeError, ValueError, RecursionError):
-                    raise SpecError("provenance must be JSON text", file=str(p), field=f"line {line_no}: provenance",
-                                    found=row["provenance"][:60]) from None
+                    Provenance.parse(row["provenance"])
+                except SpecError as e:
+                    raise SpecError(e.detail, file=str(p), field=f"line {line_no}: provenance", found=e.found) from None
                 try:
                     out.append(row_to_sample(row))
                 except SpecError as e:

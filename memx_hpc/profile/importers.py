@@ -28,7 +28,7 @@ from typing import Any
 
 from ..datapaths import SOURCES
 from ..errors import SpecError
-from ..spec import MAX_DOCUMENT_BYTES, LayerSample, LayerShape, ProfilePoint, read_regular_file
+from ..spec import MAX_DOCUMENT_BYTES, LayerSample, LayerShape, ProfilePoint, Provenance, read_regular_file
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def import_sailor(folder: str | Path, *, gpus: Any = None, skipped: list[str] | 
                         point=ProfilePoint(gpu_type=gpu, kind=kind, shape=shape, tp=tp, micro_batch_size=mbs,
                                            recompute="none", precision=SAILOR_PRECISION, attention=SAILOR_ATTENTION),
                         forward_ms=fwd * 1e3, backward_ms=bwd * 1e3, update_ms=upd * 1e3, activation_bytes=act,
-                        origin="imported", source=f"sailor:{rel}", provenance=json.dumps(prov, sort_keys=True)))
+                        origin="imported", source=f"sailor:{rel}", provenance=Provenance.of(prov)))
     return out
 
 
@@ -296,10 +296,9 @@ def import_cephalo(model_latencies_json: str | Path, *, gpus: Any = None,
                     # Cephalo's Llama layers fall back to eager (unfused) attention on the P40
                     att = "core" if (gpu_name == "p40" and attention == "sdpa") else attention
                     shape = _shape(h, a, f, int(seq_key), CEPHALO_VOCAB, g=g, act=act)
-                    prov = json.dumps({"dataset": SOURCES["cephalo"], "file": path.name, "model": model,
-                                       "gpu_name": gpu_name, "dtype": dtype,
-                                       "shape_source": "Cephalo models/hub.py and models/*_simple.py"},
-                                      sort_keys=True)
+                    prov = Provenance.of({"dataset": SOURCES["cephalo"], "file": path.name, "model": model,
+                                          "gpu_name": gpu_name, "dtype": dtype,
+                                          "shape_source": "Cephalo models/hub.py and models/*_simple.py"})
                     for i, (fwd, bwd) in enumerate(zip(*raw)):
                         out.append(LayerSample(
                             point=ProfilePoint(gpu_type=gpu, kind="layer", shape=shape, tp=1, micro_batch_size=i + 1,

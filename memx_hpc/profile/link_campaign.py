@@ -18,7 +18,7 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -75,13 +75,13 @@ class CommJobRun:
     wall_s: float
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class CommReport:
     """What :func:`profile_comm` did: curves written, the jobs that ran, and those that failed (with why)."""
 
     written: int = 0
-    jobs: list[CommJobRun] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
+    jobs: tuple[CommJobRun, ...] = ()
+    failures: tuple[str, ...] = ()
     task_seconds: float = 0.0  # measured: each job's rank-0 run time times its ranks
 
 
@@ -90,21 +90,22 @@ def profile_comm(site: Any, store_path: Path, work_dir: Path, *, sizes_bytes: Se
     """Submit every comm job of ``site`` through ``sbatch``, wait for them, store the curves."""
     work_dir.mkdir(parents=True, exist_ok=True)
     jobs = list(jobs) if jobs is not None else comm_jobs(site, sizes_bytes=sizes_bytes)
-    report = CommReport()
     deadline = time.monotonic() + timeout_s
     curves: list[dict] = []
+    runs: list[CommJobRun] = []
+    failures: list[str] = []
+    task_seconds = 0.0
     for job in jobs:  # one at a time: no measurement shares its links (or its cores) with another
         try:
             run, rows = _run_one(job, site, work_dir, timeout_s=max(deadline - time.monotonic(), 1.0))
         except _JobFailed as e:
-            report.failures.append(f"{job.name}: {e}")
+            failures.append(f"{job.name}: {e}")
             continue
-        report.task_seconds += float(rows[0]["provenance"].get("task_seconds", 0.0)) if rows else 0.0
-        report.jobs.append(run)
+        task_seconds += float(rows[0]["provenance"].get("task_seconds", 0.0)) if rows else 0.0
+        runs.append(run)
         curves += rows
-    if curves:
-        report.written = write_comm_curves(store_path, curves)
-    return report
+    written = write_comm_curves(store_path, curves) if curves else 0
+    return CommReport(written=written, jobs=tuple(runs), failures=tuple(failures), task_seconds=task_seconds)
 
 
 class _JobFailed(Exception):

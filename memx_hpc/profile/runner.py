@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
-import json
 import os
 import platform
 import socket
@@ -60,7 +59,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import SpecError, SystemFailure
-from ..spec import BYTES_PER_ELEMENT, TRANSFORMER_IMPLS, LayerSample, ProfilePoint
+from ..spec import BYTES_PER_ELEMENT, TRANSFORMER_IMPLS, LayerSample, ProfilePoint, Provenance
 
 __all__ = ["RunSettings", "ProfileTask", "PointFailure", "TaskResult", "run_task", "world_size_of",
            "InjectedFailure", "ENV_FAIL", "ENV_FAIL_STATE"]
@@ -457,7 +456,7 @@ def _sample(ctx: _Ctx, point: ProfilePoint, *, infeasible: bool = False, note: s
     job = ctx.common.get("slurm_job_id")
     source = f"slurm:{job}" if job else f"local:{ctx.common.get('host')}:{os.getpid()}"
     return LayerSample(point=point, infeasible=infeasible, origin="measured", source=source,
-                       provenance=json.dumps(prov, sort_keys=True, default=str), **values)
+                       provenance=Provenance.of(prov), **values)
 
 
 def _measure(ctx: _Ctx, point: ProfilePoint) -> LayerSample | None:

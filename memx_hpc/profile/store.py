@@ -23,7 +23,8 @@ samples only and :meth:`ProfileStore.e2e_hash` covers the end-to-end records.
 A columnar table per GPU type, units in the column names (``forward_ms``,
 ``activation_bytes``); text columns are UTF-8 variable-length strings.
 Every row keeps its ``origin`` (measured | imported | augmented), ``source`` and
-``provenance`` (a JSON string: host, device, driver, versions, settings, time).
+``provenance`` (:class:`~memx_hpc.spec.Provenance`, stored as its JSON text: host, device, driver,
+versions, settings, time).
 
 Writing. Only one process writes (the login-node process that gathers results):
 a lock file ``<store>.lock`` holds ``PID@host`` of the writer. A second writer
@@ -66,7 +67,7 @@ from typing import Any, Iterable, Iterator
 from ..errors import SpecError, SystemFailure
 from ..records import E2ERecord, records_hash  # noqa: F401 (re-exported)
 from ..spec import (SAMPLE_KINDS, SAMPLE_ORIGINS, LayerSample, LayerShape, NotARegularFile, ProfilePoint,
-                    read_regular_file)
+                    Provenance, read_regular_file)
 
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "COLUMNS", "E2E_COLUMNS", "E2ERecord", "ProfileStore",
            "StoreDamaged", "StoreFull", "StoreLocked", "sample_to_row", "row_to_sample", "record_to_row", "row_to_record", "records_hash"]
@@ -187,6 +188,7 @@ def sample_to_row(s: LayerSample) -> dict[str, Any]:
         row[f] = getattr(p, f)
     for f in _VALUE_FIELDS:
         row[f] = getattr(s, f)
+    row["provenance"] = s.provenance.text
     for c in COLUMNS:
         row[c.name] = _coerce(c, row[c.name])
     return row
@@ -212,7 +214,9 @@ def _sample_of(r: dict[str, Any], shapes: dict[tuple, LayerShape] | None = None)
         if shapes is not None:
             shapes[key] = shape
     point = ProfilePoint(gpu_type=r["gpu_type"], shape=shape, **{f: r[f] for f in _POINT_FIELDS})
-    return LayerSample(point=point, **{f: r[f] for f in _VALUE_FIELDS})
+    values = {f: r[f] for f in _VALUE_FIELDS}
+    values["provenance"] = Provenance(values["provenance"])
+    return LayerSample(point=point, **values)
 
 
 def _coerce(c: Column, v: Any) -> Any:

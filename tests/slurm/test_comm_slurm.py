@@ -25,7 +25,7 @@ def test_intra_and_cross_partition_curves_are_measured_and_used(tmp_path: Path, 
     assert len(jobs) == 2
     store = tmp_path / "store.h5"
     rep = profile_comm(site, store, tmp_path / "work", jobs=jobs, timeout_s=600)
-    assert rep.failures == [] and rep.written == 4 and rep.task_seconds > 0
+    assert rep.failures == () and rep.written == 4 and rep.task_seconds > 0
     rows = read_comm_rows(store)
     assert {(r["curve"]["kind"], r["curve"]["scope"]) for r in rows} == {
         ("p2p", "intra"), ("allreduce", "intra"), ("p2p", "cross"), ("allreduce", "cross")}

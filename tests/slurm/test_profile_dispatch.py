@@ -102,12 +102,12 @@ def test_profile_fills_the_store_through_job_arrays(interrupted_then_resumed):
     ids = [t["job_id"] for t in r["ledger_after"]["tasks"].values()]
     assert any("_" in i for i in ids), ids
     for s in store.samples(kind="layer"):
-        prov = json.loads(s.provenance)
+        prov = s.provenance.as_dict()
         assert prov["partition"] == "nvidia_v100" and prov["slurm_job_id"] and s.source.startswith("slurm:")
         assert s.forward_ms > 0 and s.activation_bytes > 0 and s.peak_allocated_bytes > 0
         assert not s.infeasible
     tp2 = [s for s in store.samples(kind="layer") if s.point.tp == 2]
-    assert tp2 and json.loads(tp2[0].provenance)["world_size"] == 2  # a multi-task job
+    assert tp2 and tp2[0].provenance.as_dict()["world_size"] == 2  # a multi-task job
     figs = store.device_figures("cpu-2g")
     assert figs and figs["peak_tflops_fp32"] > 0 and figs["memory_gib"] == 2.0
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -25,7 +24,7 @@ def test_micro_batch_gaps_filled_linearly_and_flagged():
     s4 = by_mbs[4]
     assert (s4.forward_ms, s4.backward_ms, s4.activation_bytes) == (pytest.approx(4.0), pytest.approx(8.0), 400)
     assert s4.origin == "augmented" and s4.weight < 1
-    prov = json.loads(s4.provenance)
+    prov = s4.provenance.as_dict()
     assert prov["from"] == [2, 8] and prov["extrapolated"] is False and set(prov["sources"]) == {"m2t1", "m8t1"}
 
 
@@ -48,7 +47,7 @@ def test_no_extrapolation_unless_asked():
     assert augment(base, mbs_grid=(1, 8), tp_grid=(1,)) == []
     ext = augment(base, mbs_grid=(1, 8), tp_grid=(1,), extrapolate=True)
     assert {s.point.micro_batch_size for s in ext} == {1, 8}
-    assert all(json.loads(s.provenance)["extrapolated"] for s in ext)
+    assert all(s.provenance.as_dict()["extrapolated"] for s in ext)
     assert all(s.weight < 0.3 for s in ext)
 
 

@@ -12,7 +12,7 @@ from memx_hpc.cli.main import main
 from memx_hpc.errors import SpecError
 from memx_hpc.profile.csvio import CSV_COLUMNS, read_csv, write_csv
 from memx_hpc.profile.store import ProfileStore
-from memx_hpc.spec import LayerSample, LayerShape, ProfilePoint
+from memx_hpc.spec import LayerSample, LayerShape, ProfilePoint, Provenance
 
 SHAPE = LayerShape(hidden_size=2560, num_attention_heads=32, num_query_groups=8, ffn_hidden_size=6912,
                    seq_length=2048, vocab_size=50257, activation="swiglu")
@@ -27,7 +27,7 @@ def tricky() -> list[LayerSample]:
         LayerSample(point=p, forward_ms=0.1 + 0.2, backward_ms=1e-300, update_ms=123456789.123456789,
                     activation_bytes=2**53 + 1, peak_allocated_bytes=7, peak_reserved_bytes=8,
                     device_footprint_bytes=9, origin="imported", source="sailor:profiles/x.json",
-                    provenance=json.dumps({"line\nbreak": "a,b", "q": "\"", "u": "é✓"}), weight=0.3),
+                    provenance=Provenance.of({"line\nbreak": "a,b", "q": "\"", "u": "é✓"}), weight=0.3),
         LayerSample(point=q, forward_ms=5e-324, infeasible=True, origin="augmented", weight=1 / 3,
                     source="MI250X GCD, \"odd\" name"),  # GPU names are safe names; free text sits here
     ]
@@ -53,7 +53,7 @@ def test_round_trip_any_values(tmp_path_factory, fwd, bwd, w, act, text):
     d = tmp_path_factory.mktemp("h")
     p = ProfilePoint(gpu_type="V100-32", kind="head", shape=SHAPE, micro_batch_size=3)
     s = LayerSample(point=p, forward_ms=fwd, backward_ms=bwd, weight=w, activation_bytes=act, source=text,
-                    provenance=json.dumps({"t": text}))
+                    provenance=Provenance.of({"t": text}))
     write_csv([s], d / "x.csv")
     assert read_csv(d / "x.csv") == [s]
 
@@ -77,7 +77,7 @@ def test_minimal_columns_take_defaults(tmp_path):
                  "vocab_size,forward_ms\nlayer,T4,1024,16,16,4096,2048,50272,12.5\n", encoding="utf-8")
     (s,) = read_csv(f)
     assert s.point.tp == 1 and s.point.recompute == "none" and s.origin == "measured" and s.forward_ms == 12.5
-    assert s.provenance == "{}" and s.weight == 1.0
+    assert s.provenance == Provenance() and s.weight == 1.0
 
 
 @pytest.mark.parametrize("text,match", [

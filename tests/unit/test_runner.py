@@ -7,7 +7,6 @@ process group are per process), as it does under Slurm.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pickle
 import shlex
@@ -117,7 +116,7 @@ def test_layer_activation_bytes_match_korthikanti(one_rank_results):
         assert s.forward_ms > 0 and s.backward_ms > 0
         assert s.peak_allocated_bytes > s.activation_bytes
         assert not s.infeasible and s.origin == "measured"
-        prov = json.loads(s.provenance)
+        prov = s.provenance.as_dict()
         assert prov["torch"] and prov["megatron_core"] and prov["vendor"] == "cpu" and prov["host"]
         assert prov["settings"]["iters"] == 2
         assert prov["transformer_impl"] == "local" and s.transformer_impl == "local"  # what was measured
@@ -143,7 +142,7 @@ def test_memory_cap_gives_infeasible_and_failures_are_reported(one_rank_results)
     # a layer does not fit in 1 MiB: known before running (fake tensors) and stored as infeasible
     assert kinds["layer"].infeasible and kinds["layer"].peak_allocated_bytes > 2**20
     assert kinds["layer"].forward_ms == 0  # not run
-    assert "FakeTensorMode" in json.loads(kinds["layer"].provenance)["note"]
+    assert "FakeTensorMode" in kinds["layer"].provenance.as_dict()["note"]
     assert [f.point.kind for f in res.failures] == ["optimizer"]
     assert "injected failure" in res.failures[0].reason
     assert {"embedding", "head"} <= set(kinds)
@@ -163,12 +162,12 @@ def test_two_ranks_tp_layer_and_collectives(tmp_path):
     kinds = {s.point.kind: s for s in res.samples}
     assert set(kinds) == {"layer", "allreduce", "p2p", "optimizer"}
     assert kinds["allreduce"].forward_ms > 0 and kinds["p2p"].forward_ms > 0
-    assert json.loads(kinds["layer"].provenance)["world_size"] == 2
+    assert kinds["layer"].provenance.as_dict()["world_size"] == 2
     # TP=2 halves what each rank keeps of Q/K/V, the projection and MLP interiors
     want = korthikanti_bytes(s=SHAPE.seq_length, b=2, h=SHAPE.hidden_size, a=SHAPE.num_attention_heads, e=4, m=1,
                              recompute="none", attention="sdpa")
     assert kinds["layer"].activation_bytes < 0.8 * want
-    assert json.loads(kinds["optimizer"].provenance)["params"] < 12 * SHAPE.hidden_size ** 2 * 0.6
+    assert kinds["optimizer"].provenance.as_dict()["params"] < 12 * SHAPE.hidden_size ** 2 * 0.6
 
 
 @pytest.mark.slow
@@ -249,10 +248,10 @@ def test_transformer_engine_without_a_gpu_fails_the_task_naming_the_partition(tm
 
 def test_predictor_refuses_to_mix_transformer_implementations():
     from memx_hpc.errors import SpecError
-    from memx_hpc.spec import LayerSample, transformer_impls
+    from memx_hpc.spec import LayerSample, Provenance, transformer_impls
 
     def sample(impl, origin="measured"):
-        prov = json.dumps({"transformer_impl": impl}) if impl else "{}"
+        prov = Provenance.of({"transformer_impl": impl}) if impl else Provenance()
         return LayerSample(point=point(), forward_ms=1.0, backward_ms=2.0, activation_bytes=10, origin=origin,
                            provenance=prov)
 
@@ -306,7 +305,7 @@ def test_gpu_points_record_allocator_reserved_and_driver_memory(tmp_path):
     assert res.failures == () and len(res.samples) == len(pts)
     for s in res.samples:
         assert 0 < s.peak_allocated_bytes <= s.peak_reserved_bytes <= s.device_footprint_bytes, s
-        prov = json.loads(s.provenance)
+        prov = s.provenance.as_dict()
         assert prov["backend"] == "nccl" and prov["peak_source"] == "max_memory_allocated"
     layers = [s for s in res.samples if s.point.kind == "layer"]
     assert all(s.forward_ms > 0 and s.backward_ms > 0 and s.transformer_impl == impl for s in layers)

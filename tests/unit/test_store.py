@@ -16,7 +16,7 @@ import pytest
 
 from memx_hpc.errors import SpecError
 from memx_hpc.profile.store import SCHEMA_VERSION, ProfileStore, StoreLocked
-from memx_hpc.spec import LayerSample, LayerShape, ProfilePoint
+from memx_hpc.spec import LayerSample, LayerShape, ProfilePoint, Provenance
 
 SHAPE = LayerShape(hidden_size=256, num_attention_heads=4, num_query_groups=4, ffn_hidden_size=1024,
                    seq_length=128, vocab_size=1024)
@@ -30,7 +30,7 @@ def sample(gpu: str = "cpu-4g", mbs: int = 1, tp: int = 1, recompute: str = "non
                          precision="fp32", group_size=group_size, message_bytes=message_bytes, inter_node=inter_node)
     return LayerSample(point=point, forward_ms=fwd, backward_ms=2 * fwd + 0.1, activation_bytes=1000 * mbs + 7,
                        peak_allocated_bytes=3 * 2**20 + mbs, origin=origin, source="test",
-                       provenance=json.dumps({"host": "h", "note": "comma, quote \" and ünïcode"}), **kw)
+                       provenance=Provenance.of({"host": "h", "note": "comma, quote \" and ünïcode"}), **kw)
 
 
 def test_round_trip_keeps_every_field(tmp_path):
