@@ -203,6 +203,24 @@ EXTRAP_FIT_MAX_HIDDEN = 2560
 EXTRAP_SCORE_HIDDEN = (5120, 10240)
 
 
+#: --settle-sources: each sample (by id) as the source step settled it, where it changed
+SETTLED: dict[int, Any] = {}
+
+
+class _Settled:
+    """A predictor whose ``fit`` reads each training sample as the source step settled it
+    (scores stay against the samples as measured)."""
+
+    def __init__(self, p: Any) -> None:
+        self.p = p
+
+    def fit(self, samples: Sequence[Any], *a: Any, **kw: Any) -> Any:
+        return self.p.fit([SETTLED.get(id(s), s) for s in samples], *a, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.p, name)
+
+
 def _fit_predict(make: Callable[[], Any], train: list[LayerSample], test: list[LayerSample]) -> np.ndarray:
     return make().fit(train, CAT).predict([query_of(s) for s in test])
 
@@ -213,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", metavar="ROWS", help=f"comma list of sections to run: {', '.join(SECTIONS)}")
     ap.add_argument("--full", action="store_true", help="also the minimal-set section")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    ap.add_argument("--settle-sources", action="store_true",
+                    help="fit on the samples as the planner does: where two sources disagree for a GPU type, "
+                         "the one the shipped evidence names followed, the other scaled onto it "
+                         "(memx_hpc/model/sources.py); scored against the samples as measured")
     ap.add_argument("--store", metavar="PATH", help="profile store with the project's own CPU measurements")
     ap.add_argument("--site", metavar="SITE.yaml", default=str(Path(__file__).resolve().parents[1] / "site_configs"
                                                                 / "local.yaml"),
@@ -234,6 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     data = sailor + cephalo
     n_trees = 100 if args.quick else DEFAULT_PARAMS["n_estimators"]  # the shipped default unless --quick
     P = lambda **kw: (lambda: Predictor(n_estimators=n_trees, seed=0, **kw))  # noqa: E731
+    if args.settle_sources:
+        from memx_hpc.model.sources import resolve, shipped_preferences
+        settled, report = resolve(data, CAT, prior=shipped_preferences())
+        SETTLED.update({id(a): b for a, b in zip(data, settled) if a is not b})
+        for line in report.notes():
+            print(line)
+        P = lambda **kw: (lambda: _Settled(Predictor(n_estimators=n_trees, seed=0, **kw)))  # noqa: E731
     tab = Table()
     t = _time(data)
     test = np.array([is_test(s) for s in data])

@@ -415,6 +415,7 @@ def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, not
         if progress:
             print(line, file=sys.stderr, flush=True)
 
+    samples, sources = consistent_sources(samples, gpus, site, store, notes)
     say(f"predictor: reusing {model_path} or fitting it on {len(samples):,} samples from {store_path} ...")
     predictor = fit_or_load(samples, model_path, gpus, progress=say)
     say(f"predictor: ready in {time.perf_counter() - t0:.1f} s (covers {', '.join(covered) or 'no site GPU type'})")
@@ -428,11 +429,32 @@ def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, not
     if transfer:
         notes.append(f"no samples for {', '.join(missing)} in {store_path}: the predictor estimates those "
                      f"GPU types from their datasheet figures and the {len(layer_types)} profiled types")
-        return RoutedCostModel(_routes(site, site_gpus, predictor), fallback)
-    if missing:
-        notes.append(f"no samples for {', '.join(missing)} in {store_path}: those GPU types use the datasheet "
-                     f"roofline (AnalyticCostModel)")
-    return RoutedCostModel(_routes(site, covered, predictor), fallback)
+        routed = RoutedCostModel(_routes(site, site_gpus, predictor), fallback)
+    else:
+        if missing:
+            notes.append(f"no samples for {', '.join(missing)} in {store_path}: those GPU types use the datasheet "
+                         f"roofline (AnalyticCostModel)")
+        routed = RoutedCostModel(_routes(site, covered, predictor), fallback)
+    routed.sources = sources
+    return routed
+
+
+def consistent_sources(samples, gpus, site, store, notes: list[str]):
+    """The store's samples with disagreeing sources settled (:func:`memx_hpc.model.sources.resolve`:
+    the site's ``prefer_source``, else the store's end-to-end runs of the site, else the shipped
+    evidence), and the report; the site's GPU types' disagreements go into ``notes``."""
+    from .model.predictor import Predictor
+    from .model.sources import cases_from_records, resolve, shipped_preferences
+    cases = cases_from_records(store.e2e_records(site=site.name), site) if store is not None else []
+    out, report = resolve(samples, gpus, prefer=dict(site.prefer_source) or None, cases=cases,
+                          fit=lambda ss: Predictor().fit(ss, gpus), evidence="end-to-end runs in the store",
+                          prior=shipped_preferences())
+    names = set()
+    for p in site.partitions:
+        g = site.gpu(p.gpu_type)
+        names |= {g.name, p.gpu_type, *g.aliases}
+    notes.extend(report.notes(sorted(names)))
+    return out, report
 
 
 def _routes(site, names, model) -> dict:

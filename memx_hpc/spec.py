@@ -899,6 +899,9 @@ class Site:
     #: whether a new profile store starts from the shipped reference profiles (Sailor,
     #: Cephalo); None: yes unless every partition is a CPU (memx_hpc.profile.reference)
     reference_data: bool | None = None
+    #: which source of layer times to follow where two disagree for a GPU type
+    #: (memx_hpc.model.sources): (GPU type or "*", source) pairs; () decides by end-to-end runs
+    prefer_source: tuple[tuple[str, str], ...] = ()
     #: the parallel degrees the search may choose among on this site (empty: any; a job's own
     #: lists narrow them further): see :class:`TrainJob`
     virtual_stages: tuple[int, ...] = ()
@@ -954,6 +957,15 @@ class Site:
                     raise SpecError("unknown partition" + _suggest(pn, sorted(names)),
                                     field=f"links[{i}].between[{j}]", found=pn, allowed=", ".join(sorted(names)))
         _real(self.inter_partition_gbps, "inter_partition_gbps", MIN_RATE, MAX_GBPS)
+        if not isinstance(self.prefer_source, tuple):
+            raise SpecError("expected (GPU type, source) pairs", field="prefer_source", found=_short(self.prefer_source))
+        for pair in self.prefer_source:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise SpecError("expected (GPU type, source) pairs", field="prefer_source", found=_short(pair))
+            where = "prefer_source" if pair[0] == "*" else f"prefer_source.{pair[0]}"
+            if pair[0] != "*":
+                _safe_name(pair[0], "prefer_source")
+            _safe_name(pair[1], where)
         _choice(self.scheduler, "slurm.scheduler", SCHEDULERS)
         _safe_name(self.account, "slurm.account", optional=True)
         _safe_name(self.qos, "slurm.qos", optional=True)
@@ -2000,7 +2012,7 @@ DEGREE_KEYS = ("virtual_stages", "context_parallel_sizes", "expert_parallel_size
 SITE_KEYS = ("name", "partitions", "gpu_types", "links", "inter_partition_gbytes_per_s", "inter_partition_gbps",
              "scheduler", "slurm",
              "store", "cache", "work_dir", "pipeline_comm", "memory_safety_margin", "megatron_version",
-             "objective", "reference_data") + DEGREE_KEYS
+             "objective", "reference_data", "prefer_source") + DEGREE_KEYS
 PARTITION_KEYS = ("name", "gpu_type", "nodes", "gpus_per_node", "intra_node_gbytes_per_s", "inter_node_gbytes_per_s",
                   "intra_node_gbps", "inter_node_gbps",
                   "gres_type", "account", "qos", "time_limit_min", "exclusive", "cpus_per_task", "mem_per_node_gib",
@@ -2095,6 +2107,15 @@ def site_from_mapping(data: Any, *, source_file: str | None = None) -> Site:
 
     if r.raw("reference_data", None) is not None:
         kw["reference_data"] = r.bool("reference_data")
+    pref = r.raw("prefer_source", None)
+    if pref is not None:
+        if isinstance(pref, str):
+            kw["prefer_source"] = (("*", pref.lower()),)
+        elif isinstance(pref, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in pref.items()):
+            kw["prefer_source"] = tuple((k, v.lower()) for k, v in pref.items())
+        else:
+            raise SpecError("a source name (sailor, cephalo, measured), or a mapping of GPU type to one",
+                            field="prefer_source", found=_short(pref))
     obj = r.sub("objective")
     if obj is not None:
         kw["objective_weights"] = (obj.float("time", 1.0), obj.float("memory", 0.5), obj.float("balance", 0.5))

@@ -84,10 +84,12 @@ def run(args: argparse.Namespace) -> int:
     bands = error_bands(model, site, job, store, notes)
     risk = risk_utilisation(pred, bands)
     links = plan_links(model, pred)
+    sources = getattr(model, "sources", None) or getattr(getattr(model, "base", None), "sources", None)
+    disagree = sources.to_json(gpus) if sources is not None else []
     if args.json:
         d = pred.to_dict()
         d.update({"plan": str(args.plan), "general": isinstance(plan, GeneralPlan), "provenance": provenance,
-                  "links": links, "notes": notes, "risk_utilisation": risk,
+                  "links": links, "source_disagreements": disagree, "notes": notes, "risk_utilisation": risk,
                   "memory_error": {g: b.fraction for g, b in bands.items() if g in gpus}})
         emit_json(d)
         return 0

@@ -133,8 +133,10 @@ def _ls(store, args: argparse.Namespace) -> int:
     if site is not None:
         from ..search.report import coverage
         cover = coverage(site, rows, store.e2e_records(site=site.name))
+    disagree = source_disagreements(store, site)
     if args.json:
         emit_json({"store": str(store.path), "content_hash": store.content_hash(), "gpu_types": rows,
+                   "source_disagreements": disagree.to_json(),
                    **({"site_gpu_types": cover} if cover is not None else {})})
         return 0
     kinds = ("layer", "embedding", "head", "optimizer", "allreduce", "p2p")
@@ -145,11 +147,28 @@ def _ls(store, args: argparse.Namespace) -> int:
             "yes" if r["device_figures"] else "-"] for r in rows],
           ["gpu type", "samples", *kinds, "measured", "imported", "augmented", "infeasible", "figures"],
           drop_empty=True, max_width=TABLE_WIDTH)
+    if disagree.disagreements:
+        print("\nsources that disagree (time over the roofline at comparable work; memx_hpc/model/sources.py):")
+        table([[d.gpu_type, d.kind, d.precision_class, d.slower, d.faster, f"{d.ratio:.2f}x", d.pairs,
+                d.preferred or "both kept", d.reason] for d in disagree.disagreements],
+              ["gpu type", "kind", "precision", "slower", "faster", "ratio", "pairs", "followed", "why"],
+              max_width=TABLE_WIDTH)
     if cover is not None:
         from ..search.report import coverage_table
         print(f"\nthe GPU types of site {site.name}:")
         coverage_table(cover)
     return 0
+
+
+def source_disagreements(store, site):
+    """Where two sources in the store disagree for one GPU type and kind, and which one the
+    predictor follows by the site's ``prefer_source`` or the shipped evidence (the store's
+    own end-to-end runs are weighed when planning: :func:`memx_hpc.planner.consistent_sources`)."""
+    from ..catalog import catalog
+    from ..model.sources import resolve, shipped_preferences
+    gpus = site if site is not None else catalog()
+    prefer = dict(site.prefer_source) if site is not None and site.prefer_source else None
+    return resolve(store.samples(), gpus, prefer=prefer, prior=shipped_preferences())[1]
 
 
 def _import(store, args: argparse.Namespace) -> int:

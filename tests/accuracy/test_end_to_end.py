@@ -31,7 +31,7 @@ def bench():
 @pytest.fixture(scope="module")
 def runs(bench):
     logging.getLogger("memx_hpc.profile.importers").setLevel(logging.ERROR)
-    predictor = bench.fit_predictor(shared_data())
+    predictor, _ = bench.fit_predictor(shared_data())
     root = shared_data() / "sailor" / "validation_dev" / "clariden" / "GPT-NEO"
     out = []
     for f in sorted(root.glob("N*/plan_config_*.json")):
