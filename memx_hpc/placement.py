@@ -425,6 +425,13 @@ def place(plan: Plan, site: Site, job: TrainJob, *, by_partition: bool = False) 
             site.partition(s.partition)
         except SpecError as e:
             raise SpecError(e.detail, field=f"stages[{i}].partition", found=e.found, allowed=e.allowed) from None
+    if job.fp8:
+        for i, s in enumerate(plan.stages):
+            g = site.gpu_of(s.partition)
+            if g.peak_tflops_fp8 <= 0:
+                raise SpecError(f"the job asks for FP8 and stage {i}'s partition {s.partition} has {g.name} GPUs, "
+                                f"which have no FP8 units (no fp8 rate in the catalog)", field="fp8", found=job.fp8,
+                                allowed="fp8: none, or partitions of GPUs with FP8 units")
     if plan.num_layers != job.model.num_layers:
         raise SpecError(f"the plan's stages hold {plan.num_layers} layers, the model has {job.model.num_layers}",
                         field="stages", found=[s.num_layers for s in plan.stages])

@@ -35,6 +35,13 @@ from .shellsafe import check_entry, check_path, check_setup_line
 
 VENDORS = ("nvidia", "amd", "intel", "cpu")
 PRECISIONS = ("bf16", "fp16", "fp32")
+#: FP8 matmuls through Transformer Engine (Megatron-LM's ``--fp8-format``): ``hybrid`` (e4m3
+#: forward, e5m2 gradients) or ``e4m3`` throughout; the job's ``precision`` stays the master
+#: and parameter dtype. "" (``fp8: none`` in a job file): no FP8.
+FP8_FORMATS = ("hybrid", "e4m3")
+#: Megatron-LM's ``--fp8-recipe`` (core_v0.16): scaling of the FP8 tensors. ``mxfp8`` runs on
+#: Blackwell only (Transformer Engine refuses it elsewhere at start-up).
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 ACTIVATIONS = ("gelu", "swiglu")
 RECOMPUTE_MODES = ("none", "selective", "full")
 ATTENTIONS = ("sdpa", "core")
@@ -1415,6 +1422,10 @@ class TrainJob:
     context_parallel_sizes: tuple[int, ...] = ()
     expert_parallel_sizes: tuple[int, ...] = ()
     expert_tensor_parallel_sizes: tuple[int, ...] = ()
+    #: FP8 matmuls (FP8_FORMATS; "" none) with Transformer Engine's ``fp8_recipe``: on GPU types
+    #: whose catalog entry has an fp8 rate only; ``precision`` stays the weights' dtype
+    fp8: str = ""
+    fp8_recipe: str = "delayed"
     # what a training launch (render, plan --submit) uses; verify's short runs keep mock data
     data: TrainData | None = None
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
@@ -1466,6 +1477,12 @@ class TrainJob:
         _whole(self.eval_interval, "eval_interval", 1, MAX_TRAIN_ITERS)
         _whole(self.eval_iters, "eval_iters", 0, MAX_TRAIN_ITERS)
         _whole(self.max_pipeline_stages, "max_pipeline_stages", 1, MAX_LAYERS, optional=True)
+        if self.fp8 != "":
+            _choice(self.fp8, "fp8", FP8_FORMATS)
+        _choice(self.fp8_recipe, "fp8_recipe", FP8_RECIPES)
+        if self.fp8 and self.precision == "fp32":
+            raise SpecError("FP8 runs beside bf16 (or fp16) weights: Transformer Engine casts the GEMM inputs of a "
+                            "16-bit model", field="fp8", found=self.fp8, allowed="precision: bf16 or fp16")
         _degrees(self.virtual_stages, "virtual_stages", MAX_LAYERS)
         for name in ("context_parallel_sizes", "expert_parallel_sizes", "expert_tensor_parallel_sizes"):
             _degrees(getattr(self, name), name, 1 << 16)
@@ -2163,7 +2180,8 @@ def find_relative_to_site(path: str, source_file: str | None) -> Path | None:
 JOB_KEYS = ("name", "model", "global_batch_size", "precision", "optimizer", "distributed_optimizer",
             "attention", "micro_batch_sizes", "recompute_modes", "train_iters", "train_samples", "train_tokens",
             "log_interval", "eval_interval", "eval_iters", "max_pipeline_stages", "data", "lr_schedule", "checkpoint",
-            "virtual_stages", "context_parallel_sizes", "expert_parallel_sizes", "expert_tensor_parallel_sizes")
+            "virtual_stages", "context_parallel_sizes", "expert_parallel_sizes", "expert_tensor_parallel_sizes",
+            "fp8", "fp8_recipe")
 MODEL_KEYS = ("preset", "hf_config", "name", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
               "ffn_hidden_size", "vocab_size", "seq_length", "activation", "tied_embeddings",
               "position_embedding", "normalization", "add_bias_linear") + MODEL_EXTENSION_FIELDS
@@ -2308,6 +2326,16 @@ def _degrees_from(r: "_Reader") -> dict[str, tuple]:
     return out
 
 
+def _fp8_of(r: "_Reader") -> str:
+    """``fp8``: a format (FP8_FORMATS), or none / false / absent for no FP8."""
+    v = r.raw("fp8", None)
+    if v is None or v is False or v == "none":
+        return ""
+    if not isinstance(v, str) or v not in FP8_FORMATS:
+        raise SpecError("unknown FP8 format", field="fp8", found=_short(v), allowed=", ".join(("none",) + FP8_FORMATS))
+    return v
+
+
 def job_from_mapping(data: Any, *, source_file: str | None = None) -> TrainJob:
     """Map a job document to :class:`TrainJob` keyword arguments (the TrainJob checks them)."""
     r = _Reader(data, "", kind="a job mapping with 'model' and 'global_batch_size'")
@@ -2337,6 +2365,8 @@ def job_from_mapping(data: Any, *, source_file: str | None = None) -> TrainJob:
         eval_iters=r.int("eval_iters", 10),
         max_pipeline_stages=r.int("max_pipeline_stages", None),
         **_degrees_from(r),
+        fp8=_fp8_of(r),
+        fp8_recipe=r.str("fp8_recipe", "delayed"),
         data=_data_from(r.sub("data")),
         lr_schedule=_lr_from(r.sub("lr_schedule")),
         checkpoint=_checkpoint_from(r.sub("checkpoint")),

@@ -101,6 +101,16 @@ def stage_params(model: ModelSpec, num_layers: int, *, first: bool, last: bool, 
     return n
 
 
+def fp8_weight_bytes(layer_params: float, recipe: str) -> float:
+    """Transformer Engine's FP8 copies of the layers' GEMM weights, beside the 16-bit weights
+    Megatron keeps (``--fp8-param-gather`` off): the FP8 weight and its transpose (the backward
+    GEMMs read the transpose), 1 byte each per parameter; ``mxfp8`` keeps row- and column-wise
+    copies with one E8M0 scale byte per 32 elements each. The amax history (default length 1)
+    is a few scalars per tensor."""
+    per = 2.0 + (2.0 / 32.0 if recipe == "mxfp8" else 0.0)
+    return per * float(layer_params)
+
+
 def state_bytes(params: int, *, precision: str, optimizer: str, distributed_optimizer: bool, dp: int) -> int:
     """Weights + gradients + optimizer states per GPU for ``params`` parameters, as Megatron holds them.
 
@@ -427,6 +437,24 @@ def layer_traffic_bytes(shape: ShapeLike, *, micro_batch_size: int, tp: int, pre
     else:
         att = e * sb * (2 * h + 2 * _kv_hidden(shape))
     return float(rep + (sb * act + att) / tp)
+
+
+def fp8_cast_bytes(shape: ShapeLike, *, micro_batch_size: int, tp: int, precision: str) -> float:
+    """Forward bytes Transformer Engine's FP8 casts move in one layer on one TP rank: each
+    linear GEMM's 16-bit input read and its FP8 copy written (``e + 1`` bytes an element: the
+    QKV and FC1 inputs ``s·b·h``, the projection's and FC2's ``s·b·h_in/tp`` with ``h_in`` the
+    attention width and the FFN width), and the weights those GEMMs use, cast likewise once
+    per micro-batch (``2·s·b`` FLOPs per weight element: their count is the GEMM FLOPs over
+    ``2·s·b``). Amax reductions are a few scalars per tensor. The roofline adds these bytes to
+    the layer's memory-bound traffic (backward twice over, for the gradients' casts)."""
+    e = _bytes_per_element(precision)
+    s, b, h = shape.seq_length, micro_batch_size, shape.hidden_size
+    proj, scores = _attention_flops(shape, micro_batch_size=b)
+    gemm = layer_flops(shape, micro_batch_size=b) - scores
+    width = shape.num_attention_heads * shape.v_head_dim if _is_mla(shape) else _q_hidden(shape)
+    acts = s * b * (2 * h + (width + shape.ffn_hidden_size) / tp)
+    weights = gemm / (2 * s * b)
+    return float((e + 1) * (acts + weights / tp))
 
 
 def tp_allreduce_bytes(shape: ShapeLike, *, micro_batch_size: int, precision: str) -> float:

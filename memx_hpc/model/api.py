@@ -22,7 +22,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from ..errors import SpecError
-from ..spec import PRECISIONS, GpuType, LayerShape, Recompute
+from ..spec import FP8_FORMATS, PRECISIONS, GpuType, LayerShape, Recompute
 from . import analytic
 
 QUERY_KINDS = ("layer", "embedding", "head")
@@ -44,7 +44,9 @@ class LayerQuery:
 
     ``kind`` is ``layer`` (one transformer layer), ``embedding`` (input embedding) or
     ``head`` (final norm, output layer and loss). ``tp`` is the tensor-parallel degree;
-    costs are per GPU of the TP group.
+    costs are per GPU of the TP group. ``fp8``: the layer's GEMMs run in FP8 through
+    Transformer Engine (a format of :data:`memx_hpc.spec.FP8_FORMATS`; "" none); only
+    transformer layers take it (Megatron-LM's embedding and output layer stay 16-bit).
     """
 
     gpu_type: str
@@ -56,6 +58,7 @@ class LayerQuery:
     precision: str
     attention: str = "sdpa"
     sequence_parallel: bool = False
+    fp8: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in QUERY_KINDS:
@@ -73,6 +76,9 @@ class LayerQuery:
                 raise SpecError(f"{name} must be a whole number >= 1", field=name, found=v)
         if self.sequence_parallel and self.tp == 1:
             raise SpecError("sequence parallelism needs tp > 1", field="sequence_parallel", found=True)
+        if self.fp8 and (self.fp8 not in FP8_FORMATS or self.kind != "layer" or self.precision == "fp32"):
+            raise SpecError("FP8 applies to the GEMMs of a 16-bit transformer layer", field="fp8", found=self.fp8,
+                            allowed=", ".join(FP8_FORMATS) + " on kind layer, precision bf16 or fp16")
 
 
 @runtime_checkable
@@ -134,10 +140,20 @@ def roofline_components(q: LayerQuery, gpu: GpuType) -> dict[str, float]:
     s = q.shape
     b, t = q.micro_batch_size, q.tp
     e = analytic.BYTES_PER_ELEMENT[q.precision]
+    fp8_share = 0.0  # the part of the layer's FLOPs its FP8 GEMMs run (at the fp8 rate)
     if q.kind == "layer":
         fwd_flops = analytic.layer_flops(s, micro_batch_size=b) / t
         fwd_bytes = analytic.layer_traffic_bytes(s, micro_batch_size=b, tp=t, precision=q.precision,
                                                  attention=q.attention, sequence_parallel=q.sequence_parallel)
+        if q.fp8:
+            if gpu.peak_tflops_fp8 <= 0:
+                raise SpecError(f"{gpu.name} has no FP8 units (no fp8 rate in its catalog entry)", field="fp8",
+                                found=q.fp8)
+            # Transformer Engine runs the linear layers' GEMMs in FP8; the attention scores and
+            # their product with the values stay 16-bit (no fp8_dot_product_attention)
+            fwd_gemm = fwd_flops - analytic.attention_score_flops(s, micro_batch_size=b) / t
+            fp8_share = fwd_gemm / fwd_flops
+            fwd_bytes += analytic.fp8_cast_bytes(s, micro_batch_size=b, tp=t, precision=q.precision)
         fwd_comm = analytic.ring_allreduce_ms(analytic.tp_allreduce_bytes(s, micro_batch_size=b, precision=q.precision),
                                               t, gpu.link_gbps)
         flops, traffic, comm = 3 * fwd_flops, 3 * fwd_bytes, 2 * fwd_comm
@@ -167,8 +183,14 @@ def roofline_components(q: LayerQuery, gpu: GpuType) -> dict[str, float]:
         flops, traffic = 3 * fwd_flops, 3 * fwd_bytes
         fwd_comm = analytic.ring_allreduce_ms(3 * 4 * sb, t, gpu.link_gbps)
         comm = fwd_comm + analytic.ring_allreduce_ms(e * sb * s.hidden_size, t, gpu.link_gbps)
-    return {"compute_ms": flops / peak * 1e3, "memory_ms": traffic / bw * 1e3, "comm_ms": comm,
-            "fwd_compute_ms": fwd_flops / peak * 1e3, "fwd_memory_ms": fwd_bytes / bw * 1e3, "fwd_comm_ms": fwd_comm,
+    if fp8_share:
+        # the FP8 GEMMs at the catalog's fp8 rate, the rest at the 16-bit rate (the share of
+        # each pass's FLOPs is the forward's: backward repeats the same GEMMs twice over)
+        rate = 1.0 / ((1.0 - fp8_share) / peak + fp8_share / (gpu.peak_tflops_fp8 * 1e12))
+    else:
+        rate = peak
+    return {"compute_ms": flops / rate * 1e3, "memory_ms": traffic / bw * 1e3, "comm_ms": comm,
+            "fwd_compute_ms": fwd_flops / rate * 1e3, "fwd_memory_ms": fwd_bytes / bw * 1e3, "fwd_comm_ms": fwd_comm,
             "flops": flops, "traffic_bytes": traffic}
 
 

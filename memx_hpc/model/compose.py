@@ -164,7 +164,7 @@ def layer_query(job: TrainJob, gpu_type: str, *, kind: str, tp: int, micro_batch
                 sequence_parallel: bool) -> LayerQuery:
     return LayerQuery(gpu_type=gpu_type, kind=kind, shape=shape_of(job), tp=tp, micro_batch_size=micro_batch_size,
                       recompute=recompute, precision=job.precision, attention=job.attention,
-                      sequence_parallel=sequence_parallel and tp > 1)
+                      sequence_parallel=sequence_parallel and tp > 1, fp8=job.fp8 if kind == "layer" else "")
 
 
 def context_queries(job: TrainJob, gpu_type: str, tp: int, mbs: int, sp: bool) -> list[LayerQuery]:
@@ -328,6 +328,14 @@ def tp_internode_ms(links, job: TrainJob, *, partition: str | None, gpu_type: st
 
 #: TP-collective forwards per (layer under none/selective, layer under full, embedding, head)
 TP_COLLECTIVE_UNITS = (2.0, 3.0, 0.5, 0.5)
+
+
+def fp8_state_bytes(job: TrainJob, layer_params):
+    """The FP8 weight copies a stage holds for ``layer_params`` parameters of its layers
+    (array or float; 0 without FP8): :func:`memx_hpc.model.analytic.fp8_weight_bytes`."""
+    if not job.fp8:
+        return 0.0 * layer_params
+    return analytic.fp8_weight_bytes(1.0, job.fp8_recipe) * layer_params
 
 
 def _limit(site: Site) -> float:
@@ -551,7 +559,8 @@ class _LayoutTables:
             self.state_rows.append(np.array([analytic.state_bytes(int(x), precision=job.precision,
                                                                   optimizer=job.optimizer,
                                                                   distributed_optimizer=job.distributed_optimizer,
-                                                                  dp=dp) for x in params], dtype=np.float64))
+                                                                  dp=dp) for x in params], dtype=np.float64)
+                                   + fp8_state_bytes(job, params - params[0]))
         return s
 
     def _opt(self, gpu: str, s: int, dp: int) -> int:
@@ -816,6 +825,9 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
             params = analytic.stage_params(job.model, n, first=first, last=last, tp=r.tp, pp=p)
             state = analytic.state_bytes(params, precision=job.precision, optimizer=job.optimizer,
                                          distributed_optimizer=job.distributed_optimizer, dp=dp_per_stage[i])
+            if job.fp8:
+                state += float(fp8_state_bytes(job, params - analytic.stage_params(
+                    job.model, 0, first=first, last=last, tp=r.tp, pp=p)))
             inflight = int(in_flight(p, i, ms[i]))
             over = int(overhead_of(r.gpu_type))
             scale = float(memory_scale(r.gpu_type)) if memory_scale else 1.0

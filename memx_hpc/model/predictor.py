@@ -51,6 +51,7 @@ them: a plan whose every layer the anchors answer is predicted without importing
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -67,7 +68,8 @@ from ..spec import LayerSample, transformer_impls
 from . import anchors as anchors_mod
 from . import augment as augment_mod
 from . import features
-from .api import PROVENANCES, QUERY_KINDS, LayerQuery, code_fingerprint, default_overhead_bytes, resolve_gpu
+from .api import (PROVENANCES, QUERY_KINDS, LayerQuery, code_fingerprint, default_overhead_bytes, resolve_gpu,
+                  roofline_ms)
 from .metrics import ape  # noqa: F401 (error_summary below; importers of predictor.ape keep working)
 
 MODEL_FORMAT = "memx-predictor"
@@ -406,13 +408,38 @@ class Predictor:
     def explain(self, queries: Sequence[LayerQuery]) -> list[str]:
         """Per query: ``measured`` (a measured point), ``interpolated`` (between measured
         points of that GPU chip), ``extrapolated`` (beyond them: nearest measured point scaled
-        by the roofline ratio of the work) or ``datasheet-only``."""
+        by the roofline ratio of the work) or ``datasheet-only``; an FP8 layer adds
+        ``+fp8-roofline`` (its 16-bit twin's answer scaled by the roofline's FP8 ratio)."""
         return self._predict(queries)[1]
 
     def _predict(self, queries: Sequence[LayerQuery]) -> tuple[np.ndarray, list[str]]:
         self._check_fitted()
         if not len(queries):
             return np.empty((0, 2), dtype=np.float64), []
+        if any(q.fp8 for q in queries):
+            return self._predict_fp8(queries)
+        return self._predict_16bit(queries)
+
+    def _predict_fp8(self, queries: Sequence[LayerQuery]) -> tuple[np.ndarray, list[str]]:
+        """FP8 layers until an FP8 layer is profiled: the 16-bit twin's prediction (what was
+        measured, interpolated or extrapolated at bf16) times the roofline's ratio of the FP8
+        layer to the 16-bit one -- the linear GEMMs at the catalog's fp8 rate, the attention
+        scores at the 16-bit rate, plus Transformer Engine's cast traffic
+        (:func:`memx_hpc.model.api.roofline_components`). Memory: the twin's activation bytes
+        (Transformer Engine keeps FP8 copies of some GEMM inputs for backward in place of
+        16-bit ones, so this is an upper bound); the FP8 weight copies are state
+        (:func:`memx_hpc.model.analytic.fp8_weight_bytes`)."""
+        twins = [dataclasses.replace(q, fp8="") if q.fp8 else q for q in queries]
+        out, how = self._predict_16bit(twins)
+        out = out.copy()
+        for i, q in enumerate(queries):
+            if q.fp8:
+                g = resolve_gpu(self.gpus, q.gpu_type)
+                out[i, 0] *= roofline_ms(q, g) / roofline_ms(twins[i], g)
+                how[i] = how[i] + "+fp8-roofline"
+        return out, how
+
+    def _predict_16bit(self, queries: Sequence[LayerQuery]) -> tuple[np.ndarray, list[str]]:
         X, base = features.build(queries, self.gpus, physics=self.physics)
         n = len(queries)
         # log ratios to the roofline / analytic bytes: the anchors' where they answer, else

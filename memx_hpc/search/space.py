@@ -251,6 +251,10 @@ class PlanSpace:
                 bad.append(f"TP {t} does not divide the {', '.join(which)} ({m.num_attention_heads} heads, "
                            f"{m.num_query_groups} query groups, FFN {m.ffn_hidden_size})")
             return "--tp", "; ".join(bad)
+        if self.job.fp8 and not any(self.site.gpu(p.gpu_type).peak_tflops_fp8 > 0 for p in self.partitions):
+            types = sorted({p.gpu_type for p in self.partitions})
+            return "fp8", (f"the job asks for FP8 (fp8: {self.job.fp8}) and no partition's GPU has FP8 units "
+                           f"({', '.join(types)}: no fp8 rate in the catalog)")
         mbs = self.micro_batch_candidates()
         if not mbs:
             asked_mbs = o.micro_batch_sizes or self.job.micro_batch_sizes
@@ -314,7 +318,10 @@ class PlanSpace:
 
     def tp_placeable(self, partition, tp: int) -> bool:
         """Whether this space places TP groups of ``tp`` on ``partition``: inside a node, or
-        over whole nodes where :attr:`SpaceOptions.tp_across_nodes` asks for it."""
+        over whole nodes where :attr:`SpaceOptions.tp_across_nodes` asks for it. A job with FP8
+        runs only on partitions whose GPU has FP8 units."""
+        if self.job.fp8 and self.site.gpu(partition.gpu_type).peak_tflops_fp8 <= 0:
+            return False
         return tp <= partition.gpus_per_node or (self.options.tp_across_nodes and tp_fits_nodes(partition, tp))
 
     def _partition_sequences(self, tp: int) -> list[tuple[int, ...]]:

@@ -298,6 +298,10 @@ def _precision_args(job: TrainJob) -> list[tuple[str, ...]]:
         a.append(("--bf16",))
     elif job.precision == "fp16":
         a.append(("--fp16",))
+    if job.fp8:
+        # FP8 GEMMs through Transformer Engine (the renderer refuses FP8 where the layer is not
+        # Transformer Engine's); the 16-bit flag above stays the weights' dtype
+        a += [("--fp8-format", job.fp8), ("--fp8-recipe", job.fp8_recipe)]
     if job.distributed_optimizer:
         a.append(("--use-distributed-optimizer",))
     if job.optimizer != "adam":

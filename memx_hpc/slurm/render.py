@@ -48,7 +48,7 @@ from .request import SlurmOption, SlurmRequest
 
 __all__ = ["SUPPORTED_MEGATRON_VERSIONS", "EnvVar", "Component", "LaunchRequest",
            "VendorLaunch", "describe", "render", "render_request", "pipeline_layout", "recompute_args",
-           "process_groups", "rank_vendors", "transformer_impl_of", "sequence_parallel_refusal", "PROJECT_ENTRY", "TEMPLATE"]
+           "process_groups", "rank_vendors", "transformer_impl_of", "sequence_parallel_refusal", "fp8_refusal", "PROJECT_ENTRY", "TEMPLATE"]
 
 #: The Megatron-LM versions whose argument names this renderer emits.
 SUPPORTED_MEGATRON_VERSIONS = ("core_r0.16.0",)
@@ -292,6 +292,28 @@ def sequence_parallel_refusal(site: Site, partitions: Sequence[str]) -> str | No
             f"spec normalises with torch's LayerNorm there (no Apex), which refuses sequence parallel")
 
 
+def fp8_refusal(site: Site, partitions: Sequence[str], *, cross_vendor: bool) -> str | None:
+    """Why FP8 cannot run on these partitions, or None. Megatron-LM runs FP8 GEMMs through
+    Transformer Engine only (``--transformer-impl transformer_engine``; megatron-core's local
+    spec accepts ``--fp8-format`` and trains in 16 bits): CPU devices have no Transformer
+    Engine build, the project's entry (cross-vendor plans) builds the local spec, and a
+    partition that trains with the local spec (AMD by default) would not run FP8."""
+    cpu = sorted({p for p in partitions if site.gpu_of(p).vendor == "cpu"})
+    if cpu:
+        return (f"FP8 cannot run on the CPU devices of {', '.join(cpu)}: Megatron-LM needs Transformer Engine for "
+                f"FP8 (--transformer-impl transformer_engine), which has no CPU build")
+    if cross_vendor:
+        return ("FP8 cannot run in a cross-vendor plan: its ranks run the project's megatron-core entry with the "
+                "local layer spec, and Megatron-LM runs FP8 only through Transformer Engine")
+    local = sorted({p for p in partitions
+                    if transformer_impl_of(site.partition(p), site.gpu_of(p).vendor) != "transformer_engine"})
+    if local:
+        return (f"FP8 needs Transformer Engine, and partition {', '.join(local)} trains with megatron-core's local "
+                f"spec (set its transformer_impl: transformer_engine where Transformer Engine is installed, e.g. "
+                f"ROCm's build on MI300)")
+    return None
+
+
 def _check_vendors(plan: Plan, site: Site, placement: Placement) -> bool:
     """Whether the pipeline crosses vendors; refused when it does without UCC."""
     stage_vendors = [placement.component_of_stage(i).comm_vendor for i in range(plan.pp)]
@@ -368,6 +390,10 @@ def _command_line(plan: Plan, site: Site, job: TrainJob, comps: Sequence[Compone
     """The run's Megatron-LM arguments (memx_hpc.slurm.cmdline): a measurement run, a training
     run on the job's data, or a synthetic-data run when it has none."""
     kind = "measure" if measure else ("train" if job.data is not None else "synthetic")
+    if job.fp8:
+        why = fp8_refusal(site, [c.partition for c in comps], cross_vendor=cross_vendor)
+        if why is not None:
+            raise SpecError(why, field="fp8", found=job.fp8, file=job.source_file, allowed="none")
     if cross_vendor:
         why = project_entry_plan_refusal(plan)
         if why is not None:

@@ -450,3 +450,23 @@ def test_megatron_lm_accepts_rendered_virtual_context_and_expert_parallel(job_na
     assert (args.virtual_pipeline_model_parallel_size or 1) == plan.virtual_stages
     assert args.data_parallel_size == plan.dp  # world / (tp x cp x pp): CP ranks are not data-parallel
     assert args.world_size == plan.world_size
+
+
+@pytest.mark.parametrize("fmt,recipe", [("hybrid", "delayed"), ("e4m3", "tensorwise"), ("hybrid", "mxfp8")])
+def test_megatron_lm_accepts_the_rendered_fp8_arguments(fmt, recipe, monkeypatch):
+    """A job with FP8 on H100s (the cross-vendor example's A100 partition holding H100s): the
+    rendered component carries --fp8-format / --fp8-recipe beside --bf16 and Transformer
+    Engine's layer, and Megatron-LM reads them back."""
+    from memx_hpc.spec import Plan, Stage, job_from_mapping
+
+    site = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml")
+    site = dataclasses.replace(site, partitions=tuple(dataclasses.replace(p, gpu_type="H100-SXM")
+                                                      if p.name == "gpu_a100" else p for p in site.partitions))
+    job = job_from_mapping({"model": "GPT-3-2.7B", "global_batch_size": 64, "train_iters": 10, "fp8": fmt,
+                            "fp8_recipe": recipe})
+    plan = Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=64, sequence_parallel=True,
+                stages=(Stage(partition="gpu_a100", num_layers=16), Stage(partition="gpu_a100", num_layers=16)))
+    text = render(plan, site, job)
+    args = judge(_argv_of(text, 0), describe(plan, site, job).world_size, monkeypatch, _judged_env(text, 0))
+    assert (args.fp8, args.fp8_recipe, args.transformer_impl) == (fmt, recipe, "transformer_engine")
+    assert args.bf16 and args.params_dtype.__repr__() == "torch.bfloat16"  # the weights stay bf16

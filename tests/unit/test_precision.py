@@ -53,3 +53,145 @@ def test_site_gpu_types_may_list_precisions():
     assert GpuType.from_mapping({**base, "precisions": ["fp16", "fp32"]}, "x", name="G").precisions == ("fp16", "fp32")
     with pytest.raises(SpecError, match="precisions"):
         GpuType.from_mapping({**base, "precisions": ["fp8"]}, "x", name="G")
+
+
+# --------------------------------------------------------------------------- FP8
+
+import dataclasses  # noqa: E402
+
+from memx_hpc.model.api import LayerQuery, roofline_components  # noqa: E402
+from memx_hpc.spec import LayerShape, job_from_mapping  # noqa: E402
+
+CROSS = ROOT / "site_configs" / "example-cross-vendor.yaml"
+
+
+def _fp8_site(a100_as="H100-SXM", mi250x_as=None):
+    """The cross-vendor example with its A100 partition holding another GPU type."""
+    site = load_site(CROSS)
+    parts = []
+    for p in site.partitions:
+        if p.name == "gpu_a100":
+            p = dataclasses.replace(p, gpu_type=a100_as)
+        if p.name == "gpu_mi250x" and mi250x_as:
+            p = dataclasses.replace(p, gpu_type=mi250x_as)
+        parts.append(p)
+    return dataclasses.replace(site, partitions=tuple(parts))
+
+
+def _fp8_job(fmt="hybrid", **kw):
+    return job_from_mapping({"model": "GPT-3-2.7B", "global_batch_size": 64, "fp8": fmt, **kw})
+
+
+def test_a_job_says_fp8_by_format_and_recipe():
+    job = _fp8_job(fp8_recipe="tensorwise")
+    assert (job.fp8, job.fp8_recipe, job.precision) == ("hybrid", "tensorwise", "bf16")
+    assert _fp8_job("none").fp8 == "" and _fp8_job(False).fp8 == ""
+    for bad, field in (({"fp8": "e5m2"}, "fp8"), ({"fp8": "hybrid", "fp8_recipe": "nvfp4"}, "fp8_recipe"),
+                       ({"fp8": "hybrid", "precision": "fp32"}, "fp8")):
+        with pytest.raises(SpecError) as e:
+            job_from_mapping({"model": "GPT-3-2.7B", "global_batch_size": 64, **bad})
+        assert e.value.field == field
+
+
+def test_fp8_roofline_runs_the_linear_gemms_at_the_catalog_fp8_rate():
+    """GEMM FLOPs at the fp8 rate, attention scores at the 16-bit one, plus the cast traffic:
+    a Llama-3-8B layer on H100 is faster in FP8 but by less than the 2x of the rates."""
+    from memx_hpc.catalog import preset
+    from memx_hpc.model import analytic
+    g = catalog().get("H100-SXM")
+    shape = LayerShape.of(preset("Llama-3-8B"))
+    q = LayerQuery(gpu_type="H100-SXM", shape=shape, tp=1, micro_batch_size=1, recompute="none", precision="bf16")
+    f = dataclasses.replace(q, fp8="hybrid")
+    c16, c8 = roofline_components(q, g), roofline_components(f, g)
+    total = 3 * analytic.layer_flops(shape, micro_batch_size=1)
+    scores = 3 * analytic.attention_score_flops(shape, micro_batch_size=1)
+    assert c8["compute_ms"] == pytest.approx(((total - scores) / 1979e12 + scores / 989e12) * 1e3, rel=1e-9)
+    assert c8["memory_ms"] > c16["memory_ms"]  # the casts
+    t16, t8 = sum(c16[k] for k in ("compute_ms", "memory_ms", "comm_ms")), \
+        sum(c8[k] for k in ("compute_ms", "memory_ms", "comm_ms"))
+    assert 1.1 < t16 / t8 < 2.0
+    with pytest.raises(SpecError) as e:  # an A100 has no FP8 units
+        roofline_components(dataclasses.replace(f, gpu_type="A100-80"), catalog().get("A100-80"))
+    assert e.value.field == "fp8"
+    with pytest.raises(SpecError):  # the output layer stays 16-bit
+        dataclasses.replace(f, kind="head")
+
+
+def test_the_predictor_scales_its_16bit_answer_by_the_fp8_roofline_and_says_so():
+    from memx_hpc.model.api import roofline_ms
+    from memx_hpc.model.predictor import Predictor
+    from memx_hpc.spec import LayerSample, ProfilePoint
+    from memx_hpc.catalog import preset
+    shape = LayerShape.of(preset("GPT-3-1.3B"))
+    samples = [LayerSample(point=ProfilePoint(gpu_type="H100-SXM", kind="layer", shape=shape, tp=1,
+                                              micro_batch_size=b), forward_ms=2.0 * b, backward_ms=4.0 * b,
+                           activation_bytes=10**8 * b) for b in (1, 2, 4)]
+    p = Predictor(augment=False).fit(samples, catalog())
+    q = LayerQuery(gpu_type="H100-SXM", shape=shape, tp=1, micro_batch_size=2, recompute="none", precision="bf16")
+    f = dataclasses.replace(q, fp8="e4m3")
+    (t16, a16), (t8, a8) = p.predict([q, f])
+    g = catalog().get("H100-SXM")
+    assert t8 == pytest.approx(t16 * roofline_ms(f, g) / roofline_ms(q, g), rel=1e-9) and t8 < t16
+    assert a8 == a16  # the 16-bit activations: an upper bound
+    assert p.explain([q, f]) == ["measured", "measured+fp8-roofline"]
+
+
+def test_fp8_runs_only_where_the_gpus_have_it_and_holds_its_weight_copies():
+    from memx_hpc.model.compose import predict_plan
+    from memx_hpc.placement import place
+    from memx_hpc.search.space import PlanSpace
+    from memx_hpc.spec import Plan, Stage
+    job, plain = _fp8_job(), _fp8_job("none")
+    site = _fp8_site()
+    plan = Plan(tp=4, dp=2, micro_batch_size=8, global_batch_size=64,
+                stages=(Stage(partition="gpu_a100", num_layers=32),))
+    model = AnalyticCostModel(site)
+    a, b = predict_plan(plan, site, plain, model), predict_plan(plan, site, job, model)
+    assert b.iteration_ms < a.iteration_ms
+    from memx_hpc.model import analytic
+    layers = analytic.stage_params(job.model, 32, first=True, last=True, tp=4, pp=1) - \
+        analytic.stage_params(job.model, 0, first=True, last=True, tp=4, pp=1)
+    assert b.stages[0].state_bytes - a.stages[0].state_bytes == pytest.approx(2 * layers, rel=1e-6)
+    # the example as it is: A100s, MI250X and V100s have no FP8 units
+    with pytest.raises(SpecError) as e:
+        place(plan, load_site(CROSS), job)
+    assert e.value.field == "fp8" and "A100-80" in str(e.value)
+    space = PlanSpace(load_site(CROSS), job)
+    assert len(space) == 0 and space.why_empty()[0] == "fp8"
+    # on the H100 variant the search keeps to the H100 partition
+    space = PlanSpace(site, job)
+    assert len(space) and {site.partitions[i].name for sk in space.skeletons for i, _ in sk.groups} == {"gpu_a100"}
+
+
+def test_render_gives_megatron_the_fp8_recipe_and_refuses_where_it_cannot_run():
+    from memx_hpc.slurm.render import render
+    from memx_hpc.spec import Plan, Stage
+    job = _fp8_job(fp8_recipe="delayed")
+    plan = Plan(tp=4, dp=2, micro_batch_size=1, global_batch_size=64, stages=(Stage(partition="gpu_a100", num_layers=32),))
+    text = render(plan, _fp8_site(), job)
+    assert "--fp8-format hybrid" in text and "--fp8-recipe delayed" in text and "--bf16" in text
+    assert "--transformer-impl transformer_engine" in text
+    # an MI300X partition trains with the local spec unless it says Transformer Engine
+    amd = _fp8_site(mi250x_as="MI300X")
+    mi = Plan(tp=4, dp=2, micro_batch_size=1, global_batch_size=64, stages=(Stage(partition="gpu_mi250x", num_layers=32),))
+    with pytest.raises(SpecError) as e:
+        render(mi, amd, job)
+    assert e.value.field == "fp8" and "transformer_impl: transformer_engine" in str(e.value)
+    te = dataclasses.replace(amd, partitions=tuple(dataclasses.replace(p, transformer_impl="transformer_engine")
+                                                   if p.name == "gpu_mi250x" else p for p in amd.partitions))
+    assert "--fp8-format hybrid" in render(mi, te, job)
+    # a cross-vendor pipeline runs the project's local-spec entry
+    both = Plan(tp=4, dp=2, micro_batch_size=1, global_batch_size=64,
+                stages=(Stage(partition="gpu_a100", num_layers=16), Stage(partition="gpu_mi250x", num_layers=16)))
+    with pytest.raises(SpecError) as e:
+        render(both, te, job)
+    assert e.value.field == "fp8" and "cross-vendor" in str(e.value)
+    # CPU devices: no Transformer Engine
+    local, tiny = load_site(ROOT / "site_configs" / "local.yaml"), load_job(ROOT / "jobs" / "tiny-gpt.yaml")
+    cpu_site = dataclasses.replace(local, gpu_types=tuple(dataclasses.replace(g, peak_tflops_fp8=1.0)
+                                                          for g in local.gpu_types))
+    small = Plan(tp=1, dp=1, micro_batch_size=1, global_batch_size=tiny.global_batch_size,
+                 stages=(Stage(partition=local.partitions[0].name, num_layers=tiny.model.num_layers),))
+    with pytest.raises(SpecError) as e:
+        render(small, cpu_site, dataclasses.replace(tiny, precision="bf16", fp8="hybrid"))
+    assert e.value.field == "fp8" and "CPU" in str(e.value)
