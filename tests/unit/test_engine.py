@@ -278,6 +278,14 @@ def test_plan_command_writes_plans_png_and_says_where_numbers_come_from(tmp_path
     pred = json.loads(capsys.readouterr().out)
     assert pred["iteration_ms"] == pytest.approx(doc["prediction"]["iteration_ms"])
     assert plan.pp == len(pred["stage_ms"])
+    # every link between the plan's partitions, with where its figure came from (no store
+    # curves and no link_curves_from: the site file's figures, or labelled generic ones)
+    parts = {s.partition for s in plan.stages}
+    assert pred["links"] and all({x.strip() for x in r["link"].split("<->")} <= parts for r in pred["links"])
+    assert {r["provenance"] for r in pred["links"]} <= {"site-figure", "generic"}
+    assert any(r["scope"] == "intra" and r["provenance"] == "generic" and "datasheet" in r["source"]
+               for r in pred["links"])
+    assert pred["source_disagreements"] == []  # an empty store: nothing to compare
     # the second run finds every signature in the cache file next to the store, and writes a new folder:
     # with --top 2 nothing of the first run's plan-03/04 is beside its plans
     assert main(_plan_args(tmp_path, "--json", "--top", "2")) == 0
