@@ -453,8 +453,11 @@ def _write(d: Discovery) -> str:
                              f"the node's CPUs / its {p.gpus_per_node} GPUs"))
         if p.max_time_min is not None and p.max_time_min < DEFAULT_TIME_LIMIT_MIN:
             out.append(_line(f"    time_limit_min: {p.max_time_min}", "the partition's MaxTime"))
-        out.append(_line(f"    inter_node_gbytes_per_s: {DEFAULT_INTER_NODE_GBPS}",
-                         "default, not measured: GB/s per direction between nodes"))
+        # left unset, the planner labels the figure it uses 'generic' (a site-file figure would
+        # read as the site's own word about its fabric)
+        out.append(_line(f"    # inter_node_gbytes_per_s: {DEFAULT_INTER_NODE_GBPS}",
+                         "default, not measured: GB/s per direction between nodes; unset, the generic "
+                         "figure is used and labelled so"))
         out.append(f"    # intra_node_gbytes_per_s: the {g.name} catalog figure ({g.link_gbps:g} GB/s per direction) "
                    "until measured")
         if p.real_memory_mib > 1:

@@ -168,6 +168,8 @@ def test_discovered_site_reads_back_as_validate_reads_it(tmp_path):
     assert site.scheduler == "slurm" and site.pipeline_comm_backend == "ucc"  # nvidia and amd
     # the links are labelled defaults, and so are the launcher fields
     assert text_.count("default, not measured") == 4 and "profile --links" in text_
+    # Slurm says nothing of the fabric: no figure is written as the site's, the links are generic
+    assert a.inter_node_gbps is None and site.inter_figure("nvidia_a100")[1] == "generic"
     assert "also fits A100-40" in text_ and "python: python3" in text_
 
 
