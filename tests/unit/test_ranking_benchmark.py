@@ -1,0 +1,36 @@
+"""benchmarks/ranking.py's scoring: top-1 and regret within groups, beside the rule of thumb."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import ranking  # noqa: E402
+
+
+def _run(group, split, measured, pred, dp, tp, mbs):
+    return dict(group=group, split=split, measured=measured, pred=pred, dp=dp, tp=tp, mbs=mbs)
+
+
+def test_groups_are_scored_against_the_measured_fastest_and_the_rule():
+    runs = [
+        # group A (dev): the predictor picks the fastest (TP 2), the rule picks DP 4 (slower by 25 %)
+        _run("A", "dev", 100.0, 90.0, 2, 2, 4), _run("A", "dev", 125.0, 95.0, 4, 1, 2),
+        # group B (dev): the predictor is wrong by 50 %, the rule right
+        _run("B", "dev", 150.0, 10.0, 1, 8, 1), _run("B", "dev", 100.0, 20.0, 8, 1, 1),
+        # a lone plan is no group; a test group is scored apart
+        _run("C", "dev", 1.0, 1.0, 1, 1, 1),
+        _run("D", "test", 10.0, 11.0, 2, 1, 1), _run("D", "test", 12.0, 10.0, 1, 2, 1),
+    ]
+    s = ranking.score_groups(runs, "pred")
+    assert s["dev"]["groups"] == 2 and s["test"]["groups"] == 1
+    assert s["dev"]["top1"] == 0.5 and s["dev"]["rule_top1"] == 0.5
+    assert s["dev"]["regret"] == pytest.approx((0.0 + 50.0) / 2)
+    assert s["dev"]["rule_regret"] == pytest.approx((25.0 + 0.0) / 2)
+    assert s["test"]["top1"] == 0.0 and s["test"]["rule_top1"] == 1.0
+    assert s["test"]["regret"] == pytest.approx(20.0)
