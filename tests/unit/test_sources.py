@@ -109,6 +109,9 @@ def test_prefer_source_overrides_and_is_checked(samples):
     with pytest.raises(SpecError) as e:
         site_from_mapping({**doc, "prefer_source": ["sailor"]})
     assert e.value.field == "prefer_source"
+    with pytest.raises(SpecError) as e:
+        site_from_mapping({**doc, "prefer_source": {"A100-40": "a'; echo foo"}})
+    assert e.value.field == "prefer_source.A100-40"
 
 
 def test_profile_ls_reports_the_disagreement(tmp_path, capsys):
