@@ -100,6 +100,9 @@ def shared_recompute(stages: Sequence[Stage]) -> Recompute | None:
     ``n``: so stages that recompute ``k`` of their layers and stages of at most ``k`` layers
     that recompute all of theirs share ``full:k`` (what the search's per-group recompute
     level produces, see :class:`~memx_hpc.spec.Recompute.Level`)."""
+    # a stage without layers (the embedding or the output layer alone) recomputes nothing:
+    # any setting serves it
+    stages = [s for s in stages if s.num_layers > 0] or list(stages[:1])
     first = stages[0].recompute
     if all(s.recompute == first for s in stages):
         return first

@@ -93,7 +93,8 @@ def plan_from_mapping(data: Any) -> Plan | GeneralPlan:
         return _build(GeneralPlan, "", micro_batch_size=mbs, global_batch_size=gbs, stages=tuple(gstages))
     out = []
     for sr in stages:
-        out.append(_build(Stage, sr.path, partition=sr.str("partition"), num_layers=sr.int("num_layers", min=1),
+        # 0: a first/last stage of the embedding or the output layer alone (the Plan checks where)
+        out.append(_build(Stage, sr.path, partition=sr.str("partition"), num_layers=sr.int("num_layers", min=0),
                           recompute=Recompute.parse(sr.raw("recompute", None), sr._p("recompute"))))
         sr.finish()
     tp = r.int("tp", min=1)

@@ -1615,7 +1615,9 @@ def full_layers(num_layers: int, fraction: float) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class Stage:
-    """One pipeline stage: consecutive layers on GPUs of one partition."""
+    """One pipeline stage: consecutive layers on GPUs of one partition. 0 layers: a first
+    stage that holds only the embedding or a last one that holds only the output layer and
+    loss (Megatron-LM's pipeline layout allows both; :class:`Plan` checks the position)."""
 
     partition: str
     num_layers: int
@@ -1623,7 +1625,7 @@ class Stage:
 
     def __post_init__(self) -> None:
         _safe_name(self.partition, "partition")
-        _whole(self.num_layers, "num_layers", 1, MAX_LAYERS)
+        _whole(self.num_layers, "num_layers", 0, MAX_LAYERS)
         if not isinstance(self.recompute, Recompute):
             raise SpecError("expected a recompute setting", field="recompute", found=_short(self.recompute))
 
@@ -1673,6 +1675,18 @@ class Plan:
         if not isinstance(self.sequence_parallel, bool):
             raise SpecError("expected true or false", field="sequence_parallel", found=_short(self.sequence_parallel))
         _check_batches_and_stages(self)
+        empty = [i for i, s in enumerate(self.stages) if s.num_layers == 0]
+        if empty:
+            inner = [i for i in empty if 0 < i < self.pp - 1]
+            if inner or self.pp < 2 or len(empty) == self.pp:
+                i = inner[0] if inner else empty[0]
+                raise SpecError("a stage without layers is the first (the embedding alone) or the last (the output "
+                                "layer and loss alone) of a pipeline with layers elsewhere",
+                                field=f"stages[{i}].num_layers", found=0, allowed="at least 1 for this stage")
+            for i in empty:
+                if self.stages[i].recompute.mode != "none":
+                    raise SpecError("a stage without layers has nothing to recompute", field=f"stages[{i}].recompute",
+                                    found=self.stages[i].recompute.label(), allowed="none")
         if self.global_batch_size % (self.micro_batch_size * self.dp):
             raise SpecError("global_batch_size must be a multiple of micro_batch_size * dp", field="global_batch_size",
                             found=(self.global_batch_size, self.micro_batch_size, self.dp))

@@ -470,3 +470,18 @@ def test_megatron_lm_accepts_the_rendered_fp8_arguments(fmt, recipe, monkeypatch
     args = judge(_argv_of(text, 0), describe(plan, site, job).world_size, monkeypatch, _judged_env(text, 0))
     assert (args.fp8, args.fp8_recipe, args.transformer_impl) == (fmt, recipe, "transformer_engine")
     assert args.bf16 and args.params_dtype.__repr__() == "torch.bfloat16"  # the weights stay bf16
+
+
+def test_megatron_lm_accepts_stages_that_hold_only_the_embedding_or_the_output_layer(monkeypatch):
+    from memx_hpc.spec import Plan, Stage
+
+    site = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml")
+    job = load_job(ROOT / "jobs" / "gpt3-2.7b.yaml")
+    for stages, layout in (((Stage(partition="gpu_a100", num_layers=0), Stage(partition="gpu_a100", num_layers=32)),
+                            "E|t*32L"),
+                           ((Stage(partition="gpu_a100", num_layers=32), Stage(partition="gpu_a100", num_layers=0)),
+                            "Et*32|L")):
+        plan = Plan(tp=2, dp=1, micro_batch_size=1, global_batch_size=64, stages=stages)
+        text = render(plan, site, job)
+        args = judge(_argv_of(text, 0), describe(plan, site, job).world_size, monkeypatch, _judged_env(text, 0))
+        assert args.pipeline_model_parallel_size == 2 and str(args.pipeline_model_parallel_layout) == layout

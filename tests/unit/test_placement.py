@@ -184,3 +184,39 @@ def test_tp_over_nodes_is_searched_only_where_asked():
     assert len(narrow) and all(site.partitions[i].name == "gpu_mi250x" for sk in narrow.skeletons for i, _ in sk.groups)
     asked16 = PlanSpace(site, job, SpaceOptions(tp_degrees=(16,), tp_across_nodes=True))
     assert len(asked16) == 0 and "the largest has 8" in asked16.why_empty()[1]  # whole nodes, but no partition has 16 GPUs
+
+
+def test_a_first_or_last_stage_may_hold_only_the_embedding_or_the_output_layer():
+    """Megatron's layout takes 'E|t*32L' and 'Et*16|t*16|L': a stage without layers at either
+    end is placed, priced (its embedding or head alone) and rendered; anywhere else, or with a
+    recompute setting, it is refused naming the stage."""
+    from memx_hpc.model.api import AnalyticCostModel
+    from memx_hpc.model.compose import predict_plan
+    from memx_hpc.slurm.cmdline import pipeline_layout
+
+    site, job = load_site(CROSS), load_job(ROOT / "jobs" / "gpt3-2.7b.yaml")  # 32 layers
+    emb_only = _plan(("gpu_a100", 0, None), ("gpu_a100", 32, None), tp=2)
+    head_only = _plan(("gpu_a100", 16, None), ("gpu_a100", 16, Recompute(mode="full")), ("gpu_mi250x", 0, None), tp=2)
+    assert pipeline_layout(emb_only.stages) == "E|t*32L"
+    assert pipeline_layout(head_only.stages) == "Et*16|t*16|L"
+    pl = place(head_only, site, job)
+    assert [c.stages for c in pl.components] == [(0,), (1,), (2,)]  # the two a100 stages recompute differently
+    model = AnalyticCostModel(site)
+    p = predict_plan(emb_only, site, job, model)
+    first, rest = p.stages
+    assert first.num_layers == 0 and 0 < first.forward_ms < rest.forward_ms / 32  # the embedding alone
+    q = predict_plan(head_only, site, job, model)
+    assert q.stages[2].num_layers == 0 and q.stages[2].state_bytes > 0  # the output layer's weights
+    from memx_hpc.planfile import load_plan, save_plan
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        save_plan(head_only, Path(d) / "p.json")
+        assert load_plan(Path(d) / "p.json").stages == head_only.stages  # a plan file keeps the empty stage
+    with pytest.raises(SpecError) as e:
+        _plan(("gpu_a100", 16, None), ("gpu_a100", 0, None), ("gpu_a100", 16, None))
+    assert e.value.field == "stages[1].num_layers"
+    with pytest.raises(SpecError) as e:
+        _plan(("gpu_a100", 0, Recompute(mode="full")), ("gpu_a100", 32, None))
+    assert e.value.field == "stages[0].recompute"
+    with pytest.raises(SpecError):
+        _plan(("gpu_a100", 0, None))
