@@ -88,12 +88,14 @@ def worker(spec: dict) -> None:
                           "best_ms": best, "top": [s.index for s in r.top]}), flush=True)
 
 
-def run_row(spec: dict, ranks: int) -> dict:
+def run_row(spec: dict, ranks: int, root: Path = ROOT) -> dict:
+    """One row in its own process, with the code of the checkout at ``root`` (``--compare-with``:
+    another checkout's package and its own worker)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               PYTHONPATH=str(ROOT))
+               PYTHONPATH=str(root))
     for v in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS"):
         env.pop(v, None)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+    cmd = [sys.executable, str(root / "benchmarks" / "search_speed.py"), "--worker", json.dumps(spec)]
     if ranks > 1:
         mpiexec = Path(sys.executable).parent / "mpiexec"
         cmd = [str(mpiexec if mpiexec.exists() else shutil.which("mpiexec") or "mpiexec"), "-n", str(ranks)] + cmd
@@ -111,6 +113,10 @@ def main() -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="skip the 60-GPU 8-stage space (millions of plans)")
     ap.add_argument("--model", choices=("predictor", "analytic"), default="predictor")
+    ap.add_argument("--compare-with", metavar="CHECKOUT", type=Path,
+                    help="time only the paper-scale and default rows (1 rank, cache), each with this checkout's "
+                         "code and with another checkout's (e.g. a worktree of an earlier commit), side by side, "
+                         "and print the ratio of microseconds per plan")
     args = ap.parse_args()
     if args.worker:
         worker(json.loads(args.worker))
@@ -121,7 +127,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="memx-speed-"))
     model_path = None
-    if args.model == "predictor":
+    if args.model == "predictor" and args.compare_with is None:
         from memx_hpc.model.predictor import fit_or_load
         from memx_hpc.profile.importers import import_sailor
         site, _ = _site_and_job(20)
@@ -139,6 +145,12 @@ def main() -> None:
     else:
         print("cost model: datasheet roofline (AnalyticCostModel)")
 
+    if args.compare_with is not None:
+        # a predictor file names the version of the prediction code that fitted it: the other
+        # checkout may refuse this one's, so both sides compare with the datasheet roofline
+        _compare(args.compare_with.resolve(), "analytic", None)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     rows_spec = [
         ("paper-scale (8-layer grid)", 20, 8, None),
         ("default (4-layer grid)", 20, None, None),
@@ -195,6 +207,28 @@ def main() -> None:
     print(f"largest space: {big[3]['plans']:,} plans, peak RSS {big[3]['rss'] / 2**20:.0f} MiB "
           f"(goal <= 1024 MiB: {'met' if big[3]['rss'] <= 2**30 else 'NOT met'})")
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _compare(other: Path, model: str, model_path: str | None) -> None:
+    """Microseconds per plan of this checkout against ``other`` on the same rows, alternating
+    (other, this, other, this) so that load on the machine falls on both; the best of two each."""
+    from memx_hpc.tables import table
+    if not (other / "benchmarks" / "search_speed.py").is_file():
+        raise SystemExit(f"--compare-with {other}: no benchmarks/search_speed.py there (a checkout of this project?)")
+    rows = []
+    for name, g in (("paper-scale (8-layer grid)", 8), ("default (4-layer grid)", None)):
+        spec = {"gpus": 20, "granularity": g, "max_stages": None, "cache": True, "model": model,
+                "model_path": model_path}
+        runs: dict[str, list[dict]] = {"before": [], "after": []}
+        for _ in range(2):
+            runs["before"].append(run_row(spec, 1, other))
+            runs["after"].append(run_row(spec, 1, ROOT))
+        best = {k: min(v, key=lambda r: r["search_s"] / r["plans"]) for k, v in runs.items()}
+        us = {k: r["search_s"] / r["plans"] * 1e6 for k, r in best.items()}
+        rows.append([name, f"{best['before']['plans']:,}", f"{us['before']:.2f}", f"{best['after']['plans']:,}",
+                     f"{us['after']:.2f}", f"{us['after'] / us['before']:.2f}"])
+    table(rows, ["space", f"plans ({other.name})", "us/plan", f"plans ({ROOT.name})", "us/plan", "ratio"])
+    print(f"ratio: microseconds per plan of {ROOT} over {other} (1 rank, cache, best of 2 alternating runs)")
 
 
 if __name__ == "__main__":

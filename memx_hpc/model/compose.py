@@ -51,6 +51,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
+import math
+
 import numpy as np
 
 from ..errors import SpecError
@@ -60,7 +62,7 @@ from ..spec import (BYTES_PER_ELEMENT, RECOMPUTE_MODES, GeneralPlan, LayerShape,
 from . import analytic
 from .api import LayerQuery, forward_fraction
 from .host import HOST_US_PER_OP, host_bound, host_us_per_op
-from .schedule import pipeline_finish_batch
+from .schedule import in_flight_chunks, pipeline_finish_batch
 
 # Codes of the per-layer recompute mode used by the vectorised cost composition: positions in
 # the one vocabulary of modes (spec.RECOMPUTE_MODES), from profile points to rendered flags.
@@ -157,7 +159,161 @@ class Prediction:
 
 
 def shape_of(job: TrainJob) -> LayerShape:
+    """The layer shape the cost model is asked about: the model's, or for a mixture of experts
+    :func:`moe_dense_equivalent`."""
+    if job.model.is_moe:
+        return moe_dense_equivalent(job.model)
     return LayerShape.of(job.model)
+
+
+#: The routed experts' load over the balanced share that the composition prices (their
+#: compute and all-to-all): an assumed margin, not measured here, for Megatron's dropless
+#: routing under its auxiliary load-balancing loss; until an MoE layer is profiled.
+MOE_IMBALANCE = 1.1
+
+
+def moe_dense_equivalent(model) -> LayerShape:  # noqa: ANN001 - ModelSpec
+    """An MoE layer priced as a dense layer of the same attention and an FFN as wide as the
+    ``k`` experts each token runs plus the shared experts (router and permutation left out).
+
+    Under balanced routing every rank of a stage runs ``s·b·k/(tp·cp)`` tokens' expert FFNs
+    whatever EP and expert TP are (the experts' work is spread over the same ranks), so this
+    is the per-rank work of the layer; grouped-GEMM efficiency and the router are what it
+    leaves out. The MoE layer's own cost (profiled, or its roofline) replaces this function."""
+    ffn = model.moe_router_topk * model.expert_ffn_hidden_size + (model.moe_shared_expert_intermediate_size or 0)
+    for name, plain in (("multi_latent_attention", False), ("head_dim", None)):
+        value = getattr(model, name)
+        if value != plain and not (name == "head_dim" and value * model.num_attention_heads == model.hidden_size):
+            raise SpecError("the layer profiler and predictor describe layers with standard attention; this "
+                            "model's layers are not planned yet (memx-hpc validate reads it)",
+                            field=f"model.{name}", found=value)
+    return LayerShape(hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
+                      num_query_groups=model.num_query_groups, ffn_hidden_size=ffn, seq_length=model.seq_length,
+                      vocab_size=model.vocab_size, activation=model.activation)
+
+
+def _expert_share(model) -> float:  # noqa: ANN001 - ModelSpec
+    """The routed experts' part of an MoE layer's forward FLOPs (the part the imbalance margin
+    applies to); 0 for a dense model."""
+    if not model.is_moe:
+        return 0.0
+    shape = moe_dense_equivalent(model)
+    mats = 3 if model.activation == "swiglu" else 2
+    experts = 2.0 * shape.seq_length * shape.hidden_size * model.moe_router_topk * model.expert_ffn_hidden_size * mats
+    return experts / analytic.layer_flops(shape, micro_batch_size=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageExtras:
+    """What context and expert parallel change of one stage's per-layer answers: time scales
+    of the layers and of the embedding/head, the activation scale, and the exposed
+    communication per layer (forward, backward ms per micro-batch): ring attention's K/V
+    steps that attention does not hide, and the experts' all-to-all dispatch and combine."""
+
+    layer_scale: float = 1.0
+    ends_scale: float = 1.0
+    act_scale: float = 1.0
+    extra_fwd_ms: float = 0.0
+    extra_bwd_ms: float = 0.0
+
+
+def stage_extras(links, job: TrainJob, *, partition: str | None, tasks_per_node: int, tp: int, cp: int, ep: int,
+                 etp: int | None, micro_batch_size: int, layer_fwd_ms: float) -> StageExtras:
+    """:class:`StageExtras` of a stage on ``partition`` whose component runs ``tasks_per_node``
+    ranks a node; ``layer_fwd_ms``: one layer's forward at the whole sequence (the cost model's,
+    before the CP split).
+
+    * Context parallel ``c``: each rank computes ``1/c`` of a layer's work (Megatron splits the
+      sequence into ``2c`` chunks, rank r taking r and ``2c-1-r``, so causal attention
+      balances) and keeps ``1/c`` of its activations. Ring attention runs ``c - 1`` K/V steps
+      per layer, each overlapping the attention on the block held: per step
+      ``max(attention / c, send)`` (:func:`memx_hpc.model.analytic.cp_kv_exchange_bytes`, K and V
+      split over TP), the send over the CP group's link (inside a node when the component's
+      tasks per node are a multiple of ``tp x c``; Megatron's order puts the CP peers TP
+      apart), all the node's ranks sending at once; backward moves twice the bytes.
+    * Expert parallel ``ep``: per MoE layer a dispatch and a combine all-to-all forward and
+      again backward (:func:`memx_hpc.model.analytic.moe_dispatch_bytes` for the rank's
+      ``1/(tp x c)`` of the tokens, ``(ep-1)/ep`` of it leaving the rank), over the EP group's
+      link, not overlapped (Megatron's default), widened by :data:`MOE_IMBALANCE`; the routed
+      experts' compute is widened by it too.
+    """
+    m = job.model
+    share = _expert_share(m)
+    layer_scale = (1.0 + (MOE_IMBALANCE - 1.0) * share) / cp
+    xf = xb = 0.0
+    if partition is not None and cp > 1:
+        f_bytes, b_bytes = analytic.cp_kv_exchange_bytes(shape_of(job), micro_batch_size=micro_batch_size,
+                                                          precision=job.precision, cp=cp)
+        streams = max(1, min(tp * cp, tasks_per_node))
+        same = tasks_per_node % (tp * cp) == 0
+        att = layer_fwd_ms / cp * (analytic.attention_score_flops(shape_of(job), micro_batch_size=micro_batch_size)
+                                   / analytic.layer_flops(shape_of(job), micro_batch_size=micro_batch_size))
+        for nbytes, work, is_f in ((f_bytes, att, True), (b_bytes, 2.0 * att, False)):
+            step = links.p2p(nbytes / (cp - 1) / tp * streams, partition, partition, same_node=same,
+                             streams=streams).ms
+            exposed = (cp - 1) * max(0.0, step - work / cp)
+            if is_f:
+                xf += exposed
+            else:
+                xb += exposed
+    if partition is not None and ep > 1 and m.is_moe:
+        et = tp if etp is None else etp
+        frac = sum(m.moe_layers) / m.num_layers
+        out = analytic.moe_dispatch_bytes(m, micro_batch_size=micro_batch_size, precision=job.precision) \
+            / (tp * cp) * (ep - 1) / ep
+        streams = max(1, min(et * ep, tasks_per_node))
+        same = tasks_per_node % (et * ep) == 0
+        a2a = links.p2p(out * streams, partition, partition, same_node=same, streams=streams).ms * MOE_IMBALANCE
+        xf += 2.0 * a2a * frac
+        xb += 2.0 * a2a * frac
+    return StageExtras(layer_scale=layer_scale, ends_scale=1.0 / cp, act_scale=1.0 / cp, extra_fwd_ms=xf,
+                       extra_bwd_ms=xb)
+
+
+def stage_state(job: TrainJob, n: int, *, first: bool, last: bool, tp: int, pp: int, dp: int, cp: int = 1,
+                ep: int = 1, etp: int | None = None) -> tuple[int, int, int]:
+    """``(parameters, routed-expert parameters, state bytes)`` of one rank of a stage of ``n``
+    layers: weights, gradients and optimizer states with the distributed optimizer sharding
+    the dense parameters over the ``dp x cp`` ranks that reduce their gradients and the
+    routed experts over the expert data-parallel ``tp x cp x dp / (etp x ep)`` ranks
+    (megatron-core's ``dp_cp`` and ``edp`` groups)."""
+    from ..params import expert_params
+
+    params = analytic.stage_params(job.model, n, first=first, last=last, tp=tp, pp=pp, ep=ep, etp=etp)
+    et = tp if etp is None else etp
+    experts = expert_params(job.model, 0, n, ep=ep, etp=et) if job.model.is_moe and n else 0
+    kw = dict(precision=job.precision, optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer)
+    state = analytic.state_bytes(params - experts, dp=dp * cp, **kw)
+    if experts:
+        state += analytic.state_bytes(experts, dp=max(1, tp * cp * dp // (et * ep)), **kw)
+    if job.fp8:  # the FP8 weight copies of the stage's layers (not of its embedding / head)
+        base = analytic.stage_params(job.model, 0, first=first, last=last, tp=tp, pp=pp, ep=ep, etp=etp)
+        state += float(fp8_state_bytes(job, params - base))
+    return params, experts, state
+
+
+def interleaved_finish(forward_ms, backward_ms, link_ms, num_microbatches: int, virtual_stages: int = 1):
+    """Each stage's finish time under 1F1B, or with ``v`` model chunks per stage under interleaved
+    1F1B, priced as 1F1B of ``m·v`` micro-batches of ``1/v`` of each stage's time: the
+    warm-up/cool-down bubble shrinks to ``(p-1)/(v·m)`` of the steady state (Narayanan et al.
+    2021, §2.2.2) and every stage boundary carries ``v`` times the messages, as interleaving
+    sends them. The embedding and the head sit in the first / last chunk in Megatron; here
+    they are spread over the stage's chunks (:func:`memx_hpc.model.schedule.simulate_interleaved`
+    is the exact schedule; tests/unit/test_schedule_interleaved.py compares the two)."""
+    v = int(virtual_stages)
+    if v == 1:
+        return pipeline_finish_batch(forward_ms, backward_ms, link_ms, num_microbatches)
+    return pipeline_finish_batch(np.asarray(forward_ms) / v, np.asarray(backward_ms) / v, link_ms,
+                                 num_microbatches * v)
+
+
+def in_flight_units(pp, stage, num_microbatches, virtual_stages=1):
+    """A stage's in-flight activations in units of one micro-batch through all its layers:
+    ``min(p - i, m)`` under 1F1B; with ``v`` chunks, :func:`memx_hpc.model.schedule.in_flight_chunks`
+    chunks of ``1/v`` of the layers each (interleaving's warm-up holds more)."""
+    if virtual_stages == 1:
+        return in_flight(pp, stage, num_microbatches)
+    return in_flight_chunks(int(stage), int(pp), int(num_microbatches), int(virtual_stages)) / virtual_stages
 
 
 def layer_query(job: TrainJob, gpu_type: str, *, kind: str, tp: int, micro_batch_size: int, recompute: str,
@@ -265,13 +421,14 @@ def memory_scale_of(cost_model, site: Site):
 
 
 def send_ms(links, job: TrainJob, *, micro_batch_size: int, tp: int, sequence_parallel: bool, a: str | None,
-            b: str | None, same_node: bool) -> float:
+            b: str | None, same_node: bool, cp: int = 1) -> float:
     """One activation (or gradient) between two stages: every TP rank sends its copy
-    (``s·b·h``, or its ``1/tp`` under sequence parallelism), those of a node at once."""
-    msg = p2p_bytes(job, micro_batch_size=micro_batch_size, tp=tp, sequence_parallel=sequence_parallel)
+    (``s·b·h``, or its ``1/tp`` under sequence parallelism; ``1/cp`` of the sequence under
+    context parallel), those of a node at once."""
+    msg = p2p_bytes(job, micro_batch_size=micro_batch_size, tp=tp, sequence_parallel=sequence_parallel) / cp
     if a is None or b is None:
         return transfer_ms(msg, links.site.inter_partition_gbps)
-    streams = min(tp, links.site.partition(a).gpus_per_node)
+    streams = min(tp * cp, links.site.partition(a).gpus_per_node)
     return links.p2p(msg * streams, a, b, same_node=same_node, streams=streams).ms
 
 
@@ -293,6 +450,20 @@ def dp_sync_ms(links, job: TrainJob, *, dp: int, params: float, partitions: Sequ
     if job.distributed_optimizer:  # reduce-scatter of gradients + all-gather of parameters: half a ring each
         return 0.5 * ar(params * g) + 0.5 * ar(params * BYTES_PER_ELEMENT[job.precision])
     return ar(params * g)
+
+
+def stage_sync_ms(links, job: TrainJob, *, dp: int, cp: int, tp: int, ep: int, etp: int | None, params: float,
+                  expert_params: float, partition: str | None, one_node: bool, streams: int) -> float:
+    """A stage's gradient synchronisation: the dense parameters over its ``dp x cp`` ranks
+    (megatron-core's ``dp_cp`` group: CP ranks hold the same weights), the routed experts over
+    the expert data-parallel ranks ``tp x cp x dp / (etp x ep)``."""
+    et = tp if etp is None else etp
+    out = dp_sync_ms(links, job, dp=dp * cp, params=params - expert_params, partitions=[partition],
+                     one_node=one_node, streams=streams)
+    if expert_params:
+        out += dp_sync_ms(links, job, dp=max(1, tp * cp * dp // (et * ep)), params=expert_params,
+                          partitions=[partition], one_node=one_node, streams=streams)
+    return out
 
 
 def tied_sync_ms(links, job: TrainJob, tp: int, pp: int, first: str | None, last: str | None) -> float:
@@ -426,10 +597,16 @@ class Layout:
     micro_batch_size: int
     #: Megatron-LM's --sequence-parallel (TP > 1 only): its layer predictions, 1/TP sends
     sequence_parallel: bool = False
+    #: model chunks per pipeline rank (interleaved 1F1B)
+    virtual_stages: int = 1
 
     @property
     def tp(self) -> int:
         return self.placement.tp
+
+    @property
+    def cp(self) -> int:
+        return self.placement.cp
 
     @property
     def dp(self) -> int:
@@ -500,6 +677,8 @@ class _LayoutTables:
         self._state_ids: dict[tuple, int] = {}
         self.state_rows: list[np.ndarray] = []
         self.param_rows: list[np.ndarray] = []
+        self.expert_rows: list[np.ndarray] = []
+        self._extra_memo: dict[tuple, StageExtras] = {}
         self._opt_ids: dict[tuple, int] = {}
         self.opt_rows: list[np.ndarray] = []
         self._sync_ids: dict[tuple, int] = {}
@@ -507,37 +686,55 @@ class _LayoutTables:
         self._send_memo: dict[tuple, float] = {}
         self.sk = {name: np.zeros((S, P), dtype=np.int64) for name in ("ctx", "state", "opt", "sync")}
         self.sk.update({name: np.zeros((S, P), dtype=np.float64)
-                        for name in ("inflight", "first", "last", "link", "tied", "tpx")})
+                        for name in ("inflight", "first", "last", "link", "tied", "tpx", "xf", "xb")})
+        self.sk.update({name: np.ones((S, P), dtype=np.float64) for name in ("lscale", "escale", "ascale")})
         self.m = np.zeros(S, dtype=np.int64)
         self.pp = np.zeros(S, dtype=np.int64)
+        self.vp = np.ones(S, dtype=np.int64)
         for li, lay in enumerate(inputs.layouts):
             self._add(li, lay)
 
     def _add(self, li: int, lay: Layout) -> None:
         job = self.inputs.job
         pl, pp, tp, dp, mbs = lay.placement, lay.pp, lay.tp, lay.dp, lay.micro_batch_size
-        sp = lay.sequence_parallel
+        sp, cp, ep, etp, v = lay.sequence_parallel, pl.cp, pl.ep, pl.etp, lay.virtual_stages
         m = job.global_batch_size // (mbs * dp)
-        self.m[li], self.pp[li] = m, pp
+        self.m[li], self.pp[li], self.vp[li] = m, pp, v
         names = pl.stage_partitions
         bounds, one_node = stage_links(pl)
         tied = tied_sync_ms(self.links, job, tp, pp, names[0], names[-1])
-        gpus = [c.gpu_type for c in pl.components for _ in c.stages]
+        comps = [c for c in pl.components for _ in c.stages]
         for i, name in enumerate(names):
-            gpu = gpus[i]
+            gpu = comps[i].gpu_type
             first, last = i == 0, i == pp - 1
-            self.sk["ctx"][li, i] = self._context(gpu, tp, mbs, sp)
-            s = self.sk["state"][li, i] = self._state(tp, pp, dp, first, last)
-            self.sk["opt"][li, i] = self._opt(gpu, s, dp)
-            self.sk["inflight"][li, i] = in_flight(pp, i, m)
+            c = self.sk["ctx"][li, i] = self._context(gpu, tp, mbs, sp)
+            s = self.sk["state"][li, i] = self._state(tp, pp, dp, first, last, cp, ep, etp)
+            self.sk["opt"][li, i] = self._opt(gpu, s, dp * cp)
+            self.sk["inflight"][li, i] = in_flight_units(pp, i, m, v)
             self.sk["first"][li, i] = first
             self.sk["last"][li, i] = last
             if i < pp - 1:
-                self.sk["link"][li, i] = self._send(mbs, tp, sp, bounds[i])
-            self.sk["sync"][li, i] = self._sync(s, dp, name, one_node[i], tp)
+                self.sk["link"][li, i] = self._send(mbs, tp, sp, bounds[i], cp)
+            self.sk["sync"][li, i] = self._sync(s, dp, name, one_node[i], tp, cp, ep, etp)
             self.sk["tpx"][li, i] = self._tpx(name, gpu, tp, mbs)
             if first or last:
                 self.sk["tied"][li, i] = tied
+            if cp > 1 or ep > 1 or job.model.is_moe:
+                x = self._extras(name, comps[i].tasks_per_node, tp, cp, ep, etp, mbs, c)
+                for key, val in (("lscale", x.layer_scale), ("escale", x.ends_scale), ("ascale", x.act_scale),
+                                 ("xf", x.extra_fwd_ms), ("xb", x.extra_bwd_ms)):
+                    self.sk[key][li, i] = val
+
+    def _extras(self, name: str, per_node: int, tp: int, cp: int, ep: int, etp: int | None, mbs: int,
+                ctx: int) -> StageExtras:
+        key = (name, per_node, tp, cp, ep, etp, mbs, ctx)
+        x = self._extra_memo.get(key)
+        if x is None:
+            fwd = self.ctx_rows[ctx][0] * forward_fraction("none")
+            x = self._extra_memo[key] = stage_extras(self.links, self.inputs.job, partition=name,
+                                                     tasks_per_node=per_node, tp=tp, cp=cp, ep=ep, etp=etp,
+                                                     micro_batch_size=mbs, layer_fwd_ms=fwd)
+        return x
 
     def _context(self, gpu: str, tp: int, mbs: int, sp: bool) -> int:
         key = (gpu, tp, mbs, sp)
@@ -547,20 +744,18 @@ class _LayoutTables:
             self.ctx_rows.append(self._context_row(gpu, tp, mbs, sp))
         return c
 
-    def _state(self, tp: int, pp: int, dp: int, first: bool, last: bool) -> int:
-        key = (tp, pp, dp, first, last)
+    def _state(self, tp: int, pp: int, dp: int, first: bool, last: bool, cp: int = 1, ep: int = 1,
+               etp: int | None = None) -> int:
+        key = (tp, pp, dp, first, last, cp, ep, etp)
         s = self._state_ids.get(key)
         if s is None:
             job = self.inputs.job
             s = self._state_ids[key] = len(self.state_rows)
-            params = np.array([analytic.stage_params(job.model, int(n), first=first, last=last, tp=tp, pp=pp)
-                               for n in self.ns], dtype=np.float64)
-            self.param_rows.append(params)
-            self.state_rows.append(np.array([analytic.state_bytes(int(x), precision=job.precision,
-                                                                  optimizer=job.optimizer,
-                                                                  distributed_optimizer=job.distributed_optimizer,
-                                                                  dp=dp) for x in params], dtype=np.float64)
-                                   + fp8_state_bytes(job, params - params[0]))
+            rows = np.array([stage_state(job, int(n), first=first, last=last, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
+                                         etp=etp) for n in self.ns], dtype=np.float64).reshape(len(self.ns), 3)
+            self.param_rows.append(np.ascontiguousarray(rows[:, 0]))
+            self.expert_rows.append(np.ascontiguousarray(rows[:, 1]))
+            self.state_rows.append(np.ascontiguousarray(rows[:, 2]))
         return s
 
     def _opt(self, gpu: str, s: int, dp: int) -> int:
@@ -576,13 +771,13 @@ class _LayoutTables:
                                                                       dp=dp) for x in self.param_rows[s]]))
         return o
 
-    def _send(self, mbs: int, tp: int, sp: bool, bound: tuple[str, str, bool]) -> float:
-        key = (mbs, tp, sp, *bound)
+    def _send(self, mbs: int, tp: int, sp: bool, bound: tuple[str, str, bool], cp: int = 1) -> float:
+        key = (mbs, tp, sp, cp, *bound)
         v = self._send_memo.get(key)
         if v is None:
             a, b, same = bound
             v = self._send_memo[key] = send_ms(self.links, self.inputs.job, micro_batch_size=mbs, tp=tp,
-                                               sequence_parallel=sp, a=a, b=b, same_node=same)
+                                               sequence_parallel=sp, a=a, b=b, same_node=same, cp=cp)
         return v
 
     def _tpx(self, name: str, gpu: str, tp: int, mbs: int) -> float:
@@ -593,15 +788,17 @@ class _LayoutTables:
                                                        tp=tp, micro_batch_size=mbs)
         return v
 
-    def _sync(self, s: int, dp: int, name: str, one_node: bool, tp: int) -> int:
-        key = (s, dp, name, one_node, tp)
+    def _sync(self, s: int, dp: int, name: str, one_node: bool, tp: int, cp: int = 1, ep: int = 1,
+              etp: int | None = None) -> int:
+        key = (s, dp, name, one_node, tp, cp, ep, etp)
         y = self._sync_ids.get(key)
         if y is None:
             y = self._sync_ids[key] = len(self.sync_rows)
             streams = min(tp, self.inputs.site.partition(name).gpus_per_node)
-            self.sync_rows.append(np.array([dp_sync_ms(self.links, self.inputs.job, dp=dp, params=float(x),
-                                                       partitions=[name], one_node=one_node, streams=streams)
-                                            for x in self.param_rows[s]], dtype=np.float64))
+            self.sync_rows.append(np.array([
+                stage_sync_ms(self.links, self.inputs.job, dp=dp, cp=cp, tp=tp, ep=ep, etp=etp, params=float(x),
+                              expert_params=float(e), partition=name, one_node=one_node, streams=streams)
+                for x, e in zip(self.param_rows[s], self.expert_rows[s])], dtype=np.float64))
         return y
 
 
@@ -652,7 +849,7 @@ class Composer:
         self._opt = np.array(t.opt_rows).reshape(len(t.opt_rows), L + 1)
         self._sync = np.array(t.sync_rows).reshape(len(t.sync_rows), L + 1)
         self._sk = t.sk
-        self._sk_m, self._sk_pp = t.m, t.pp
+        self._sk_m, self._sk_pp, self._sk_vp = t.m, t.pp, t.vp
         self.contexts = tuple(t.ctx_ids)
         self._ctx_logits = np.array([logits_transient_bytes(self.job, tp, mbs) for _, tp, mbs, _ in self.contexts],
                                     dtype=np.float64)
@@ -710,11 +907,16 @@ class Composer:
         a_none = self._ctx_a[ctx, 0]
         emb, head = self._ctx_emb[ctx], self._ctx_head[ctx]
         first, last = g["first"], g["last"]
-        fwd, total = stage_time_ms(k, nb, t_full, t_base, self._ff[base], first, last, emb[..., 0] + u_emb * tpx,
-                                   head[..., 0] + u_head * tpx)
+        ls, es = g["lscale"], g["escale"]
+        fwd, total = stage_time_ms(k, nb, t_full * ls, t_base * ls, self._ff[base], first, last,
+                                   (emb[..., 0] + u_emb * tpx) * es, (head[..., 0] + u_head * tpx) * es)
+        # context- and expert-parallel communication per layer (recomputed layers repeat the forward's)
+        fwd = fwd + n * g["xf"]
+        total = total + n * (g["xf"] + g["xb"]) + k * g["xf"]
         bwd = total - fwd
         act, transient = stage_activation_bytes(k, nb, a_full, a_base, a_none, first, last, emb[..., 1],
                                                 head[..., 1], self._ctx_logits[ctx])
+        act, transient = act * g["ascale"], transient * g["ascale"]
         ni = block.layers.astype(np.int64)
         state = self._state[g["state"], ni]
         peak = stage_peak_bytes(state, g["inflight"], act, transient, self._ctx_scale[ctx], self._ctx_over[ctx])
@@ -731,12 +933,14 @@ class Composer:
             sync = exposed_sync_ms(self._sync[g["sync"], ni], bwd, self.options)
             tail = sync + self._opt[g["opt"], ni] + g["tied"]
             m = self._sk_m[sk]
+            vp = self._sk_vp[sk]
             fidx = np.flatnonzero(feasible)
-            key = pp[fidx] * 1_000_000 + m[fidx]
+            key = (pp[fidx] * 1_000_000 + m[fidx]) * 1024 + vp[fidx]
             for kv in np.unique(key):
                 rows = fidx[key == kv]
-                p_, m_ = int(kv // 1_000_000), int(kv % 1_000_000)
-                fin = pipeline_finish_batch(fwd[rows, :p_], bwd[rows, :p_], g["link"][rows, :max(p_ - 1, 0)], m_)
+                v_ = int(kv % 1024)
+                p_, m_ = int(kv // 1024 // 1_000_000), int(kv // 1024 % 1_000_000)
+                fin = interleaved_finish(fwd[rows, :p_], bwd[rows, :p_], g["link"][rows, :max(p_ - 1, 0)], m_, v_)
                 iteration[rows] = np.max(fin + tail[rows, :p_], axis=1)
         return BlockCost(iteration_ms=iteration, max_utilisation=umax, balance=balance, feasible=feasible,
                          risk_utilisation=risk)
@@ -766,11 +970,14 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
                   stages: Sequence[tuple[int, str, int | None, Sequence[_Replica]]], dp_per_stage: Sequence[int],
                   link_ms: Sequence[float], sync_of, tied_ms: float, sequence_parallel: bool,
                   options: CostOptions, memory_scale=None, host_us: float = HOST_US_PER_OP,
-                  links=None) -> Prediction:
+                  links=None, virtual_stages: int = 1, extras: Sequence[StageExtras] | None = None, state_of=None,
+                  cp: int = 1, extras_of=None) -> Prediction:
     """The scalar composition shared by :func:`predict_plan` and :func:`predict_general`.
 
     ``stages``: per stage (layers, base mode of the layers not fully recomputed, number of
-    fully recomputed layers, replicas).
+    fully recomputed layers, replicas). ``extras``: per stage, what context and expert
+    parallel change (:func:`stage_extras`; None: nothing); ``state_of(stage, layers, first,
+    last, tp)``: ``(params, expert params, state bytes)`` (None: the dense rule).
     """
     p = len(stages)
     mbs = micro_batch_size
@@ -807,7 +1014,7 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
             j += 1
             tb, ab = vals[row["base"]]
             tf, af = vals[row["full"]]
-            _, an = vals[row["none"]]
+            tn, an = vals[row["none"]]
             te, ae = vals[row["emb"]]
             th, ah = vals[row["head"]]
             tpx = tp_internode_ms(links, job, partition=r.partition, gpu_type=r.gpu_type, tp=r.tp,
@@ -815,34 +1022,44 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
             u_base, u_full, u_emb, u_head = TP_COLLECTIVE_UNITS
             tb, tf, te, th = tb + u_base * tpx, tf + u_full * tpx, te + u_emb * tpx, th + u_head * tpx
             nb = n - kk
-            fwd, total = stage_time_ms(kk, nb, tf, tb, forward_fraction(base), first, last, te, th)
+            x = extras[i] if extras is not None else (
+                extras_of(i, float(tn) * forward_fraction("none")) if callable(extras_of) else StageExtras())
+            ls, es = x.layer_scale, x.ends_scale
+            fwd, total = stage_time_ms(kk, nb, tf * ls, tb * ls, forward_fraction(base), first, last, te * es, th * es)
+            fwd, total = fwd + n * x.extra_fwd_ms, total + n * (x.extra_fwd_ms + x.extra_bwd_ms) + kk * x.extra_fwd_ms
             # the stage's share of micro-batches differs from m when its replica count does
             scale = ms[i] / m
             fwd, total = fwd * scale, total * scale
             act, transient = stage_activation_bytes(kk, nb, af, ab, an, first, last, ae, ah,
                                                     logits_transient_bytes(job, r.tp, mbs))
-            act, transient = float(act), float(transient)
-            params = analytic.stage_params(job.model, n, first=first, last=last, tp=r.tp, pp=p)
-            state = analytic.state_bytes(params, precision=job.precision, optimizer=job.optimizer,
-                                         distributed_optimizer=job.distributed_optimizer, dp=dp_per_stage[i])
-            if job.fp8:
-                state += float(fp8_state_bytes(job, params - analytic.stage_params(
-                    job.model, 0, first=first, last=last, tp=r.tp, pp=p)))
-            inflight = int(in_flight(p, i, ms[i]))
+            act, transient = float(act) * x.act_scale, float(transient) * x.act_scale
+            if state_of is not None:
+                params, experts, state = state_of(i, n, first, last, r.tp)
+            else:
+                params = analytic.stage_params(job.model, n, first=first, last=last, tp=r.tp, pp=p)
+                experts = 0
+                state = analytic.state_bytes(params, precision=job.precision, optimizer=job.optimizer,
+                                             distributed_optimizer=job.distributed_optimizer, dp=dp_per_stage[i])
+                if job.fp8:
+                    state += float(fp8_state_bytes(job, params - analytic.stage_params(
+                        job.model, 0, first=first, last=last, tp=r.tp, pp=p)))
+            units = float(in_flight_units(p, i, ms[i], virtual_stages))
+            inflight = int(math.ceil(units - 1e-9))
             over = int(overhead_of(r.gpu_type))
             scale = float(memory_scale(r.gpu_type)) if memory_scale else 1.0
-            peak = float(stage_peak_bytes(state, inflight, act, transient, scale, over))
+            peak = float(stage_peak_bytes(state, units, act, transient, scale, over))
             cap = site.gpu(r.gpu_type).capacity_bytes
             sync_params = params if r.sync_tp in (None, r.tp) else analytic.stage_params(
                 job.model, n, first=first, last=last, tp=r.sync_tp, pp=p)
-            sync = float(exposed_sync_ms(sync_of(i, float(sync_params)), total - fwd, options))
+            synced = sync_of(i, float(sync_params), float(experts)) if experts else sync_of(i, float(sync_params))
+            sync = float(exposed_sync_ms(synced, total - fwd, options))
             opt = analytic.optimizer_step_ms(params, site.gpu(r.gpu_type), precision=job.precision,
                                              optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer,
-                                             dp=dp_per_stage[i])
+                                             dp=dp_per_stage[i] * cp)
             recompute = Recompute.of_layers(base, kk, n)
             d = dict(stage=i, replica=ri, partition=r.partition, gpu_type=r.gpu_type, tp=r.tp, num_layers=n,
                      recompute=recompute, forward_ms=float(fwd), backward_ms=float(total - fwd), in_flight=inflight,
-                     activation_bytes=int(round(inflight * act + transient)), state_bytes=int(state),
+                     activation_bytes=int(round(units * act + transient)), state_bytes=int(state),
                      overhead_bytes=over, peak_bytes=int(round(peak)), capacity_bytes=cap,
                      send_ms=0.0, grad_sync_ms=float(sync), optimizer_ms=float(opt), peak_float=float(peak),
                      total=float(total))
@@ -853,7 +1070,8 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
         bwd_stage.append(best[1] - best[0])
     tied = tied_ms
     link_ms = list(link_ms)
-    fin = pipeline_finish_batch(np.array([fwd_stage]), np.array([bwd_stage]), np.array([link_ms]).reshape(1, -1), m)[0]
+    fin = interleaved_finish(np.array([fwd_stage]), np.array([bwd_stage]), np.array([link_ms]).reshape(1, -1), m,
+                             virtual_stages)[0]
     feasible, reason = True, ""
     out = []
     utils: list[float] = []  # from the unrounded peaks, as the vectorised path computes them
@@ -891,12 +1109,24 @@ def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: 
     lm = link_model_for(site, cost_model, links)
     bounds, one_node = stage_links(placement)
     sp = plan.sequence_parallel and plan.tp > 1
+    cp, ep, etp = plan.cp, plan.ep, plan.etp
     link_ms = [send_ms(lm, job, micro_batch_size=plan.micro_batch_size, tp=plan.tp, sequence_parallel=sp, a=a, b=b,
-                       same_node=same) for a, b, same in bounds]
+                       same_node=same, cp=cp) for a, b, same in bounds]
 
-    def sync_of(i: int, params: float) -> float:
-        return dp_sync_ms(lm, job, dp=plan.dp, params=params, partitions=[names[i]], one_node=one_node[i],
-                          streams=min(plan.tp, site.partition(names[i]).gpus_per_node))
+    def sync_of(i: int, params: float, experts: float = 0.0) -> float:
+        return stage_sync_ms(lm, job, dp=plan.dp, cp=cp, tp=plan.tp, ep=ep, etp=etp, params=params,
+                             expert_params=experts, partition=names[i], one_node=one_node[i],
+                             streams=min(plan.tp, site.partition(names[i]).gpus_per_node))
+
+    def state_of(i: int, n: int, first: bool, last: bool, tp: int) -> tuple[int, int, int]:
+        return stage_state(job, n, first=first, last=last, tp=tp, pp=plan.pp, dp=plan.dp, cp=cp, ep=ep, etp=etp)
+
+    per_node = [placement.component_of_stage(i).tasks_per_node for i in range(plan.pp)]
+    need_extras = cp > 1 or ep > 1 or job.model.is_moe
+
+    def extras_of(i: int, layer_fwd_ms: float) -> StageExtras:
+        return stage_extras(lm, job, partition=names[i], tasks_per_node=per_node[i], tp=plan.tp, cp=cp, ep=ep,
+                            etp=etp, micro_batch_size=plan.micro_batch_size, layer_fwd_ms=layer_fwd_ms)
 
     stages = []
     for i, s in enumerate(plan.stages):
@@ -909,7 +1139,8 @@ def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: 
                                                                                 names[-1]),
                          sequence_parallel=plan.sequence_parallel, options=options or CostOptions(),
                          memory_scale=memory_scale_of(cost_model, site), host_us=host_us_per_op(cost_model),
-                         links=lm)
+                         links=lm, virtual_stages=plan.virtual_stages, state_of=state_of, cp=cp,
+                         extras_of=extras_of if need_extras else None)
 
 
 def _check_general_fits(plan: GeneralPlan, site: Site, stages: list) -> None:
@@ -1037,6 +1268,8 @@ def _known(site: Site, name: str) -> bool:
 
 
 __all__ = ["Block", "BlockCost", "Composer", "CompositionInputs", "Layout", "CostOptions", "GRAD_BYTES_PER_PARAM",
+           "MOE_IMBALANCE", "StageExtras", "stage_extras", "stage_state", "stage_sync_ms", "moe_dense_equivalent",
+           "interleaved_finish", "in_flight_units",
            "Prediction", "StagePrediction",
            "context_queries", "p2p_bytes", "predict_general", "predict_plan", "required_queries",
            "stage_layout", "stage_links", "send_ms", "dp_sync_ms", "tied_sync_ms", "link_model_for",

@@ -23,6 +23,26 @@ times a *recompute assignment*:
   outside the TP-split matmuls divided by TP, the TP all-reduces replaced by all-gather +
   reduce-scatter of the same volume, stage-to-stage sends of ``1/TP``), so the count of
   such layouts doubles; TP 1 has none.
+* **Virtual pipeline stages** (interleaved 1F1B, Megatron's virtual pipeline): every
+  layout of ``pp >= 2`` stages whose micro-batches per iteration are a multiple of ``pp``
+  (the interleaved schedule's groups) comes with ``v`` model chunks per stage for each
+  candidate ``v`` (:meth:`PlanSpace.vp_candidates`: the job's / site's ``virtual_stages``,
+  else 1, 2 and 4), on uniform and uneven layer splits alike (the rendered pipeline layout
+  carries each stage's chunks), for the splits whose every stage has at least ``v``
+  layers. Full recompute of part of a stage is not combined with ``v > 1`` (Megatron would
+  recompute ``k`` layers of each chunk): such layouts take the levels none, selective and full.
+* **Context parallel** (ring attention): CP degrees ``c`` (:meth:`PlanSpace.cp_candidates`:
+  the job's / site's ``context_parallel_sizes``, else powers of two with ``seq_length`` a
+  multiple of ``2c`` and at least :data:`CP_MIN_TOKENS` tokens per rank) widen each stage
+  to ``tp x c x dp`` ranks. Only on partitions that train with Transformer Engine
+  (megatron-core's local attention has no context parallel).
+* **Expert parallel** (MoE models only): per layout, every ``(ep, etp)`` with ``ep``
+  dividing the experts and ``etp x ep`` the stage's ``tp x c x dp`` ranks
+  (:meth:`PlanSpace.expert_choices`; expert TP: TP's, and 1 when TP > 1).
+* Cross-vendor layouts run the project's megatron-core entry (one model chunk per rank, no
+  context- or expert-parallel groups): they keep ``v = 1``, ``c = 1``. CP and EP groups
+  never leave a stage, so never a partition nor a vendor: the cross-vendor group rule
+  (:mod:`memx_hpc.slurm.groups`) has nothing to give them.
 * **Recompute.** Each stage gets its own level from ``none < selective < full on
   k = ceil(n_max*j/steps) layers`` (j = 1..steps; n_max the largest stage of its
   partition group, a stage recomputing min(k, n): one ``--recompute-num-layers`` per
@@ -55,7 +75,16 @@ import numpy as np
 from ..errors import SpecError
 from ..model.compose import Block, CompositionInputs, Layout
 from ..placement import comm_vendor, group_fits, place_groups, site_facts, tp_fits_nodes
+from ..slurm.render import transformer_impl_of
 from ..spec import Plan, Recompute, Site, Stage, TrainJob
+
+#: The fewest tokens per rank at which context parallel is searched by default: below it
+#: the ring's K/V blocks are too small to hide behind attention (Megatron-LM's long-context
+#: recipes start CP at 8k-token sequences, CP 2). A job or site naming its
+#: ``context_parallel_sizes`` searches exactly those.
+CP_MIN_TOKENS = 4096
+#: Virtual stages per pipeline rank searched when neither the job nor the site names them.
+DEFAULT_VIRTUAL_STAGES = (1, 2, 4)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,6 +186,10 @@ class Skeleton:
     micro_batch_size: int
     groups: tuple[tuple[int, int], ...]
     sequence_parallel: bool = False
+    vp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
 
     @property
     def pp(self) -> int:
@@ -218,7 +251,9 @@ class PlanSpace:
         self.levels = recompute_levels(job, options.full_recompute_steps,
                                        selective_with_sdpa=options.selective_with_sdpa)
         self.partitions = site.partitions
-        self._room: dict[tuple[int, int], dict[int, list[int]]] = {}
+        self._room: dict[tuple[int, int, int], dict[int, list[int]]] = {}
+        self._te: set[int] | None = None
+        self._vendor = [comm_vendor(site, p) for p in site.partitions]
         self.size = space_size(self)
         self.size.check(self)
         self._split_tables: dict[tuple[int, ...], np.ndarray] = {}
@@ -230,7 +265,7 @@ class PlanSpace:
         self._ends = np.cumsum(counts) if len(counts) else np.zeros(0, dtype=np.int64)
         self._starts = self._ends - counts
         # Flat per-skeleton descriptors for vectorised decoding.
-        self._nlev = np.array([len(self._level_table(sk.structure)) for sk in self.skeletons], dtype=np.int64)
+        self._nlev = np.array([len(self._level_table(sk.structure, sk.vp)) for sk in self.skeletons], dtype=np.int64)
         self.max_pp = max((sk.pp for sk in self.skeletons), default=1)
         self._inputs: CompositionInputs | None = None
 
@@ -299,18 +334,77 @@ class PlanSpace:
         n = self.job.global_batch_size // mbs
         return [d for d in range(1, n + 1) if n % d == 0]
 
-    def room(self, tp: int, dp: int) -> dict[int, list[int]]:
-        """Per partition index, the stage counts a partition group of ``tp x dp`` stages can
+    def _allowed(self, name: str, default: tuple[int, ...]) -> tuple[int, ...]:
+        """The degrees of ``name`` (a :data:`~memx_hpc.spec.DEGREE_KEYS` list) the job and the site
+        allow: both lists' common values where both give one, else the one given, else ``default``."""
+        lists = [tuple(getattr(x, name)) for x in (self.site, self.job) if getattr(x, name)]
+        if not lists:
+            return default
+        out = set(lists[0])
+        for extra in lists[1:]:
+            out &= set(extra)
+        return tuple(sorted(out))
+
+    def cp_candidates(self) -> list[int]:
+        """Context-parallel degrees: the job's / site's list (sizes Megatron-LM cannot run for
+        this sequence left out), else 1 and the powers of two ``c`` with ``seq_length`` a multiple
+        of ``2c`` and at least :data:`CP_MIN_TOKENS` tokens per rank. Fused attention only."""
+        s = self.job.model.seq_length
+        given = self._allowed("context_parallel_sizes", ())
+        if given:
+            cands = [c for c in given if c == 1 or s % (2 * c) == 0]
+        else:
+            cands = [c for c in _powers_of_two(s) if c == 1 or (s % (2 * c) == 0 and s // c >= CP_MIN_TOKENS)]
+        if self.job.attention == "core":
+            cands = [c for c in cands if c == 1]
+        return cands
+
+    def vp_candidates(self) -> list[int]:
+        """Virtual stages per pipeline rank: the job's / site's ``virtual_stages``, else
+        :data:`DEFAULT_VIRTUAL_STAGES` (1 always among them unless a list leaves it out)."""
+        return [v for v in self._allowed("virtual_stages", DEFAULT_VIRTUAL_STAGES) if v <= self.job.model.num_layers]
+
+    def expert_choices(self, tp: int, cp: int, dp: int) -> list[tuple[int, int | None]]:
+        """``(ep, etp)`` of an MoE model's experts on stages of ``tp x cp x dp`` ranks (etp None:
+        TP's): EP divides the experts and ``etp x ep`` the stage's ranks. Dense: ``[(1, None)]``."""
+        m = self.job.model
+        if not m.is_moe:
+            return [(1, None)]
+        width = tp * cp * dp
+        eps = self._allowed("expert_parallel_sizes", tuple(e for e in range(1, m.num_experts + 1)
+                                                           if m.num_experts % e == 0))
+        etps = self._allowed("expert_tensor_parallel_sizes", ())
+        etp_opts: list[int | None] = ([None if e == tp else e for e in etps] if etps
+                                      else ([None, 1] if tp > 1 else [None]))
+        out = []
+        for ep in eps:
+            for etp in etp_opts:
+                et = tp if etp is None else etp
+                if m.num_experts % ep == 0 and width % (et * ep) == 0 and m.expert_ffn_hidden_size % et == 0:
+                    out.append((ep, etp))
+        return out
+
+    def _te_partitions(self) -> set[int]:
+        """Partitions that train with Transformer Engine (what context parallel needs)."""
+        if self._te is None:
+            self._te = {i for i, p in enumerate(self.partitions)
+                        if transformer_impl_of(p, self.site.gpu(p.gpu_type).vendor) == "transformer_engine"}
+        return self._te
+
+    def room(self, tp: int, dp: int, cp: int = 1) -> dict[int, list[int]]:
+        """Per partition index, the stage counts a partition group of ``tp x cp x dp`` stages can
         have there (the one fit rule, :func:`memx_hpc.placement.group_fits`); partitions with
-        none are left out."""
-        key = (tp, dp)
+        none are left out, and with ``cp > 1`` those without Transformer Engine."""
+        key = (tp, dp, cp)
         r = self._room.get(key)
         if r is None:
             r = {}
             for i, p in enumerate(self.partitions):
                 if not self.tp_placeable(p, tp):
                     continue
-                sizes = [s for s in range(1, self.max_stages + 1) if group_fits(p, s, tp=tp, dp=dp)]
+                if cp > 1 and i not in self._te_partitions():
+                    continue
+                sizes = [s for s in range(1, self.max_stages + 1) if group_fits(p, s, tp=tp, dp=dp, cp=cp)]
                 if sizes:
                     r[i] = sizes
             self._room[key] = r
@@ -324,6 +418,13 @@ class PlanSpace:
             return False
         return tp <= partition.gpus_per_node or (self.options.tp_across_nodes and tp_fits_nodes(partition, tp))
 
+    def vp_choices(self, pp: int, num_microbatches: int, cross_vendor: bool) -> list[int]:
+        """The virtual stages a layout of ``pp`` stages may take (1 always; more only with
+        ``pp >= 2``, micro-batches in whole groups of ``pp``, on one vendor)."""
+        if cross_vendor or pp < 2 or num_microbatches % pp:
+            return [1]
+        return self.vp_candidates()
+
     def _partition_sequences(self, tp: int) -> list[tuple[int, ...]]:
         usable = [i for i, p in enumerate(self.partitions) if self.tp_placeable(p, tp)]
         most = min(len(usable), self.options.max_partitions or len(usable), self.max_stages)
@@ -331,8 +432,7 @@ class PlanSpace:
         for g in range(1, most + 1):
             out += list(itertools.permutations(usable, g))
         if self.options.single_vendor:
-            vendor = [comm_vendor(self.site, p) for p in self.partitions]
-            out = [seq for seq in out if len({vendor[i] for i in seq}) == 1]
+            out = [seq for seq in out if len({self._vendor[i] for i in seq}) == 1]
         return out
 
     def sequence_parallel_choices(self, tp: int) -> tuple[bool, ...]:
@@ -345,40 +445,57 @@ class PlanSpace:
 
     def _enumerate_skeletons(self) -> list[Skeleton]:
         out: list[Skeleton] = []
+        vp1 = [1]
         for tp in self.tp_candidates():
             seqs = self._partition_sequences(tp)
-            for mbs in self.micro_batch_candidates():
-                for dp in self._dp_candidates(mbs):
-                    room = self.room(tp, dp)
-                    for seq in seqs:
-                        ranges = [room.get(i, ()) for i in seq]
-                        if any(len(r) == 0 for r in ranges):
+            sps = self.sequence_parallel_choices(tp)
+            for cp in self.cp_candidates():
+                for mbs in self.micro_batch_candidates():
+                    for dp in self._dp_candidates(mbs):
+                        room = self.room(tp, dp, cp)
+                        if not room:
                             continue
-                        for counts in itertools.product(*ranges):
-                            if sum(counts) > self.max_stages:
+                        m = self.job.global_batch_size // (mbs * dp)
+                        experts = self.expert_choices(tp, cp, dp)
+                        for seq in seqs:
+                            ranges = [room.get(i, ()) for i in seq]
+                            if any(len(r) == 0 for r in ranges):
                                 continue
-                            sk = Skeleton(tp=tp, dp=dp, micro_batch_size=mbs, groups=tuple(zip(seq, counts)))
-                            if len(self._split_table(sk.structure)):
-                                out += [sk if not sp else dataclasses.replace(sk, sequence_parallel=True)
-                                        for sp in self.sequence_parallel_choices(tp)]
+                            cross = len({self._vendor[i] for i in seq}) > 1
+                            if cross and cp > 1:
+                                continue
+                            for counts in itertools.product(*ranges):
+                                pp = sum(counts)
+                                if pp > self.max_stages:
+                                    continue
+                                structure = tuple(counts)
+                                groups = tuple(zip(seq, counts))
+                                vps = [v for v in (vp1 if cross else self.vp_choices(pp, m, False))
+                                       if len(self._split_table(structure, v))]
+                                for sp in sps:
+                                    for v in vps:
+                                        for ep, etp in experts:
+                                            out.append(Skeleton(tp=tp, dp=dp, micro_batch_size=mbs, groups=groups,
+                                                                sequence_parallel=sp, vp=v, cp=cp, ep=ep, etp=etp))
         return out
 
     # ------------------------------------------------------------------ splits and levels
 
-    def _split_table(self, structure: tuple[int, ...]) -> np.ndarray:
-        """(n_splits, pp) layers per stage for a group structure ``(s_1, ..., s_G)``."""
-        t = self._split_tables.get(structure)
+    def _split_table(self, structure: tuple[int, ...], vp: int = 1) -> np.ndarray:
+        """(n_splits, pp) layers per stage for a group structure ``(s_1, ..., s_G)`` whose
+        stages hold at least ``vp`` layers each (one per model chunk)."""
+        t = self._split_tables.get((structure, vp))
         if t is not None:
             return t
         g = self.granularity
-        u, r, lows = self._split_lows(structure)
+        u, r, lows = self._split_lows(structure, vp)
         pp = sum(structure)
         rows: list[list[int]] = []
         if self.options.split_within_groups:
             for comp in _compositions(u, lows):
                 row = [c * g for c in comp]
                 row[-1] += r
-                if row[-1] >= 1:
+                if row[-1] >= vp:
                     rows.append(row)
         else:
             for comp in _compositions(u, lows):
@@ -388,60 +505,72 @@ class PlanSpace:
                 for n, s in zip(totals, structure):
                     base, rem = divmod(n, s)
                     row += [base + (1 if i >= s - rem else 0) for i in range(s)]
-                if min(row) >= 1:
+                if min(row) >= vp:
                     rows.append(row)
         t = np.array(rows, dtype=np.int32).reshape(len(rows), pp)
-        self._split_tables[structure] = t
+        self._split_tables[(structure, vp)] = t
         return t
 
-    def _split_lows(self, structure: tuple[int, ...]) -> tuple[int, int, list[int]]:
+    def _split_lows(self, structure: tuple[int, ...], vp: int = 1) -> tuple[int, int, list[int]]:
         """``(units, remainder, lowest units per part)`` of a layer split: ``units`` grid steps of
         ``granularity`` layers go to the parts (groups, or stages with ``split_within_groups``),
-        each at least its low, and the last part also takes the ``remainder`` layers."""
+        each at least its low, and the last part also takes the ``remainder`` layers. Every
+        stage holds at least ``vp`` layers (a group of ``s`` stages, split evenly, ``vp * s``)."""
         L, g = self.job.model.num_layers, self.granularity
         u, r = divmod(L, g)
         if self.options.split_within_groups:
             # every stage on the grid; the last stage also takes the remainder
             pp = sum(structure)
-            return u, r, [1] * (pp - 1) + [max(1, math.ceil((1 - r) / g))]
-        return u, r, [math.ceil(s / g) for s in structure[:-1]] + [max(0, math.ceil((structure[-1] - r) / g))]
+            return u, r, [max(1, math.ceil(vp / g))] * (pp - 1) + [max(1, math.ceil((vp - r) / g))]
+        return u, r, [math.ceil(vp * s / g) for s in structure[:-1]] + [max(0, math.ceil((vp * structure[-1] - r) / g))]
 
-    def _group_max_table(self, structure: tuple[int, ...]) -> np.ndarray:
+    def _group_max_table(self, structure: tuple[int, ...], vp: int = 1) -> np.ndarray:
         """(n_splits, pp): per stage, the largest stage of its partition group."""
-        t = self._gmax_tables.get(structure)
+        t = self._gmax_tables.get((structure, vp))
         if t is None:
-            split = self._split_table(structure)
+            split = self._split_table(structure, vp)
             t = np.empty_like(split)
             a = 0
             for n in structure:
                 t[:, a:a + n] = split[:, a:a + n].max(axis=1, keepdims=True) if len(split) else 0
                 a += n
-            self._gmax_tables[structure] = t
+            self._gmax_tables[(structure, vp)] = t
         return t
 
-    def _level_table(self, structure: tuple[int, ...]) -> np.ndarray:
-        """(n_assignments, pp) recompute level per stage, non-increasing within each group."""
-        t = self._level_tables.get(structure)
+    def _level_table(self, structure: tuple[int, ...], vp: int = 1) -> np.ndarray:
+        """(n_assignments, pp) recompute level per stage, non-increasing within each group
+        (with ``vp > 1`` only the levels that recompute none or all of a stage's layers)."""
+        key = (structure, vp > 1)
+        t = self._level_tables.get(key)
         if t is not None:
             return t
         per_group = []
         for s in structure:
             # combinations_with_replacement gives non-decreasing tuples; reversed -> non-increasing
-            per_group.append(self._group_levels(s))
+            per_group.append(self._group_levels(s, vp))
         rows = [sum(parts, ()) for parts in itertools.product(*per_group)]
         t = np.array(rows, dtype=np.int8).reshape(len(rows), sum(structure))
-        self._level_tables[structure] = t
+        self._level_tables[key] = t
         return t
 
-    def _group_levels(self, stages: int) -> list[tuple[int, ...]]:
+    def _level_ids(self, vp: int) -> list[int]:
+        """Indices of the recompute levels a layout with ``vp`` virtual stages takes."""
+        if vp == 1:
+            return list(range(len(self.levels)))
+        return [i for i, lv in enumerate(self.levels) if lv.full_fraction in (0.0, 1.0)]
+
+    def _group_levels(self, stages: int, vp: int = 1) -> list[tuple[int, ...]]:
         """The recompute levels of one partition group of ``stages`` stages, non-increasing."""
         # combinations_with_replacement gives non-decreasing tuples; reversed -> non-increasing
-        seqs = [tuple(reversed(c)) for c in itertools.combinations_with_replacement(range(len(self.levels)), stages)]
+        ids = self._level_ids(vp)
+        seqs = [tuple(reversed(c)) for c in itertools.combinations_with_replacement(ids, stages)]
         spread = self.options.recompute_spread
-        return [c for c in seqs if spread is None or c[0] - c[-1] <= spread]
+        # the spread counts steps among the levels this layout takes
+        pos = {lv: j for j, lv in enumerate(ids)}
+        return [c for c in seqs if spread is None or pos[c[0]] - pos[c[-1]] <= spread]
 
     def _count(self, sk: Skeleton) -> int:
-        return len(self._split_table(sk.structure)) * len(self._level_table(sk.structure))
+        return len(self._split_table(sk.structure, sk.vp)) * len(self._level_table(sk.structure, sk.vp))
 
     # ------------------------------------------------------------------ indexing
 
@@ -470,11 +599,11 @@ class PlanSpace:
             bounds = np.flatnonzero(np.diff(sk)) + 1
             for a, b in zip(np.r_[0, bounds], np.r_[bounds, len(idx)]):
                 s = self.skeletons[int(sk[a])]
-                st = s.structure
+                st, v = s.structure, s.vp
                 pp = s.pp
-                layers[a:b, :pp] = self._split_table(st)[split_id[a:b]]
-                gmax[a:b, :pp] = self._group_max_table(st)[split_id[a:b]]
-                levels[a:b, :pp] = self._level_table(st)[level_id[a:b]]
+                layers[a:b, :pp] = self._split_table(st, v)[split_id[a:b]]
+                gmax[a:b, :pp] = self._group_max_table(st, v)[split_id[a:b]]
+                levels[a:b, :pp] = self._level_table(st, v)[level_id[a:b]]
         return Block(start=start, skeleton=sk, layers=layers, levels=levels, group_max=gmax)
 
     def iter_blocks(self, start: int = 0, stop: int | None = None, *, block_size: int = 65536) -> Iterator[Block]:
@@ -499,7 +628,7 @@ class PlanSpace:
                        for p, n, lv, g in zip(parts, layers, levels, group_max))
         return Plan(tp=s.tp, dp=s.dp, micro_batch_size=s.micro_batch_size,
                     global_batch_size=self.job.global_batch_size, stages=stages,
-                    sequence_parallel=s.sequence_parallel)
+                    sequence_parallel=s.sequence_parallel, virtual_stages=s.vp, cp=s.cp, ep=s.ep, etp=s.etp)
 
     def iter_range(self, start: int, stop: int) -> Iterator[tuple[int, Plan]]:
         """``(index, Plan)`` for ``start..stop-1``; for tests and reports (slow path)."""
@@ -521,15 +650,18 @@ class PlanSpace:
             facts = site_facts(self.site)
             names = [p.name for p in self.partitions]
             layouts = tuple(Layout(placement=place_groups(self.site, tp=sk.tp, dp=sk.dp, facts=facts, groups=[
-                (names[p], n) for p, n in sk.groups]), micro_batch_size=sk.micro_batch_size,
-                sequence_parallel=sk.sequence_parallel) for sk in self.skeletons)
+                (names[p], n) for p, n in sk.groups], cp=sk.cp, ep=sk.ep, etp=sk.etp),
+                micro_batch_size=sk.micro_batch_size, sequence_parallel=sk.sequence_parallel, virtual_stages=sk.vp)
+                for sk in self.skeletons)
             self._inputs = CompositionInputs(site=self.site, job=self.job, layouts=layouts, levels=self.levels)
         return self._inputs
 
     def describe(self) -> dict:
         return {"plans": len(self), "skeletons": len(self.skeletons), "layer_granularity": self.granularity,
                 "max_pipeline_stages": self.max_stages, "recompute_levels": [lv.label() for lv in self.levels],
-                "tp": self.tp_candidates(), "micro_batch_sizes": self.micro_batch_candidates()}
+                "tp": self.tp_candidates(), "micro_batch_sizes": self.micro_batch_candidates(),
+                "virtual_stages": self.vp_candidates(), "cp": self.cp_candidates(),
+                "ep": sorted({e for e, _ in self.expert_choices(1, 1, 1 << 20)})}
 
 
 # --------------------------------------------------------------------------- the size before the search
@@ -563,56 +695,73 @@ class SpaceSize:
 def space_size(space: "PlanSpace") -> SpaceSize:
     """Count the plans of ``space`` in closed form, stopping once a limit is passed.
 
-    Per (TP, micro-batch, DP) and ordered group structure ``(s_1..s_G)``: layer splits are
-    compositions with lower bounds (stars and bars: ``C(u - sum(lows) + k - 1, k - 1)``),
-    recompute assignments multiply per group, and the ordered choices of distinct
-    partitions with room for ``s_j`` stages each are counted by :func:`_assignments`. Work:
-    the number of structures (at most ``2^max_stages``), not the number of plans.
+    Per (TP, CP, micro-batch, DP) and ordered group structure ``(s_1..s_G)``: layer splits are
+    compositions with lower bounds (stars and bars: ``C(u - sum(lows) + k - 1, k - 1)``; a
+    layout of ``v`` virtual stages raises each stage's low to ``v`` layers), recompute
+    assignments multiply per group, and the ordered choices of distinct partitions with room
+    for ``s_j`` stages each are counted by :func:`_assignments`, apart for choices inside one
+    vendor (which take virtual stages and CP) and across vendors. Sequence-parallel and
+    expert-parallel choices multiply. Work: the number of structures (at most
+    ``2^max_stages``) per degree, not the number of plans.
     """
     o = space.options
-    level_counts: dict[int, int] = {}
+    level_counts: dict[tuple[int, bool], int] = {}
     plans = skeletons = 0
 
-    def levels_of(s: int) -> int:
-        if s not in level_counts:
-            level_counts[s] = len(space._group_levels(s))
-        return level_counts[s]
+    def levels_of(s: int, vp: int) -> int:
+        key = (s, vp > 1)
+        if key not in level_counts:
+            level_counts[key] = len(space._group_levels(s, vp))
+        return level_counts[key]
 
-    def n_splits(structure: tuple[int, ...]) -> int:
-        u, _, lows = space._split_lows(structure)
+    def n_splits(structure: tuple[int, ...], vp: int) -> int:
+        u, _, lows = space._split_lows(structure, vp)
         free = u - sum(lows)
         return math.comb(free + len(lows) - 1, len(lows) - 1) if free >= 0 else 0
 
+    vendors = sorted(set(space._vendor))
     for tp in space.tp_candidates():
         sp_choices = len(space.sequence_parallel_choices(tp))
         usable = [p for p in space.partitions if space.tp_placeable(p, tp)]
         most_groups = min(len(usable), o.max_partitions or len(usable), space.max_stages)
-        for mbs in space.micro_batch_candidates():
-            for dp in space._dp_candidates(mbs):
-                room = space.room(tp, dp)
-                if not room:
-                    continue
-                ways_of = _assignments(room.values())
-                sizes = sorted({s for r in room.values() for s in r})
-                stack: list[tuple[int, ...]] = [(s,) for s in sizes]
-                while stack:
-                    structure = stack.pop()
-                    ways = ways_of(structure)
-                    if not ways:
-                        continue  # adding groups never makes room
-                    splits = n_splits(structure)
-                    if not splits:
-                        continue  # nor for any longer structure: the lowest split only grows
-                    per = splits
-                    for s in structure:
-                        per *= levels_of(s)
-                    plans += per * ways * sp_choices
-                    skeletons += ways * sp_choices
-                    if plans > o.max_plans or skeletons > o.max_skeletons:
-                        return SpaceSize(plans=plans, skeletons=skeletons, exceeded=True)
-                    if len(structure) < most_groups:
-                        left = space.max_stages - sum(structure)
-                        stack.extend(structure + (s,) for s in sizes if s <= left)
+        for cp in space.cp_candidates():
+            for mbs in space.micro_batch_candidates():
+                for dp in space._dp_candidates(mbs):
+                    room = space.room(tp, dp, cp)
+                    if not room:
+                        continue
+                    m = space.job.global_batch_size // (mbs * dp)
+                    n_experts = len(space.expert_choices(tp, cp, dp))
+                    ways_of = _assignments(room.values())
+                    # ordered choices inside one vendor, per vendor
+                    single_of = [_assignments([r for i, r in room.items() if space._vendor[i] == v])
+                                 for v in vendors]
+                    sizes = sorted({s for r in room.values() for s in r})
+                    stack: list[tuple[int, ...]] = [(s,) for s in sizes]
+                    while stack:
+                        structure = stack.pop()
+                        ways = ways_of(structure)
+                        if not ways:
+                            continue  # adding groups never makes room
+                        if not n_splits(structure, 1):
+                            continue  # nor for any longer structure: the lowest split only grows
+                        single = sum(f(structure) for f in single_of) if len(vendors) > 1 else ways
+                        cross = 0 if (o.single_vendor or cp > 1) else ways - single
+                        for vp in space.vp_choices(sum(structure), m, False):
+                            splits = n_splits(structure, vp)
+                            if not splits:
+                                continue
+                            per = splits
+                            for st in structure:
+                                per *= levels_of(st, vp)
+                            w = single + (cross if vp == 1 else 0)
+                            plans += per * w * sp_choices * n_experts
+                            skeletons += w * sp_choices * n_experts
+                        if plans > o.max_plans or skeletons > o.max_skeletons:
+                            return SpaceSize(plans=plans, skeletons=skeletons, exceeded=True)
+                        if len(structure) < most_groups:
+                            left = space.max_stages - sum(structure)
+                            stack.extend(structure + (s,) for s in sizes if s <= left)
     return SpaceSize(plans=plans, skeletons=skeletons)
 
 

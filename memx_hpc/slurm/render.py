@@ -275,6 +275,14 @@ def _check_plan(plan: Plan, site: Site, job: TrainJob) -> None:
         cpu = sequence_parallel_refusal(site, [s.partition for s in plan.stages])
         if cpu is not None:
             raise SpecError(cpu, field="sequence_parallel", found=True)
+    if plan.cp > 1:
+        local = sorted({s.partition for s in plan.stages
+                        if transformer_impl_of(site.partition(s.partition), site.gpu_of(s.partition).vendor)
+                        != "transformer_engine"})
+        if local:
+            raise SpecError(f"context parallel runs Transformer Engine's attention; partition(s) {', '.join(local)} "
+                            f"train megatron-core's local layer, whose attention has no context parallel",
+                            field="cp", found=plan.cp, allowed="1 there, or transformer_impl: transformer_engine")
     vr = virtual_recompute_refusal(plan)
     if vr is not None:
         raise SpecError(vr[1], field=f"stages[{vr[0]}].recompute", found=plan.stages[vr[0]].recompute.label(),

@@ -420,3 +420,46 @@ def test_search_composes_the_cost_models_host_floor():
     per_layer = host.layer_host_ms("none", s.tp, 100.0)
     assert s.time_ms >= s.num_layers * per_layer - 1e-9
     assert per_layer > host.layer_host_ms("full", s.tp)  # far above the prior's floor
+
+
+# --------------------------------------------------------------------------- virtual, context and expert parallel
+
+
+def _degrees_space(moe: bool):
+    site = Site(name="hopper", partitions=(Partition(name="pH", gpu_type="H100-SXM", nodes=2, gpus_per_node=4),
+                                           Partition(name="pA", gpu_type="A100-80", nodes=1, gpus_per_node=4)),
+                links=(Link(a="pH", b="pA", gbps=10.0),))
+    kw = dict(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=1024) if moe else {}
+    m = ModelSpec(name="long", num_layers=4, hidden_size=1024, num_attention_heads=8, num_query_groups=8,
+                  ffn_hidden_size=4096, vocab_size=1000, seq_length=16384, **kw)
+    job = job_for_model(m, 8)
+    space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=2, tp_degrees=(1, 2),
+                                              micro_batch_sizes=(1,)))
+    return space
+
+
+class _Linear(LinearModel):
+    T = {"A100-80": 10.0, "V100-32": 25.0, "H100-SXM": 4.0}
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_the_search_prices_virtual_context_and_expert_parallel_as_one_plan_is_predicted(moe):
+    """Every plan of a space with VP, CP (and EP for an MoE model) composed in blocks equals
+    predict_plan on it: one composition for the search and for predict."""
+    from memx_hpc.model.compose import Composer, required_queries
+    space = _degrees_space(moe)
+    kinds = {(s.vp, s.cp, s.ep) for s in space.skeletons}
+    assert any(v > 1 for v, _, _ in kinds) and any(c > 1 for _, c, _ in kinds)
+    assert any(e > 1 for _, _, e in kinds) == moe
+    model = _Linear(act=2e8)
+    inputs = space.composition_inputs()
+    qs = required_queries(inputs)
+    preds = dict(zip(qs, map(tuple, model.predict(qs))))
+    comp = Composer(inputs, preds, overhead_bytes={g: GiB for g in ("H100-SXM", "A100-80")})
+    cost = comp.compose(space.decode(0, len(space)))
+    for i, plan in space.iter_range(0, len(space)):
+        p = predict_plan(plan, space.site, space.job, model)
+        assert p.feasible == bool(cost.feasible[i])
+        if p.feasible:
+            assert p.iteration_ms == pytest.approx(float(cost.iteration_ms[i]), rel=1e-9)
+        assert p.max_utilisation == pytest.approx(float(cost.max_utilisation[i]), rel=1e-9)

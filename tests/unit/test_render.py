@@ -580,7 +580,9 @@ def test_what_the_new_degrees_cannot_run_is_refused_by_name() -> None:
     for kw, field in ((dict(virtual_stages=2), "virtual_stages"), (dict(cp=2), "cp")):
         with pytest.raises(SpecError) as e:
             describe(Plan(tp=2, dp=1, micro_batch_size=1, global_batch_size=64, stages=cross, **kw), site, job)
-        assert e.value.field == field and "project's megatron-core entry" in str(e.value)
+        # CP: the MI250X partition's local layer refuses it before the entry does
+        assert e.value.field == field and ("project's megatron-core entry" in str(e.value)
+                                           or (field == "cp" and "Transformer Engine" in str(e.value)))
 
 
 def test_plan_files_carry_the_new_degrees_and_old_files_still_read(tmp_path: Path) -> None:
@@ -597,3 +599,12 @@ def test_plan_files_carry_the_new_degrees_and_old_files_still_read(tmp_path: Pat
     with pytest.raises(SpecError) as e:
         plan_from_mapping({**plan_to_dict(plan), "virtual_stages": 0})
     assert e.value.field == "virtual_stages"
+
+
+def test_context_parallel_is_refused_where_the_local_layer_trains() -> None:
+    site, job = _local()  # CPU partitions: megatron-core's local spec
+    plan = Plan(tp=1, dp=1, cp=2, micro_batch_size=1, global_batch_size=8,
+                stages=(Stage(partition="nvidia_a100", num_layers=4),))
+    with pytest.raises(SpecError) as e:
+        describe(plan, site, job)
+    assert e.value.field == "cp" and "Transformer Engine" in str(e.value)

@@ -282,3 +282,68 @@ def test_sequence_parallel_is_searched_wherever_tp_is_above_one():
     assert space_size(searched).plans == len(searched)
     with pytest.raises(SpecError):
         SpaceOptions(sequence_parallel="yes")
+
+
+# --------------------------------------------------------------------------- virtual, context, expert parallel
+
+
+def _long_site():
+    from memx_hpc.spec import site_from_mapping
+    return site_from_mapping({"name": "mixed", "partitions": [
+        {"name": "h100", "gpu_type": "H100-SXM", "nodes": 2, "gpus_per_node": 4},
+        {"name": "mi250", "gpu_type": "MI250X-GCD", "nodes": 1, "gpus_per_node": 8},
+        {"name": "a100", "gpu_type": "A100-80", "nodes": 1, "gpus_per_node": 4}],
+        "pipeline_comm": {"backend": "ucc"}})
+
+
+@pytest.mark.parametrize("model,extra", [
+    ({"preset": "Llama-2-7B", "seq_length": 16384, "num_layers": 8}, {}),
+    ({"preset": "Mixtral-8x7B", "seq_length": 8192, "num_layers": 8}, {}),
+    ({"preset": "Llama-2-7B", "seq_length": 16384, "num_layers": 8},
+     {"virtual_stages": [1, 2], "context_parallel_sizes": [1, 2, 4]}),
+])
+def test_the_new_dimensions_are_enumerated_and_counted_exactly(model, extra):
+    from memx_hpc.search.space import space_size
+    from memx_hpc.spec import job_from_mapping
+    site = _long_site()
+    job = job_from_mapping({"model": model, "global_batch_size": 16, "micro_batch_sizes": [1], **extra})
+    for opts in (SpaceOptions(layer_granularity=2, max_pipeline_stages=4),
+                 SpaceOptions(layer_granularity=1, max_pipeline_stages=3, split_within_groups=True),
+                 SpaceOptions(layer_granularity=2, single_vendor=True)):
+        space = PlanSpace(site, job, opts)
+        size = space_size(space)
+        assert (size.plans, size.skeletons) == (len(space), len(space.skeletons))
+    space = PlanSpace(site, job, SpaceOptions(layer_granularity=2, max_pipeline_stages=4))
+    vendor = {p.name: space._vendor[i] for i, p in enumerate(site.partitions)}
+    seen = set()
+    for sk in space.skeletons:
+        parts = [site.partitions[p].name for p, _ in sk.groups]
+        cross = len({vendor[n] for n in parts}) > 1
+        seen.add((sk.vp > 1, sk.cp > 1, sk.ep > 1, cross))
+        if cross:  # the project's entry: one chunk, no CP
+            assert (sk.vp, sk.cp) == (1, 1)
+        if sk.cp > 1:  # ring attention needs Transformer Engine: the NVIDIA partitions here
+            assert set(parts) <= {"h100", "a100"}
+        if sk.vp > 1:
+            m = job.global_batch_size // (sk.micro_batch_size * sk.dp)
+            assert sk.pp >= 2 and m % sk.pp == 0
+        if sk.ep > 1:
+            assert job.model.num_experts % sk.ep == 0 and (sk.tp * sk.cp * sk.dp) % ((sk.etp or sk.tp) * sk.ep) == 0
+    assert (True, False, False, False) in seen and (False, True, False, False) in seen
+    assert any(e for _, _, e, _ in seen) == job.model.is_moe
+    if extra:
+        assert {sk.vp for sk in space.skeletons} == {1, 2} and {sk.cp for sk in space.skeletons} <= {1, 2, 4}
+    plans = [space.plan_at(i) for i in range(0, len(space), max(1, len(space) // 400))]
+    for plan in plans:  # every plan decodes to one Megatron-LM runs (the Plan checks itself)
+        assert plan.world_size <= site.total_gpus
+        if plan.virtual_stages > 1:
+            assert all(s.recompute.num_layers is None for s in plan.stages)
+
+
+def test_context_parallel_is_left_out_for_short_sequences():
+    from memx_hpc.spec import job_from_mapping
+    short = job_from_mapping({"model": {"preset": "Llama-2-7B", "seq_length": 4096}, "global_batch_size": 16})
+    assert PlanSpace(_long_site(), short, SpaceOptions(layer_granularity=8, max_pipeline_stages=2)).cp_candidates() == [1]
+    long = job_from_mapping({"model": {"preset": "Llama-2-7B", "seq_length": 32768}, "global_batch_size": 16})
+    assert PlanSpace(_long_site(), long, SpaceOptions(layer_granularity=8, max_pipeline_stages=2)).cp_candidates() \
+        == [1, 2, 4, 8]
