@@ -95,4 +95,16 @@ def precision_notes(site, job, gpu_types=None) -> list[str]:
         out.append(f"{name} has no native {job.precision} units: modelled at its fp32 rate "
                    f"({g.peak_tflops_fp32:g} TFLOP/s, not {g.peak_tflops_bf16:g}); use 'precision: {alt}' in "
                    f"{job.source_file or 'the job file'} to plan with its {alt} tensor units")
+    if getattr(job, "fp8", ""):
+        names = [n for n in dict.fromkeys(p.gpu_type for p in site.partitions)
+                 if gpu_types is None or n in gpu_types]
+        without = [n for n in names if site.gpu(n).peak_tflops_fp8 <= 0]
+        with_ = [n for n in names if n not in without]
+        if without:
+            out.append(f"fp8: {job.fp8}: {', '.join(without)} {'has' if len(without) == 1 else 'have'} no FP8 units "
+                       f"(no fp8 rate in the catalog): plans leave their partitions out")
+        if with_:
+            out.append(f"fp8: {job.fp8}: FP8 layer times on {', '.join(with_)} are the 16-bit predictions scaled by "
+                       f"the roofline's FP8 ratio (the catalog's fp8 rate for the linear GEMMs) until FP8 layers are "
+                       f"profiled; each stage holds Transformer Engine's FP8 weight copies")
     return out

@@ -195,3 +195,11 @@ def test_render_gives_megatron_the_fp8_recipe_and_refuses_where_it_cannot_run():
     with pytest.raises(SpecError) as e:
         render(small, cpu_site, dataclasses.replace(tiny, precision="bf16", fp8="hybrid"))
     assert e.value.field == "fp8" and "CPU" in str(e.value)
+
+
+def test_the_planner_says_where_fp8_runs_and_where_its_times_come_from():
+    site, job = _fp8_site(), _fp8_job()
+    notes = precision_notes(site, job)
+    assert any("MI250X-GCD, V100-32 have no FP8 units" in n for n in notes)
+    assert any("FP8 layer times on H100-SXM" in n and "roofline" in n for n in notes)
+    assert not any("fp8" in n for n in precision_notes(site, _fp8_job("none")))
