@@ -1379,6 +1379,7 @@ def rank_by_finish(request: PlanRequest, pr: "_Prepared", site: Site, result, vi
     from .search.space import PlanSpace
     from .slurm import render as rs
     from .slurm.estimate import estimate_start
+    from .slurm.submit import launch
     from .spec import MAX_TIME_LIMIT_MIN
 
     goal, job = request.finish, pr.job
@@ -1443,8 +1444,9 @@ def rank_by_finish(request: PlanRequest, pr: "_Prepared", site: Site, result, vi
             timed = dataclasses.replace(site, time_limit_min=limit, partitions=tuple(
                 dataclasses.replace(p, time_limit_min=None) for p in site.partitions))
             script = where / f".finish-{k:02d}.sbatch"
-            script.write_text(rs.render(s.plan, timed, job, iters=iters, job_name=f"memx-{job.name}",
-                                        log_dir=str(where)), encoding="utf-8")
+            # written as every script is (bash -n, its log folder); Slurm is asked below
+            launch(rs.render(s.plan, timed, job, iters=iters, job_name=f"memx-{job.name}", log_dir=str(where)),
+                   script)
             asked = datetime.now().astimezone()
             est = estimate_start(script)
             cands.append(FinishCandidate(scored=s, sources=tuple(sources), iterations=iters, run_s=run_s,

@@ -859,6 +859,14 @@ class Partition:
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
 
+    def transformer_impl_for(self, vendor: str) -> str:
+        """The transformer layer this partition trains with (``--transformer-impl``) when its
+        ranks are ``vendor``'s: its own setting, else Transformer Engine on NVIDIA (Megatron-LM's
+        default there) and the local spec elsewhere."""
+        if self.transformer_impl is not None:
+            return self.transformer_impl
+        return "transformer_engine" if vendor == "nvidia" else "local"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Link:

@@ -38,7 +38,6 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import SpecError
 from ..slurm import arrays
-from ..slurm.render import transformer_impl_of
 from ..slurm.request import SlurmRequest
 from ..spec import LayerSample, Partition, ProfilePoint, Provenance, Site, TrainJob, find_relative_to_site
 from .ledger import Ledger, LedgerEntry, point_key, point_to_json
@@ -433,7 +432,7 @@ class _Campaign:
         return ProfileTask(gpu_type=t.gpu_type, vendor=gpu.vendor, memory_cap_bytes=gpu.memory_bytes,
                            points=t.points, world_size=t.world_size, nodes=t.nodes, settings=self.settings,
                            rendezvous_dir=str(self.folder), measure_device=t.measure_device, label=t.partition,
-                           transformer_impl=transformer_impl_of(self.site.partition(t.partition), gpu.vendor))
+                           transformer_impl=self.site.partition(t.partition).transformer_impl_for(gpu.vendor))
 
     def watch(self, bar: _Progress, poll_s: float = 1.0) -> None:
         """Until every task has ended: collect what finished, resubmit what failed."""

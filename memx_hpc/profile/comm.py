@@ -230,11 +230,13 @@ def read_comm_curves(store_path: str | os.PathLike) -> list[CommCurve]:
 
 def write_comm_curves(store_path: str | os.PathLike, rows: Sequence[dict]) -> int:
     """Add (or replace, by :func:`curve_key`) curves in the store's ``/comm`` table under the
-    store's writer lock. The store file must exist (any profile or import creates it)."""
+    store's writer lock. The store file must exist (any profile or import creates it). A write
+    the disk (or the file size limit) has no room for is refused before HDF5 starts it, as
+    the store's own writers refuse theirs (StoreFull, exit 2 naming the store)."""
     import h5py
     import numpy as np
 
-    from .store import ProfileStore
+    from .store import _METADATA_BYTES, ProfileStore
     path = Path(store_path)
     store = ProfileStore(path, lock_timeout_s=30.0)
     with store.writer():
@@ -246,6 +248,10 @@ def write_comm_curves(store_path: str | os.PathLike, rows: Sequence[dict]) -> in
             CommCurve(**{k: tuple(v) if isinstance(v, list) else v for k, v in r["curve"].items()})  # validates
             merged[curve_key(r["curve"])] = r
         keys = sorted(merged)
+        texts = [json.dumps(merged[k], sort_keys=True) for k in keys]
+        # the new table is written beside the old one before the move: room for both
+        store._check_room(2 * sum(len(k.encode()) + len(t.encode()) + 16 for k, t in zip(keys, texts))
+                          + _METADATA_BYTES)
         try:
             with h5py.File(path, "a", locking=False) as f:
                 new = f"{GROUP}.new"
@@ -255,8 +261,7 @@ def write_comm_curves(store_path: str | os.PathLike, rows: Sequence[dict]) -> in
                 g.attrs["format"] = "memx-comm-curves/1"
                 str_t = h5py.string_dtype("utf-8")
                 g.create_dataset("key", data=np.array(keys, dtype=object), dtype=str_t)
-                g.create_dataset("curve", data=np.array([json.dumps(merged[k], sort_keys=True) for k in keys],
-                                                        dtype=object), dtype=str_t)
+                g.create_dataset("curve", data=np.array(texts, dtype=object), dtype=str_t)
                 f.flush()
                 if GROUP in f:
                     del f[GROUP]

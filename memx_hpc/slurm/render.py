@@ -48,7 +48,7 @@ from .request import SlurmOption, SlurmRequest
 
 __all__ = ["SUPPORTED_MEGATRON_VERSIONS", "EnvVar", "Component", "LaunchRequest",
            "VendorLaunch", "describe", "render", "render_request", "pipeline_layout", "recompute_args",
-           "process_groups", "rank_vendors", "transformer_impl_of", "sequence_parallel_refusal", "fp8_refusal", "PROJECT_ENTRY", "TEMPLATE"]
+           "process_groups", "rank_vendors", "sequence_parallel_refusal", "fp8_refusal", "PROJECT_ENTRY", "TEMPLATE"]
 
 #: The Megatron-LM versions whose argument names this renderer emits.
 SUPPORTED_MEGATRON_VERSIONS = ("core_r0.16.0",)
@@ -410,7 +410,7 @@ def _command_line(plan: Plan, site: Site, job: TrainJob, comps: Sequence[Compone
         if why is not None:
             raise SpecError(why.reason, field=why.field, file=job.source_file,
                             found=job.data.tokenizer_type if why.field.startswith("data") and job.data else None)
-    shapes = [ComponentShape(transformer_impl=transformer_impl_of(site.partition(c.partition), c.vendor),
+    shapes = [ComponentShape(transformer_impl=site.partition(c.partition).transformer_impl_for(c.vendor),
                              recompute=c.recompute, max_stage_layers=max(plan.stages[i].num_layers for i in c.stages))
               for c in comps]
     cmd = command_line(plan, job, components=shapes, cross_vendor=cross_vendor,
@@ -474,16 +474,6 @@ def _effective(backend: str, vendor: str) -> tuple[str, ...]:
     if vendor == "cpu":
         return ("gloo",)
     return tuple(b.split(":")[-1] for b in backend.split(","))
-
-
-def transformer_impl_of(p: Partition, vendor: str) -> str:
-    """The transformer layer a partition trains with (``--transformer-impl``): its own setting,
-    else Transformer Engine on NVIDIA (Megatron-LM's default there) and the local spec elsewhere."""
-    if p.transformer_impl is not None:
-        return p.transformer_impl
-    return "transformer_engine" if vendor == "nvidia" else "local"
-
-
 
 
 # --------------------------------------------------------------------------- render

@@ -178,3 +178,36 @@ def test_search_under_mpiexec_stops_every_rank_when_the_cache_is_damaged(tmp_pat
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.count(str(cache)) >= 2 and "Traceback" not in proc.stderr  # both ranks said why
     assert cache.read_bytes() == b"\x01" * 8192
+
+
+def test_search_under_mpiexec_stops_every_rank_when_the_cache_is_locked(tmp_path, mpiexec):
+    """Another process holds the prediction cache's SQLite lock for the whole run: rank 0
+    waits out the cache's busy timeout (PredictionCache.timeout_s) and fails; rank 1 used to
+    wait for it forever. Both ranks now exit 2 naming the cache, in bounded time, and the
+    holder's transaction is untouched."""
+    import sqlite3
+    import time
+
+    from memx_hpc.search.cache import PredictionCache
+
+    cache = tmp_path / "store.cache.sqlite"
+    holder = sqlite3.connect(str(cache), isolation_level=None)
+    holder.execute("CREATE TABLE held (x INTEGER)")
+    holder.execute("BEGIN EXCLUSIVE")
+    holder.execute("INSERT INTO held VALUES (1)")
+    args = ["-m", "memx_hpc", "search", "--site", str(ROOT / "site_configs" / "local.yaml"), "--analytic",
+            "--job", str(ROOT / "jobs" / "tiny-gpt.yaml"), "--store", str(tmp_path / "store.h5"),
+            "--out", str(tmp_path / "out"), "--max-stages", "2", "--mpi"]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run([mpiexec, "-n", "2", sys.executable, *args], capture_output=True, text=True,
+                              env=_env(), timeout=PredictionCache.timeout_s + 180)
+    finally:
+        elapsed = time.monotonic() - t0
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.count(str(cache)) >= 2 and "Traceback" not in proc.stderr  # both ranks said why
+    assert "locked" in proc.stderr
+    assert elapsed < PredictionCache.timeout_s + 120, elapsed  # the busy timeout, then both stop
+    assert not (tmp_path / "out").exists()

@@ -678,6 +678,38 @@ def test_import_with_no_room_left_names_the_store(tmp_path: Path, existing: bool
     assert not Path(str(store) + ".lock").exists()
 
 
+def test_link_curves_with_no_room_left_name_the_store(tmp_path: Path) -> None:
+    """The link-curve writer (``/comm``) met a full disk inside HDF5 as the sample writers did
+    before they checked for room. Under a file size limit just above the store's size it is
+    refused before HDF5 starts: exit 2 naming the store, the store's bytes as they were."""
+    import hashlib
+    import resource
+    import subprocess
+    import sys
+
+    from memx_hpc.datapaths import shared_data
+
+    store = tmp_path / "store.h5"
+    ProfileStore(store).append([sample(1), sample(2, fwd=1.8)])
+    before = hashlib.sha256(store.read_bytes()).hexdigest()
+    limit = store.stat().st_size + 4_000  # less than Sailor's curves take
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    code = ("import sys; from memx_hpc.errors import SystemFailure\n"
+            "from memx_hpc.profile.comm import import_sailor_comm, write_comm_curves\n"
+            "try:\n    write_comm_curves(sys.argv[1], import_sailor_comm(sys.argv[2]))\n"
+            "except SystemFailure as e:\n    print(e, file=sys.stderr); sys.exit(2)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(store), str(shared_data() / "sailor")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, preexec_fn=small_files,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    assert f"{store}: no room to write the profile store" in out.stderr and "file size limit" in out.stderr
+    assert hashlib.sha256(store.read_bytes()).hexdigest() == before
+    assert not Path(str(store) + ".lock").exists()
+
+
 def test_search_at_global_batch_65536_with_micro_batch_1_is_bounded(tmp_path: Path) -> None:
     """Every micro-batch of the 1F1B schedule was simulated op by op: tiny-gpt at global batch
     65,536 and micro-batch 1 did not finish in 25 minutes. It now takes seconds."""
