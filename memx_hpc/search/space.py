@@ -75,7 +75,6 @@ import numpy as np
 from ..errors import SpecError
 from ..model.compose import Block, CompositionInputs, Layout
 from ..placement import comm_vendor, group_fits, place_groups, site_facts, tp_fits_nodes
-from ..slurm.render import transformer_impl_of
 from ..spec import Plan, Recompute, Site, Stage, TrainJob
 
 #: The fewest tokens per rank at which context parallel is searched by default: below it
@@ -388,7 +387,7 @@ class PlanSpace:
         """Partitions that train with Transformer Engine (what context parallel needs)."""
         if self._te is None:
             self._te = {i for i, p in enumerate(self.partitions)
-                        if transformer_impl_of(p, self.site.gpu(p.gpu_type).vendor) == "transformer_engine"}
+                        if p.transformer_impl_for(self.site.gpu(p.gpu_type).vendor) == "transformer_engine"}
         return self._te
 
     def room(self, tp: int, dp: int, cp: int = 1) -> dict[int, list[int]]:

@@ -277,7 +277,7 @@ def _check_plan(plan: Plan, site: Site, job: TrainJob) -> None:
             raise SpecError(cpu, field="sequence_parallel", found=True)
     if plan.cp > 1:
         local = sorted({s.partition for s in plan.stages
-                        if transformer_impl_of(site.partition(s.partition), site.gpu_of(s.partition).vendor)
+                        if site.partition(s.partition).transformer_impl_for(site.gpu_of(s.partition).vendor)
                         != "transformer_engine"})
         if local:
             raise SpecError(f"context parallel runs Transformer Engine's attention; partition(s) {', '.join(local)} "
@@ -314,7 +314,7 @@ def fp8_refusal(site: Site, partitions: Sequence[str], *, cross_vendor: bool) ->
         return ("FP8 cannot run in a cross-vendor plan: its ranks run the project's megatron-core entry with the "
                 "local layer spec, and Megatron-LM runs FP8 only through Transformer Engine")
     local = sorted({p for p in partitions
-                    if transformer_impl_of(site.partition(p), site.gpu_of(p).vendor) != "transformer_engine"})
+                    if site.partition(p).transformer_impl_for(site.gpu_of(p).vendor) != "transformer_engine"})
     if local:
         return (f"FP8 needs Transformer Engine, and partition {', '.join(local)} trains with megatron-core's local "
                 f"spec (set its transformer_impl: transformer_engine where Transformer Engine is installed, e.g. "
