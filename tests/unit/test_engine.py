@@ -244,7 +244,11 @@ def test_plan_command_writes_plans_png_and_says_where_numbers_come_from(tmp_path
     # the three picks, each with one line on time, headroom and OOM risk
     for words in ("recommended ", "fastest that fits ", "MemX weighted best "):
         assert words in out
-    assert "OOM risk" in out and "benchmarks/end_to_end.py" in out
+    # the memory band of an imported type names the benchmark it was learned from
+    from memx_hpc.search.objective import table_band
+    script = table_band("A100-80", "imported").source.split(": ", 1)[1].split(",")[0]
+    assert script.startswith("benchmarks/") and script.endswith(".py")
+    assert "OOM risk" in out and script in out
     # every table line fits 120 columns; the footer explains score and balance
     table_lines = out.split("top 4,")[1].split("Pareto front")[0].splitlines()[1:]
     assert table_lines and max(len(x) for x in table_lines) <= 120
