@@ -485,3 +485,54 @@ def test_megatron_lm_accepts_stages_that_hold_only_the_embedding_or_the_output_l
         text = render(plan, site, job)
         args = judge(_argv_of(text, 0), describe(plan, site, job).world_size, monkeypatch, _judged_env(text, 0))
         assert args.pipeline_model_parallel_size == 2 and str(args.pipeline_model_parallel_layout) == layout
+
+
+@pytest.fixture(scope="module")
+def new_dimension_plans(tmp_path_factory):
+    """The top plans the planner library finds (real search, no profiling: the shipped reference
+    profiles and datasheet figures) on the 64-GPU example site for a long-context dense job, a
+    70B-class dense job and an MoE job."""
+    from memx_hpc.planner import PlanRequest, plan
+
+    tmp = tmp_path_factory.mktemp("dimensions")
+    site = ROOT / "site_configs" / "example-h100-64.yaml"
+    out = {}
+    for name in ("llama3-8b-32k", "llama3-70b", "mixtral-8x7b"):
+        r = plan(PlanRequest(site=site, job=ROOT / "jobs" / f"{name}.yaml", store=tmp / f"{name}.h5", top_k=5,
+                             write=False, progress=False))
+        out[name] = (load_site(site), load_job(ROOT / "jobs" / f"{name}.yaml"), [c.plan for c in r.ranked])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,dimension", [("llama3-8b-32k", "cp"), ("llama3-70b", "virtual_stages"),
+                                            ("mixtral-8x7b", "ep")])
+def test_megatron_lm_accepts_the_top_plans_of_the_new_dimensions(name, dimension, new_dimension_plans, monkeypatch):
+    """Issue 16's first "done when": Megatron-LM's own parse_args + validate_args accept every
+    rendered component of the top plans of a dense 32k-token job (CP > 1 among them), a
+    70B-class dense job on 64 GPUs (virtual stages among them) and an MoE job (EP > 1 among
+    them), and read back the degrees each plan has."""
+    site, job, plans = new_dimension_plans[name]
+    assert len(plans) >= 3
+    assert any(getattr(p, dimension) > 1 for p in plans), [(p.tp, p.pp, p.dp, p.virtual_stages, p.cp, p.ep)
+                                                          for p in plans]
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    for plan in plans:
+        assert plan.world_size <= site.total_gpus == 64
+        text = render(plan, site, job)
+        req = describe(plan, site, job)
+        for c in range(len(req.components)):
+            args = judge(_argv_of(text, c), req.world_size, monkeypatch, _judged_env(text, c))
+            assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.data_parallel_size,
+                    args.context_parallel_size) == (plan.tp, plan.pp, plan.dp, plan.cp)
+            assert (args.virtual_pipeline_model_parallel_size or 1) == plan.virtual_stages
+            assert args.expert_model_parallel_size == plan.ep
+            if job.model.is_moe:
+                assert args.expert_tensor_parallel_size == plan.expert_tp
+                assert args.num_experts == job.model.num_experts
+            assert args.seq_length == job.model.seq_length and args.sequence_parallel == plan.sequence_parallel
+            if plan.pp > 1:  # what megatron-core checks of the layout when it builds the model
+                layout = PipelineParallelLayerLayout(args.pipeline_model_parallel_layout, plan.pp)
+                layout.validate_layer_layout(job.model.num_layers, None)
+                assert layout.virtual_pipeline_model_parallel_size == plan.virtual_stages
