@@ -130,6 +130,7 @@ class Prediction:
     feasible: bool
     reason: str = ""
     limit_fraction: float = 0.95
+    virtual_stages: int = 1  # model chunks per stage the pipeline was priced with
 
     @property
     def stage_ms(self) -> tuple[float, ...]:
@@ -1094,7 +1095,8 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
     weights = [s.tp * (1 if len(stages[s.stage][3]) > 1 else dp_per_stage[s.stage]) for s in out]
     mean = sum(u * w for u, w in zip(utils, weights)) / sum(weights)
     tokens = gbs * job.model.seq_length / (iteration / 1e3)
-    return Prediction(iteration_ms=float(iteration), pipeline_ms=float(max(fin)), tokens_per_s=float(tokens),
+    return Prediction(virtual_stages=int(virtual_stages), iteration_ms=float(iteration), pipeline_ms=float(max(fin)),
+                      tokens_per_s=float(tokens),
                       num_microbatches=m, stages=tuple(out), max_utilisation=float(umax),
                       balance=float(umax / mean), feasible=feasible, reason=reason, limit_fraction=limit)
 

@@ -683,10 +683,16 @@ class SpaceSize:
                 else f"more than {o.max_skeletons:,} parallel layouts (TP x DP x micro-batch x partition order)")
         tps = ",".join(map(str, space.tp_candidates()))
         mbs = ",".join(map(str, space.micro_batch_candidates()))
+        degrees = [f"virtual_stages (now {','.join(map(str, space.vp_candidates()))})",
+                   f"context_parallel_sizes (now {','.join(map(str, space.cp_candidates()))})"]
+        if space.job.model.is_moe:
+            eps = sorted({e for e, _ in space.expert_choices(1, 1, 1 << 20)})
+            degrees.append(f"expert_parallel_sizes (now {','.join(map(str, eps))})")
         raise SpecError(
             f"holds {what}; shrink it with --layer-granularity (now {space.granularity}; "
             f"larger: fewer layer splits), --max-stages (now {space.max_stages}), --tp (now {tps}), "
-            f"--micro-batch-sizes (now {mbs}), or fewer partitions in the site file (now "
+            f"--micro-batch-sizes (now {mbs}), fewer degrees in the job or site file's "
+            f"{', '.join(degrees)}, or fewer partitions in the site file (now "
             f"{len(space.partitions)}); or search a part of the site at a time", field="search space",
             found=f"at least {self.plans:,} plans" if self.exceeded else f"{self.plans:,} plans")
 

@@ -347,3 +347,22 @@ def test_context_parallel_is_left_out_for_short_sequences():
     long = job_from_mapping({"model": {"preset": "Llama-2-7B", "seq_length": 32768}, "global_batch_size": 16})
     assert PlanSpace(_long_site(), long, SpaceOptions(layer_granularity=8, max_pipeline_stages=2)).cp_candidates() \
         == [1, 2, 4, 8]
+
+
+def test_the_new_dimensions_count_toward_the_refusal_of_an_over_large_space():
+    from memx_hpc.search.space import space_size
+    from memx_hpc.spec import job_from_mapping
+    site = _long_site()
+    doc = {"model": {"preset": "Mixtral-8x7B", "seq_length": 32768, "num_layers": 16}, "global_batch_size": 64,
+           "micro_batch_sizes": [1]}
+    opts = dict(layer_granularity=2, max_pipeline_stages=4)
+    narrow = PlanSpace(site, job_from_mapping({**doc, "virtual_stages": [1], "context_parallel_sizes": [1],
+                                               "expert_parallel_sizes": [1]}), SpaceOptions(**opts))
+    wide = job_from_mapping(doc)
+    n = space_size(PlanSpace(site, wide, SpaceOptions(**opts, max_plans=10**12))).plans
+    assert n > 1.5 * len(narrow)  # VP, CP and EP multiply the space (2.0x here)
+    with pytest.raises(SpecError) as e:
+        PlanSpace(site, wide, SpaceOptions(**opts, max_plans=(n + len(narrow)) // 2))
+    for words in ("virtual_stages (now 1,2,4)", "context_parallel_sizes (now 1,2,4,8)", "expert_parallel_sizes"):
+        assert words in str(e.value)
+    PlanSpace(site, wide, SpaceOptions(**opts, max_plans=n))  # exactly its size: searched
