@@ -31,11 +31,9 @@ def check_tp(tp: int, *, heads: int | None = None, groups: int | None = None) ->
 
 
 def head_size(shape: ShapeLike) -> int:
-    """Head size of standard attention: the model's ``kv_channels`` (Qwen3: 128 at h/a = 64),
-    ``h / a`` for a layer shape."""
-    if isinstance(shape, ModelSpec):
-        return shape.kv_channels
-    return shape.hidden_size // shape.num_attention_heads
+    """Head size of standard attention: ``kv_channels`` (Qwen3: 128 at h/a = 64; ``h / a``
+    unless a head size is given)."""
+    return shape.kv_channels
 
 
 def kv_hidden(shape: ShapeLike) -> int:
@@ -50,7 +48,7 @@ def q_hidden(shape: ShapeLike) -> int:
 
 
 def is_mla(shape: ShapeLike) -> bool:
-    return isinstance(shape, ModelSpec) and shape.multi_latent_attention
+    return bool(shape.multi_latent_attention)
 
 
 def mlp_branches(shape: ShapeLike) -> int:

@@ -1829,7 +1829,21 @@ class GeneralPlan:
 
 @dataclass(frozen=True, kw_only=True)
 class LayerShape:
-    """The shape numbers one transformer layer's cost depends on."""
+    """The shape numbers one transformer layer's cost depends on.
+
+    A dense layer with standard attention of ``hidden_size / heads`` wide heads needs only the
+    first seven fields (what every stored sample before the others existed describes). The
+    others, each at a value meaning "not this kind of layer" by default:
+
+    * ``head_dim``: a head size other than ``hidden_size / heads`` (Megatron's ``--kv-channels``);
+    * ``multi_latent_attention`` with ``q_lora_rank`` (None: Q projected directly),
+      ``kv_lora_rank``, ``qk_head_dim``, ``qk_pos_emb_head_dim`` and ``v_head_dim``
+      (DeepSeek's MLA, Megatron's MLA arguments);
+    * ``num_experts`` set: the layer's MLP is the mixture of experts (``moe_router_topk``
+      experts per token of per-branch width ``moe_ffn_hidden_size``, shared experts of
+      total width ``moe_shared_expert_intermediate_size`` with an optional gate); a dense
+      layer of an MoE model (``moe_layer_freq``) has ``num_experts`` None.
+    """
 
     hidden_size: int
     num_attention_heads: int
@@ -1838,32 +1852,126 @@ class LayerShape:
     seq_length: int
     vocab_size: int
     activation: str = "gelu"
+    head_dim: int | None = None
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_head_dim: int | None = None
+    qk_pos_emb_head_dim: int | None = None
+    v_head_dim: int | None = None
+    num_experts: int | None = None
+    moe_router_topk: int | None = None
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_shared_expert_gate: bool = False
 
     def __post_init__(self) -> None:
         _check_shape(self)
+        _whole(self.head_dim, "head_dim", 1, MAX_HIDDEN, optional=True)
+        for name in ("multi_latent_attention", "moe_shared_expert_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError("expected true or false", field=name, found=_short(getattr(self, name)))
+        mla = ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+        _whole(self.q_lora_rank, "q_lora_rank", 1, MAX_HIDDEN, optional=True)
+        for name in mla:
+            _whole(getattr(self, name), name, 1, MAX_HIDDEN, optional=True)
+        if self.multi_latent_attention:
+            missing = [n for n in mla if getattr(self, n) is None]
+            if missing:
+                raise SpecError("multi-latent attention needs its ranks and head sizes", field=missing[0], found=None)
+            if self.head_dim is not None:
+                raise SpecError("multi-latent attention takes qk_head_dim, qk_pos_emb_head_dim and v_head_dim",
+                                field="head_dim", found=self.head_dim)
+        else:
+            given = [n for n in ("q_lora_rank",) + mla if getattr(self, n) is not None]
+            if given:
+                raise SpecError("applies to multi-latent attention only", field=given[0],
+                                found=getattr(self, given[0]), allowed="multi_latent_attention: true, or leave it out")
+        moe = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size")
+        _whole(self.num_experts, "num_experts", 1, MAX_EXPERTS, optional=True)
+        if self.num_experts is None:
+            given = [n for n in moe if getattr(self, n) is not None] + (
+                ["moe_shared_expert_gate"] if self.moe_shared_expert_gate else [])
+            if given:
+                raise SpecError("applies to a mixture-of-experts layer only", field=given[0],
+                                found=getattr(self, given[0]), allowed="num_experts set, or leave it out")
+            return
+        if self.moe_router_topk is None or self.moe_ffn_hidden_size is None:
+            raise SpecError("an MoE layer needs moe_router_topk and moe_ffn_hidden_size",
+                            field="moe_router_topk" if self.moe_router_topk is None else "moe_ffn_hidden_size",
+                            found=None)
+        _whole(self.moe_router_topk, "moe_router_topk", 1, self.num_experts)
+        _whole(self.moe_ffn_hidden_size, "moe_ffn_hidden_size", 1, 4 * MAX_HIDDEN)
+        _whole(self.moe_shared_expert_intermediate_size, "moe_shared_expert_intermediate_size", 1,
+               64 * MAX_HIDDEN, optional=True)
+        if self.moe_shared_expert_gate and self.moe_shared_expert_intermediate_size is None:
+            raise SpecError("a shared-expert gate needs shared experts", field="moe_shared_expert_gate", found=True)
+
+    @property
+    def kv_channels(self) -> int:
+        """Head size of standard attention (``head_dim``, else ``hidden_size / heads``)."""
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether this layer's MLP is the mixture of experts."""
+        return self.num_experts is not None
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        return self.moe_ffn_hidden_size if self.moe_ffn_hidden_size is not None else self.ffn_hidden_size
+
+    @property
+    def extension(self) -> dict[str, Any]:
+        """The fields beyond the dense shape that differ from their defaults (a dense layer
+        with standard attention: empty)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in DENSE_SHAPE_FIELDS and getattr(self, f.name) != f.default}
 
     @staticmethod
-    def of(model: ModelSpec) -> "LayerShape":
-        """The layer shape of a dense model whose heads are ``hidden_size / heads`` wide.
-
-        A layer shape is what is profiled and predicted per layer; it cannot describe an MoE
-        layer, multi-latent attention or another head size, so such a model is refused here
-        (naming the field) rather than predicted as the dense layer it is not.
-        """
-        for name, plain in (("num_experts", None), ("multi_latent_attention", False), ("head_dim", None)):
-            value = getattr(model, name)
-            if value != plain and not (name == "head_dim" and value * model.num_attention_heads
-                                       == model.hidden_size):
-                raise SpecError("the layer profiler and predictor describe dense layers with standard attention; "
-                                "this model's layers are not planned yet (memx-hpc validate reads it)",
-                                field=f"model.{name}", found=value)
+    def of(model: ModelSpec, *, moe: bool | None = None) -> "LayerShape":
+        """The layer shape of ``model``'s layers: ``moe`` True the mixture-of-experts layer,
+        False the dense one, None the one kind all its layers are (a model whose layers are
+        dense and MoE, ``moe_layer_freq``, has two shapes: :meth:`kinds_of` says which each
+        layer is). A head size equal to ``hidden_size / heads`` is the default one."""
+        kinds = set(model.moe_layers)
+        if moe is None:
+            if len(kinds) > 1:
+                raise SpecError("the layers of this model differ (dense and MoE): ask for one kind",
+                                field="model.moe_layer_freq", found=_short(model.moe_layer_freq))
+            moe = kinds == {True}
+        if moe and not model.is_moe:
+            raise SpecError("a dense model has no MoE layer", field="model.num_experts", found=None)
+        ext: dict[str, Any] = {}
+        if model.head_dim is not None and model.head_dim * model.num_attention_heads != model.hidden_size:
+            ext["head_dim"] = model.head_dim
+        if model.multi_latent_attention:
+            ext.update(multi_latent_attention=True, q_lora_rank=model.q_lora_rank, kv_lora_rank=model.kv_lora_rank,
+                       qk_head_dim=model.qk_head_dim, qk_pos_emb_head_dim=model.qk_pos_emb_head_dim,
+                       v_head_dim=model.v_head_dim)
+        if moe:
+            ext.update(num_experts=model.num_experts, moe_router_topk=model.moe_router_topk,
+                       moe_ffn_hidden_size=model.expert_ffn_hidden_size,
+                       moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size,
+                       moe_shared_expert_gate=model.moe_shared_expert_gate)
         return LayerShape(hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
                           num_query_groups=model.num_query_groups, ffn_hidden_size=model.ffn_hidden_size,
                           seq_length=model.seq_length, vocab_size=model.vocab_size,
-                          activation=model.activation)
+                          activation=model.activation, **ext)
+
+    @staticmethod
+    def kinds_of(model: ModelSpec) -> tuple[bool, ...]:
+        """Per layer, whether :meth:`of` ``(model, moe=True)`` is its shape (the model's
+        ``moe_layers``: all False for a dense model)."""
+        return model.moe_layers
 
 
-SAMPLE_KINDS = ("layer", "embedding", "head", "optimizer", "allreduce", "p2p")
+#: The fields of a LayerShape every stored sample has (the rest are :attr:`LayerShape.extension`).
+DENSE_SHAPE_FIELDS = ("hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
+                      "vocab_size", "activation")
+
+
+SAMPLE_KINDS = ("layer", "embedding", "head", "optimizer", "allreduce", "p2p", "alltoall")
 SAMPLE_ORIGINS = ("measured", "imported", "augmented")
 MAX_SAMPLE_MS = 1e9          # 11.6 days for one call: beyond that a unit is wrong
 MAX_SAMPLE_BYTES = 2**62     # 4 EiB per device (fits int64)
@@ -1881,10 +1989,14 @@ class ProfilePoint:
     recompute: str = "none"  # a Recompute.mode (a layer is recomputed wholly or not)
     precision: str = "bf16"
     attention: str = "sdpa"
-    # collectives: group size and message size; p2p: 2 ranks, inter_node says where
+    # collectives: group size and message size; p2p: 2 ranks, inter_node says where;
+    # alltoall: an MoE layer's token dispatch (and combine) over an expert-parallel group
+    # of group_size ranks, message_bytes what each rank sends
     group_size: int = 1
     message_bytes: int = 0
     inter_node: bool = False
+    #: an MoE layer measured with its experts spread over ``ep`` ranks (1: all on one)
+    ep: int = 1
 
     def __post_init__(self) -> None:
         _safe_name(self.gpu_type, "gpu_type")
@@ -1900,6 +2012,11 @@ class ProfilePoint:
         _whole(self.message_bytes, "message_bytes", 0, MAX_SAMPLE_BYTES)
         if not isinstance(self.inter_node, (bool, numbers.Integral)):
             raise SpecError("expected true or false", field="inter_node", found=_short(self.inter_node))
+        _whole(self.ep, "ep", 1, MAX_EXPERTS)
+        if self.ep > 1 and not (self.kind == "layer" and self.shape.is_moe):
+            raise SpecError("expert parallelism applies to an MoE layer", field="ep", found=self.ep, allowed="1")
+        if self.ep > 1 and self.shape.num_experts % self.ep:
+            raise SpecError(f"EP must divide the layer's {self.shape.num_experts} experts", field="ep", found=self.ep)
 
 
 @dataclass(frozen=True)

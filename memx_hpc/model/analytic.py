@@ -270,11 +270,13 @@ def activation_bytes_per_layer(model: ShapeLike, *, micro_batch_size: int, tp: i
     _check_tp(tp, heads=model.num_attention_heads, groups=model.num_query_groups)
     if dropout_mask_bytes < 0:
         raise SpecError("dropout mask bytes must be >= 0", field="dropout_mask_bytes", found=dropout_mask_bytes)
-    if moe_layer and not (isinstance(model, ModelSpec) and model.is_moe):
+    if moe_layer and not model.is_moe:
         raise SpecError("an MoE layer needs a model with experts", field="num_experts", found=None)
     if not moe_imbalance >= 1.0:
         raise SpecError("the most loaded expert rank holds at least the mean", field="moe_imbalance",
                         found=moe_imbalance, allowed="numbers >= 1")
+    if isinstance(model, LayerShape):
+        moe_layer = model.is_moe
     t = _terms(model, micro_batch_size=micro_batch_size, precision=precision, attention=attention,
                dropout_mask_bytes=dropout_mask_bytes, moe=moe_layer)
     if recompute == "full":
@@ -377,9 +379,11 @@ def layer_flops(model_or_shape: ShapeLike, *, micro_batch_size: int, moe_layer: 
     s, b, h = model_or_shape.seq_length, micro_batch_size, model_or_shape.hidden_size
     mats = 3 if model_or_shape.activation == "swiglu" else 2
     proj, scores = _attention_flops(model_or_shape, micro_batch_size=b)
+    if isinstance(model_or_shape, LayerShape):
+        moe_layer = model_or_shape.is_moe  # a layer shape says which kind of layer it is
     if moe_layer:
         m: ModelSpec = model_or_shape  # type: ignore[assignment]
-        if not (isinstance(m, ModelSpec) and m.is_moe):
+        if not m.is_moe:
             raise SpecError("an MoE layer needs a model with experts", field="num_experts", found=None)
         mlp = 2 * s * b * h * (m.num_experts + m.moe_router_topk * m.expert_ffn_hidden_size * mats)
         if m.moe_shared_expert_intermediate_size is not None:

@@ -59,6 +59,10 @@ class LayerQuery:
     attention: str = "sdpa"
     sequence_parallel: bool = False
     fp8: str = ""
+    #: an MoE layer's expert-parallel degree (its ``num_experts / ep`` experts on this rank, the
+    #: token all-to-all over ``ep`` ranks) and expert tensor-parallel degree (None: ``tp``)
+    ep: int = 1
+    etp: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in QUERY_KINDS:
@@ -79,6 +83,22 @@ class LayerQuery:
         if self.fp8 and (self.fp8 not in FP8_FORMATS or self.kind != "layer" or self.precision == "fp32"):
             raise SpecError("FP8 applies to the GEMMs of a 16-bit transformer layer", field="fp8", found=self.fp8,
                             allowed=", ".join(FP8_FORMATS) + " on kind layer, precision bf16 or fp16")
+        for name in ("ep", "etp"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SpecError(f"{name} must be a whole number >= 1", field=name, found=v)
+            if (v > 1 or name == "etp") and not (self.kind == "layer" and self.shape.is_moe):
+                raise SpecError("expert parallelism applies to an MoE layer", field=name, found=v,
+                                allowed="1" if name == "ep" else "none")
+        if self.ep > 1 and self.shape.num_experts % self.ep:
+            raise SpecError(f"EP must divide the layer's {self.shape.num_experts} experts", field="ep", found=self.ep)
+
+    @property
+    def expert_tp(self) -> int:
+        """The expert layers' tensor-parallel degree (``etp``, else ``tp``)."""
+        return self.tp if self.etp is None else self.etp
 
 
 @runtime_checkable

@@ -160,11 +160,10 @@ class Prediction:
 
 
 def shape_of(job: TrainJob) -> LayerShape:
-    """The layer shape the cost model is asked about: the model's, or for a mixture of experts
-    :func:`moe_dense_equivalent`."""
-    if job.model.is_moe:
-        return moe_dense_equivalent(job.model)
-    return LayerShape.of(job.model)
+    """The layer shape the cost model is asked about: the model's layer (an MoE model's MoE
+    layer, whose router, routed experts and shared experts the cost model prices; a model
+    whose first layers are dense, ``moe_layer_freq``, is priced as MoE layers throughout)."""
+    return LayerShape.of(job.model, moe=job.model.is_moe)
 
 
 #: The routed experts' load over the balanced share that the composition prices (their

@@ -30,7 +30,7 @@ from ..spec import BYTES_PER_ELEMENT, GpuType, LayerSample
 from . import analytic
 from .api import LayerQuery, analytic_activation_bytes, resolve_gpu, roofline_components
 
-FEATURE_SCHEMA_VERSION = 1
+FEATURE_SCHEMA_VERSION = 2
 
 #: Features that describe the layer and the device without any model of their interplay.
 SHAPE_FEATURES = (
@@ -40,12 +40,15 @@ SHAPE_FEATURES = (
     "recompute_selective", "recompute_full", "bytes_per_element",
     "gpu_log_peak_tflops", "gpu_log_hbm_gbps", "gpu_log_link_gbps", "gpu_log_ridge", "gpu_matrix_units",
     "gpu_log_memory_gib",
+    # an MoE layer (0 for a dense one): the experts this rank holds, the share of them a
+    # token runs, the routed width a token runs over h; multi-latent attention
+    "moe_layer", "log_experts_per_rank", "moe_topk_share", "moe_active_ffn_ratio", "log_ep", "mla",
 )
 #: Features derived from the analytic model and the roofline.
 PHYSICS_FEATURES = (
     "log_flops_per_gpu", "log_traffic_per_gpu", "log_intensity", "log_tokens_per_gpu",
     "log_roofline_ms", "roofline_compute_share", "roofline_memory_share", "roofline_comm_share",
-    "attention_flop_share", "log_analytic_bytes", "score_bytes_share",
+    "attention_flop_share", "log_analytic_bytes", "score_bytes_share", "roofline_alltoall_share",
 )
 
 
@@ -58,7 +61,8 @@ def query_of(sample: LayerSample) -> LayerQuery:
     """The cost question a sample answers."""
     p = sample.point
     return LayerQuery(gpu_type=p.gpu_type, kind=p.kind, shape=p.shape, tp=p.tp, micro_batch_size=p.micro_batch_size,
-                      recompute=p.recompute, precision=p.precision, attention=p.attention)
+                      recompute=p.recompute, precision=p.precision, attention=p.attention,
+                      ep=p.ep if p.kind == "layer" and p.shape.is_moe else 1)
 
 
 def _gpu_row(gpu: GpuType, precision: str) -> list[float]:
@@ -92,12 +96,17 @@ def build(queries: Sequence[LayerQuery], gpus: Any, *, physics: bool = True,
         h, a = s.hidden_size, s.num_attention_heads
         row = [
             float(q.kind == "layer"), float(q.kind == "embedding"), float(q.kind == "head"),
-            math.log(h), s.ffn_hidden_size / h, s.num_query_groups / a, math.log(h / a), math.log(s.seq_length),
+            math.log(h), s.ffn_hidden_size / h, s.num_query_groups / a, math.log(s.kv_channels), math.log(s.seq_length),
             s.seq_length / h, math.log(s.vocab_size / h),
             float(s.activation == "swiglu"), float(q.attention == "core"), math.log(q.micro_batch_size),
             math.log(q.tp), float(q.sequence_parallel),
             float(q.recompute == "selective"), float(q.recompute == "full"), float(BYTES_PER_ELEMENT[q.precision]),
         ] + _gpu_row(g, q.precision)
+        moe = q.kind == "layer" and s.is_moe
+        row += [float(moe), math.log(s.num_experts / q.ep) if moe else 0.0,
+                s.moe_router_topk / s.num_experts if moe else 0.0,
+                s.moe_router_topk * s.expert_ffn_hidden_size / h if moe else 0.0,
+                math.log(q.ep), float(s.multi_latent_attention)]
         c = roofline_components(q, g)
         roof = c["compute_ms"] + c["memory_ms"] + c["comm_ms"]
         act = float(analytic_activation_bytes(q, dropout_mask_bytes=dropout_mask_bytes))
@@ -114,7 +123,7 @@ def build(queries: Sequence[LayerQuery], gpus: Any, *, physics: bool = True,
                 math.log(s.seq_length * q.micro_batch_size / q.tp),
                 math.log(roof), c["compute_ms"] / roof, c["memory_ms"] / roof, c["comm_ms"] / roof,
                 (att / fwd) if q.kind == "layer" else 0.0,
-                math.log(max(act, 1.0)), score_bytes / max(act, 1.0),
+                math.log(max(act, 1.0)), score_bytes / max(act, 1.0), c.get("alltoall_ms", 0.0) / roof,
             ]
         X[i] = row
         base[i, 0] = roof

@@ -72,10 +72,12 @@ from ..spec import (SAMPLE_KINDS, SAMPLE_ORIGINS, LayerSample, LayerShape, NotAR
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "COLUMNS", "E2E_COLUMNS", "E2ERecord", "ProfileStore",
            "StoreDamaged", "StoreFull", "StoreLocked", "sample_to_row", "row_to_sample", "record_to_row", "row_to_record", "records_hash"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: Versions this code reads: 1 (layer samples only), 2 (adds ``/e2e``), 3 (appendable tables),
-#: 4 (text as UTF-8 bytes and end offsets, so appends do not leave HDF5 heap blocks behind).
-READABLE_VERSIONS = (1, 2, 3, 4)
+#: 4 (text as UTF-8 bytes and end offsets, so appends do not leave HDF5 heap blocks behind),
+#: 5 (the columns of MoE and multi-latent-attention layers and of the EP degree; a file of an
+#: older version reads their defaults, a dense layer with standard attention).
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 #: Bytes per HDF5 chunk of a text column's UTF-8 data (schema 4).
 CHUNK_BYTES = 1 << 16
 #: Rows per HDF5 chunk of an appendable table (schema 3).
@@ -99,6 +101,7 @@ class Column:
     name: str
     kind: str  # "str" | "int" | "float" | "bool"
     default: Any = None  # None: required in CSV input
+    since: int = 1  # the schema version that added it (older files read its default)
 
 
 # The order here is the order of the CSV interchange format (see csvio.py).
@@ -132,12 +135,30 @@ COLUMNS: tuple[Column, ...] = (
     Column(name="source", kind="str", default=""),
     Column(name="provenance", kind="str", default="{}"),
     Column(name="weight", kind="float", default=1.0),
+    # schema 5: layers beyond dense ones with standard attention (LayerShape's extension; 0 and
+    # false: not that kind of layer) and the expert-parallel degree an MoE layer ran at
+    *(Column(name=n, kind="int", default=0, since=5) for n in (
+        "head_dim", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+        "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size")),
+    Column(name="multi_latent_attention", kind="bool", default=False, since=5),
+    Column(name="moe_shared_expert_gate", kind="bool", default=False, since=5),
+    Column(name="ep", kind="int", default=1, since=5),
 )
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)
+#: the columns of schema 4; a row's digest is over these, then the later columns whose value
+#: is not their default (so a row of a dense layer keeps the digest it had)
+_BASE_NAMES = tuple(c.name for c in COLUMNS if c.since < 5)
+_LATER = tuple(c for c in COLUMNS if c.since >= 5)
 _SHAPE_FIELDS = ("hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
-                 "vocab_size", "activation")
+                 "vocab_size", "activation", "head_dim", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
+                 "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "num_experts", "moe_router_topk",
+                 "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate")
+#: shape fields whose None is stored as 0
+_OPTIONAL_SHAPE = frozenset(("head_dim", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+                             "v_head_dim", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
+                             "moe_shared_expert_intermediate_size"))
 _POINT_FIELDS = ("kind", "tp", "micro_batch_size", "recompute", "precision", "attention", "group_size",
-                 "message_bytes", "inter_node")
+                 "message_bytes", "inter_node", "ep")
 _VALUE_FIELDS = ("forward_ms", "backward_ms", "update_ms", "activation_bytes", "peak_allocated_bytes",
                  "peak_reserved_bytes", "device_footprint_bytes", "infeasible", "origin", "source",
                  "provenance", "weight")
@@ -183,7 +204,8 @@ def sample_to_row(s: LayerSample) -> dict[str, Any]:
     p = s.point
     row: dict[str, Any] = {"gpu_type": p.gpu_type}
     for f in _SHAPE_FIELDS:
-        row[f] = getattr(p.shape, f)
+        v = getattr(p.shape, f)
+        row[f] = 0 if v is None and f in _OPTIONAL_SHAPE else v
     for f in _POINT_FIELDS:
         row[f] = getattr(p, f)
     for f in _VALUE_FIELDS:
@@ -210,7 +232,7 @@ def _sample_of(r: dict[str, Any], shapes: dict[tuple, LayerShape] | None = None)
     key = tuple(r[f] for f in _SHAPE_FIELDS)
     shape = shapes.get(key) if shapes is not None else None
     if shape is None:
-        shape = LayerShape(**dict(zip(_SHAPE_FIELDS, key)))
+        shape = LayerShape(**{f: (None if v == 0 and f in _OPTIONAL_SHAPE else v) for f, v in zip(_SHAPE_FIELDS, key)})
         if shapes is not None:
             shapes[key] = shape
     point = ProfilePoint(gpu_type=r["gpu_type"], shape=shape, **{f: r[f] for f in _POINT_FIELDS})
@@ -272,8 +294,9 @@ def _row_key(row: dict[str, Any]) -> tuple:
 
 def _row_digest(row: dict[str, Any]) -> str:
     # repr() of a float is its shortest round-trip form: equal floats, equal text.
-    text = json.dumps([repr(row[n]) if isinstance(row[n], float) else row[n] for n in COLUMN_NAMES],
-                      ensure_ascii=False, separators=(",", ":"))
+    values: list[Any] = [repr(row[n]) if isinstance(row[n], float) else row[n] for n in _BASE_NAMES]
+    values += [[c.name, row[c.name]] for c in _LATER if row[c.name] != c.default]
+    text = json.dumps(values, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -499,6 +522,10 @@ def _read_columns(g: Any, columns: tuple[Column, ...], version: int, where: str)
     n = _rows_of(g, where) if version >= 3 else None
     cols = {}
     for c in columns:
+        if c.since > version:  # a column the file's schema does not have: its default in every row
+            rows = n if n is not None else len(cols[next(iter(cols))]) if cols else 0
+            cols[c.name] = [c.default] * rows
+            continue
         if c.kind == "str" and version >= 4:
             cols[c.name] = _read_text(g, c.name, n or 0, where)
             continue

@@ -188,14 +188,26 @@ def test_moe_fields_in_a_job_and_their_checks():
         assert e.value.field == field, doc
 
 
-def test_an_moe_model_is_refused_by_the_layer_predictor_by_name():
+def test_layer_shapes_of_moe_and_mla_models():
+    mix = preset("Mixtral-8x7B")
+    s = LayerShape.of(mix)  # every layer MoE: one shape
+    assert s.is_moe and (s.num_experts, s.moe_router_topk, s.moe_ffn_hidden_size) == (8, 2, mix.expert_ffn_hidden_size)
+    lite = preset("DeepSeek-V2-Lite")
+    assert len(set(lite.moe_layers)) == 2  # dense first layer(s), MoE after
     with pytest.raises(SpecError) as e:
-        LayerShape.of(preset("Mixtral-8x7B"))
-    assert e.value.field == "model.num_experts"
+        LayerShape.of(lite)  # two kinds of layer: which one must be asked
+    assert e.value.field == "model.moe_layer_freq"
+    dense, moe = LayerShape.of(lite, moe=False), LayerShape.of(lite, moe=True)
+    assert not dense.is_moe and moe.is_moe and dense.multi_latent_attention and moe.multi_latent_attention
+    assert moe.moe_shared_expert_intermediate_size == lite.moe_shared_expert_intermediate_size
+    assert dense.kv_lora_rank == lite.kv_lora_rank and dense.extension != {}
+    qwen = LayerShape.of(preset("Qwen3-30B-A3B"))
+    assert qwen.head_dim == 128 and qwen.kv_channels == 128
+    llama = LayerShape.of(preset("Llama-3.2-1B"))  # head_dim equal to h/a is a dense standard shape
+    assert llama.extension == {} and llama.head_dim is None
     with pytest.raises(SpecError) as e:
-        LayerShape.of(preset("Qwen3-30B-A3B"))
+        LayerShape.of(preset("Llama-3.2-1B"), moe=True)
     assert e.value.field == "model.num_experts"
-    LayerShape.of(preset("Llama-3.2-1B"))  # head_dim equal to h/a is a dense standard shape
 
 
 def test_named_selective_recompute_is_kept_under_sdpa():

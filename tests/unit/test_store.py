@@ -259,7 +259,7 @@ def test_e2e_records_round_trip_filter_and_dedupe(tmp_path):
     from memx_hpc.profile.store import records_hash
     assert records_hash(recs) == b.e2e_hash()
     with h5py.File(tmp_path / "s.h5", "r") as f:
-        assert int(f.attrs["schema_version"]) == SCHEMA_VERSION == 4
+        assert int(f.attrs["schema_version"]) == SCHEMA_VERSION == 5
         assert f["e2e/iteration_ms"].shape == (3,)
         first = f["e2e/plan_json.utf8"][:f["e2e/plan_json.end"][0]].tobytes().decode()
         assert json.loads(first)["micro_batch_size"] == 2
@@ -299,15 +299,15 @@ def test_version_1_files_still_open_and_upgrade_on_write(tmp_path):
     assert v1.e2e_records() == [] and v1.content_hash() == h
     assert v1.append_e2e([e2e()]) == 1
     with h5py.File(path, "r") as f:
-        assert int(f.attrs["schema_version"]) == SCHEMA_VERSION == 4
+        assert int(f.attrs["schema_version"]) == SCHEMA_VERSION == 5
         assert f["gpu/A100-80/forward_ms"].maxshape == (None,)  # resizable: later appends go in place
     v2 = ProfileStore(path)
     assert len(v2.samples()) == 3 and len(v2.e2e_records()) == 1 and v2.content_hash() == h
     with h5py.File(path, "r+") as f:
-        f.attrs["schema_version"] = 5
+        f.attrs["schema_version"] = 6
     with pytest.raises(SpecError) as e:
         ProfileStore(path).samples()
-    assert e.value.field == "schema_version" and "1, 2, 3, 4" in str(e.value)
+    assert e.value.field == "schema_version" and "1, 2, 3, 4, 5" in str(e.value)
 
 
 def test_e2e_writer_lock_is_the_store_lock(tmp_path):
@@ -346,6 +346,8 @@ def _write_version_2(path: Path, samples: list[LayerSample]) -> None:
             g.attrs["device_figures"] = ""
             table = [r for r in rows if r["gpu_type"] == gpu]
             for c in COLUMNS[1:]:
+                if c.since > 2:
+                    continue
                 vals = [r[c.name] for r in table]
                 if c.kind == "str":
                     g.create_dataset(c.name, data=np.array(vals, dtype=object), dtype=h5py.string_dtype("utf-8"))
@@ -402,3 +404,68 @@ def test_an_append_left_in_progress_is_rebuilt_from_committed_rows(tmp_path):
     assert len(ProfileStore(path).samples()) == 2
     with h5py.File(path, "r") as f:
         assert int(f.attrs["append_in_progress"]) == 0
+
+
+MOE_SHAPE = LayerShape(hidden_size=256, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=1024,
+                       seq_length=128, vocab_size=1024, activation="swiglu", num_experts=8, moe_router_topk=2,
+                       moe_ffn_hidden_size=512, moe_shared_expert_intermediate_size=256, head_dim=32)
+MLA_SHAPE = LayerShape(hidden_size=256, num_attention_heads=4, num_query_groups=4, ffn_hidden_size=1024,
+                       seq_length=128, vocab_size=1024, multi_latent_attention=True, kv_lora_rank=64,
+                       qk_head_dim=32, qk_pos_emb_head_dim=16, v_head_dim=32)
+
+
+def _digest_of_schema_4(row) -> str:
+    """How a row's digest was computed before MoE/MLA columns existed (the 29 columns then)."""
+    import hashlib
+
+    from memx_hpc.profile.store import COLUMNS
+    names = [c.name for c in COLUMNS][:29]
+    assert names[-1] == "weight"
+    text = json.dumps([repr(row[n]) if isinstance(row[n], float) else row[n] for n in names],
+                      ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def test_moe_and_mla_layers_round_trip_and_dense_digests_stay(tmp_path):
+    from memx_hpc.profile.store import _row_digest, sample_to_row
+
+    dense = sample()
+    moe = LayerSample(point=ProfilePoint(gpu_type="cpu-4g", kind="layer", shape=MOE_SHAPE, ep=2, precision="fp32"),
+                      forward_ms=2.0, backward_ms=4.0)
+    mla = LayerSample(point=ProfilePoint(gpu_type="cpu-4g", kind="layer", shape=MLA_SHAPE, precision="fp32"),
+                      forward_ms=1.5)
+    a2a = sample(kind="alltoall", group_size=2, message_bytes=4096, fwd=0.3)
+    st = ProfileStore(tmp_path / "s.h5")
+    assert st.append([dense, moe, mla, a2a]) == 4
+    got = ProfileStore(tmp_path / "s.h5").samples()
+    assert sorted(got, key=repr) == sorted([dense, moe, mla, a2a], key=repr)
+    back = next(s for s in got if s.point.shape.is_moe)
+    assert back.point.ep == 2 and back.point.shape.moe_shared_expert_intermediate_size == 256
+    assert back.point.shape.q_lora_rank is None and back.point.shape.head_dim == 32
+    # a dense row's digest is the one schema 4 gave it; an MoE row's differs from its dense twin's
+    assert _row_digest(sample_to_row(dense)) == _digest_of_schema_4(sample_to_row(dense))
+    assert _row_digest(sample_to_row(moe)) != _digest_of_schema_4(sample_to_row(moe))
+    assert st.append([moe]) == 0  # its duplicate found by digest
+
+
+def test_a_schema_4_file_reads_as_dense_layers_and_keeps_its_hash(tmp_path):
+    from memx_hpc.profile.store import COLUMNS
+
+    batch = [sample(mbs=m) for m in (1, 2)] + [sample(gpu="A100-80", origin="imported")]
+    ref = ProfileStore(tmp_path / "ref.h5")
+    ref.append(batch)
+    path = tmp_path / "v4.h5"
+    ProfileStore(path).append(batch)
+    with h5py.File(path, "r+") as f:  # what schema 4 wrote: none of the later columns
+        f.attrs["schema_version"] = 4
+        for g in f["gpu"].values():
+            for c in COLUMNS:
+                if c.since >= 5:
+                    del g[c.name]
+    old = ProfileStore(path)
+    assert sorted(old.samples(), key=repr) == sorted(batch, key=repr)
+    assert old.content_hash() == ref.content_hash()
+    assert old.append([sample(mbs=3)]) == 1 and old.append(batch[:1]) == 0  # written as schema 5 now
+    with h5py.File(path, "r") as f:
+        assert int(f.attrs["schema_version"]) == SCHEMA_VERSION == 5 and "num_experts" in f["gpu/cpu-4g"]
+    assert len(ProfileStore(path).samples()) == 4
