@@ -400,7 +400,7 @@ def attention_score_flops(model_or_shape: ShapeLike, *, micro_batch_size: int) -
     return _attention_flops(model_or_shape, micro_batch_size=micro_batch_size)[1]
 
 
-def moe_dispatch_bytes(model: ModelSpec, *, micro_batch_size: int, precision: str) -> float:
+def moe_dispatch_bytes(model: ShapeLike, *, micro_batch_size: int, precision: str) -> float:
     """Bytes one rank sends in the token dispatch of one MoE layer's forward, and again in the
     combine: each of its ``s·b`` tokens goes to ``k`` experts (``k·s·b·h·e``; the fraction
     ``(ep - 1) / ep`` of it leaves the rank under balanced routing). Megatron's all-to-all
@@ -409,6 +409,74 @@ def moe_dispatch_bytes(model: ModelSpec, *, micro_batch_size: int, precision: st
         raise SpecError("not a mixture of experts", field="num_experts", found=None)
     return float(model.moe_router_topk * model.seq_length * micro_batch_size * model.hidden_size
                  * _bytes_per_element(precision))
+
+
+#: The expert-parallel rank that receives the most routed tokens, over the mean (tokens x
+#: top-k / EP per rank), until measured: the expert capacity factor 1.25 that Switch
+#: Transformers provision above an even share (Fedus, Zoph & Shazeer 2022, JMLR 23(120),
+#: arXiv:2101.03961, §2.1-2.2 and Table 1: capacity factors 1.0 and 1.25 compared under
+#: the auxiliary load-balancing loss). Megatron's dropless default drops nothing, so the most
+#: loaded rank runs (and keeps the activations of) that much more than the mean, and the
+#: others wait for it at the combine. With EP 1 every token's experts are on its rank: 1.
+MOE_IMBALANCE = 1.25
+
+
+def moe_imbalance(ep: int) -> float:
+    """:data:`MOE_IMBALANCE` where the experts are spread over ``ep > 1`` ranks, else 1."""
+    return MOE_IMBALANCE if ep > 1 else 1.0
+
+
+def moe_layer_flops(shape: ShapeLike, *, micro_batch_size: int, tp: int, ep: int = 1, etp: int | None = None,
+                    imbalance: float | None = None) -> dict[str, float]:
+    """Forward FLOPs one rank runs in an MoE layer, by part (the whole-layer counts of
+    :func:`layer_flops`, placed on ranks as megatron-core does):
+
+    * ``attention``: projections, scores and attention over values, split by TP;
+    * ``router``: the ``h x E`` gate GEMM on every token (``2sbh·E``), replicated over TP
+      (``TopKRouter``'s weight is not split);
+    * ``routed``: the grouped GEMM of the experts this rank holds (``E / ep``) over the
+      tokens routed to them: ``s·b·k / E`` tokens per expert from each of the ``ep`` ranks of
+      the group, so ``s·b·k`` token-expert pairs per rank on average (Megatron's
+      ``MoEAlltoAllTokenDispatcher``), each ``2h·f_e`` per matrix (SwiGLU 3, GeLU 2), split
+      by expert TP, times ``imbalance`` for the most loaded rank (None: :func:`moe_imbalance`);
+    * ``shared``: the shared experts (every token, width ``f_s``; and their gate), split by TP.
+    """
+    if not shape.is_moe:
+        raise SpecError("not a mixture-of-experts layer", field="num_experts", found=None)
+    etp = tp if etp is None else etp
+    imb = moe_imbalance(ep) if imbalance is None else imbalance
+    s, b, h = shape.seq_length, micro_batch_size, shape.hidden_size
+    mats = 3 if shape.activation == "swiglu" else 2
+    proj, scores = _attention_flops(shape, micro_batch_size=b)
+    tokens = s * b
+    shared = 0.0
+    if shape.moe_shared_expert_intermediate_size is not None:
+        shared = 2.0 * tokens * h * shape.moe_shared_expert_intermediate_size * mats
+        if shape.moe_shared_expert_gate:
+            shared += 2.0 * tokens * h
+    return {"attention": (proj + scores) / tp, "router": 2.0 * tokens * h * shape.num_experts,
+            "routed": imb * 2.0 * tokens * shape.moe_router_topk * h * shape.expert_ffn_hidden_size * mats / etp,
+            "shared": shared / tp}
+
+
+def moe_alltoall_bytes(shape: ShapeLike, *, micro_batch_size: int, precision: str, ep: int) -> float:
+    """Bytes one rank sends to the other ranks of its EP group in ONE all-to-all of an MoE
+    layer (the dispatch, or the combine, which moves the same back): its ``s·b`` tokens' ``k``
+    copies of ``h`` elements, the share ``(ep - 1) / ep`` of them routed off the rank under
+    balanced routing (:func:`moe_dispatch_bytes` x that share). A forward runs two (dispatch,
+    combine), the backward two more."""
+    if ep <= 1:
+        return 0.0
+    return moe_dispatch_bytes(shape, micro_batch_size=micro_batch_size, precision=precision) * (ep - 1) / ep
+
+
+def alltoall_ms(sent_bytes: float, group_size: int, link_gbps: float) -> float:
+    """An all-to-all in which each rank sends ``sent_bytes`` in all (and receives as much) over a
+    link of ``link_gbps`` GB/s each way: ``bytes / bandwidth`` (pairwise exchange; every rank's
+    link busy the whole time)."""
+    if group_size <= 1 or sent_bytes <= 0:
+        return 0.0
+    return sent_bytes / (link_gbps * 1e9) * 1e3
 
 
 def head_flops(shape: ShapeLike, *, micro_batch_size: int) -> float:
@@ -436,8 +504,17 @@ def layer_traffic_bytes(shape: ShapeLike, *, micro_batch_size: int, tp: int, pre
     if sequence_parallel:
         rep /= tp
     act = (3 if shape.activation == "swiglu" else 2) * e * f
+    if isinstance(shape, LayerShape) and shape.is_moe:
+        # the routed tokens' activation function (k per token, width f_e; expert TP is taken as
+        # TP here), the permutation and unpermutation of their k copies (read + write each),
+        # the router's fp32 softmax/top-k over E (read + write), the shared experts' activation
+        k, fe = shape.moe_router_topk, shape.expert_ffn_hidden_size
+        act = (3 if shape.activation == "swiglu" else 2) * e * (k * fe + (shape.moe_shared_expert_intermediate_size or 0))
+        rep += sb * (4 * k * e * h + 2 * 4 * shape.num_experts)
     if attention == "core":
         att = a * s * s * b * (e + 2 * e + 2 * e + m)
+    elif _is_mla(shape):  # fused attention over the expanded per-head Q, K, V and its output
+        att = e * sb * sum(_attention_widths(shape, attention))
     else:
         att = e * sb * (2 * h + 2 * _kv_hidden(shape))
     return float(rep + (sb * act + att) / tp)

@@ -62,7 +62,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..spec import LayerShape, LayerSample
+from ..spec import DENSE_SHAPE_FIELDS, LayerShape, LayerSample
 from .analytic import ATTENTION_KINDS
 from .api import LayerQuery, analytic_activation_bytes, resolve_gpu, roofline_components
 
@@ -105,10 +105,14 @@ def named_values(obj: Any) -> tuple:
 def _shape_key(s: LayerShape | dict[str, Any], kind: str) -> tuple:
     """What identifies a shape (or a shape's :func:`plain_dict`) for ``kind``: a transformer
     layer never touches the vocabulary, the embedding and head do."""
-    d = dict(s) if isinstance(s, dict) else plain_dict(s)
+    # a stored shape from before LayerShape described MoE / MLA layers lacks those fields: their defaults
+    d = {**_SHAPE_DEFAULTS, **s} if isinstance(s, dict) else plain_dict(s)
     if kind == "layer":
         d.pop("vocab_size")
     return tuple(sorted(d.items()))
+
+
+_SHAPE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LayerShape) if f.name not in DENSE_SHAPE_FIELDS}
 
 
 def _median(xs: list[float]) -> float:

@@ -161,8 +161,21 @@ def roofline_components(q: LayerQuery, gpu: GpuType) -> dict[str, float]:
     b, t = q.micro_batch_size, q.tp
     e = analytic.BYTES_PER_ELEMENT[q.precision]
     fp8_share = 0.0  # the part of the layer's FLOPs its FP8 GEMMs run (at the fp8 rate)
+    fwd_a2a = 0.0
+    moe_terms: dict[str, float] = {}
     if q.kind == "layer":
-        fwd_flops = analytic.layer_flops(s, micro_batch_size=b) / t
+        if s.is_moe:
+            parts = analytic.moe_layer_flops(s, micro_batch_size=b, tp=t, ep=q.ep, etp=q.etp)
+            fwd_flops = sum(parts.values())
+            # dispatch and combine over the EP group: on the GPU's own link until the composer
+            # prices the group's links (what the named term is for)
+            fwd_a2a = 2 * analytic.alltoall_ms(analytic.moe_alltoall_bytes(s, micro_batch_size=b,
+                                                                           precision=q.precision, ep=q.ep),
+                                               q.ep, gpu.link_gbps)
+            moe_terms = {f"moe_{k}_flops": 3 * v for k, v in parts.items()}
+            moe_terms["moe_imbalance"] = analytic.moe_imbalance(q.ep)
+        else:
+            fwd_flops = analytic.layer_flops(s, micro_batch_size=b) / t
         fwd_bytes = analytic.layer_traffic_bytes(s, micro_batch_size=b, tp=t, precision=q.precision,
                                                  attention=q.attention, sequence_parallel=q.sequence_parallel)
         if q.fp8:
@@ -175,7 +188,7 @@ def roofline_components(q: LayerQuery, gpu: GpuType) -> dict[str, float]:
             fp8_share = fwd_gemm / fwd_flops
             fwd_bytes += analytic.fp8_cast_bytes(s, micro_batch_size=b, tp=t, precision=q.precision)
         fwd_comm = analytic.ring_allreduce_ms(analytic.tp_allreduce_bytes(s, micro_batch_size=b, precision=q.precision),
-                                              t, gpu.link_gbps)
+                                              t, gpu.link_gbps) + fwd_a2a
         flops, traffic, comm = 3 * fwd_flops, 3 * fwd_bytes, 2 * fwd_comm
         if q.recompute == "full":
             flops, traffic, comm = flops + fwd_flops, traffic + fwd_bytes, comm + fwd_comm
@@ -203,6 +216,9 @@ def roofline_components(q: LayerQuery, gpu: GpuType) -> dict[str, float]:
         flops, traffic = 3 * fwd_flops, 3 * fwd_bytes
         fwd_comm = analytic.ring_allreduce_ms(3 * 4 * sb, t, gpu.link_gbps)
         comm = fwd_comm + analytic.ring_allreduce_ms(e * sb * s.hidden_size, t, gpu.link_gbps)
+    # the all-to-all is part of comm_ms and named on its own: forward 2, backward 2 (and the
+    # recomputed forward's 2 under full recompute)
+    a2a = fwd_a2a * (3 if q.recompute == "full" else 2)
     if fp8_share:
         # the FP8 GEMMs at the catalog's fp8 rate, the rest at the 16-bit rate (the share of
         # each pass's FLOPs is the forward's: backward repeats the same GEMMs twice over)
@@ -211,7 +227,29 @@ def roofline_components(q: LayerQuery, gpu: GpuType) -> dict[str, float]:
         rate = peak
     return {"compute_ms": flops / rate * 1e3, "memory_ms": traffic / bw * 1e3, "comm_ms": comm,
             "fwd_compute_ms": fwd_flops / rate * 1e3, "fwd_memory_ms": fwd_bytes / bw * 1e3, "fwd_comm_ms": fwd_comm,
-            "flops": flops, "traffic_bytes": traffic}
+            "flops": flops, "traffic_bytes": traffic, "alltoall_ms": a2a, "fwd_alltoall_ms": fwd_a2a, **moe_terms}
+
+
+def roofline_terms(q: LayerQuery, gpu: GpuType) -> str:
+    """The roofline's named terms of an MoE or multi-latent-attention layer query, for
+    :meth:`memx_hpc.model.predictor.Predictor.explain` while no sample of its kind was measured:
+    the FLOPs by part, the all-to-all and the imbalance margin (``ms`` at datasheet peaks)."""
+    c = roofline_components(q, gpu)
+    peak = gpu.peak_tflops(q.precision) * 1e12
+    parts = []
+    if q.shape.multi_latent_attention:
+        parts.append("multi-latent attention (its down/up projections and per-head sizes)")
+    if q.shape.is_moe:
+        for k in ("attention", "router", "routed", "shared"):
+            v = c.get(f"moe_{k}_flops", 0.0)
+            if v:
+                name = {"routed": f"routed experts ({q.shape.num_experts // q.ep} of {q.shape.num_experts} on "
+                                  f"this rank, top-{q.shape.moe_router_topk})"}.get(k, k)
+                parts.append(f"{name} {v / peak * 1e3:.3g} ms")
+        parts.append(f"all-to-all over EP {q.ep} {c['alltoall_ms']:.3g} ms")
+        parts.append(f"imbalance margin {c['moe_imbalance']:g} (analytic.MOE_IMBALANCE)")
+    parts.append(f"memory-bound kernels {c['memory_ms']:.3g} ms")
+    return "roofline terms: " + ", ".join(parts)
 
 
 def roofline_ms(q: LayerQuery, gpu: GpuType) -> float:
@@ -225,7 +263,8 @@ def analytic_activation_bytes(q: LayerQuery, *, dropout_mask_bytes: int = 1) -> 
     if q.kind == "layer":
         return analytic.activation_bytes_per_layer(
             q.shape, micro_batch_size=q.micro_batch_size, tp=q.tp, recompute=q.recompute, precision=q.precision,
-            attention=q.attention, sequence_parallel=q.sequence_parallel, dropout_mask_bytes=dropout_mask_bytes)
+            attention=q.attention, sequence_parallel=q.sequence_parallel, dropout_mask_bytes=dropout_mask_bytes,
+            etp=q.etp, moe_imbalance=analytic.moe_imbalance(q.ep))
     if q.kind == "embedding":
         return analytic.embedding_activation_bytes(q.shape, micro_batch_size=q.micro_batch_size, tp=q.tp,
                                                    precision=q.precision, sequence_parallel=q.sequence_parallel,

@@ -69,7 +69,7 @@ from . import anchors as anchors_mod
 from . import augment as augment_mod
 from . import features
 from .api import (PROVENANCES, QUERY_KINDS, LayerQuery, code_fingerprint, default_overhead_bytes, resolve_gpu,
-                  roofline_ms)
+                  roofline_ms, roofline_terms)
 from .metrics import ape  # noqa: F401 (error_summary below; importers of predictor.ape keep working)
 
 MODEL_FORMAT = "memx-predictor"
@@ -409,8 +409,16 @@ class Predictor:
         """Per query: ``measured`` (a measured point), ``interpolated`` (between measured
         points of that GPU chip), ``extrapolated`` (beyond them: nearest measured point scaled
         by the roofline ratio of the work) or ``datasheet-only``; an FP8 layer adds
-        ``+fp8-roofline`` (its 16-bit twin's answer scaled by the roofline's FP8 ratio)."""
-        return self._predict(queries)[1]
+        ``+fp8-roofline`` (its 16-bit twin's answer scaled by the roofline's FP8 ratio). A layer
+        no sample of its kind measured (an MoE layer, multi-latent attention) adds, after
+        ``"; "``, the roofline terms it is built from (:func:`~memx_hpc.model.api.roofline_terms`)."""
+        how = self._predict(queries)[1]
+        out = []
+        for q, h in zip(queries, how):
+            if q.kind == "layer" and (q.shape.is_moe or q.shape.multi_latent_attention) and h != "measured":
+                h = f"{h}; {roofline_terms(q, resolve_gpu(self.gpus, q.gpu_type))}"
+            out.append(h)
+        return out
 
     def _predict(self, queries: Sequence[LayerQuery]) -> tuple[np.ndarray, list[str]]:
         self._check_fitted()

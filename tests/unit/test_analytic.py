@@ -180,3 +180,47 @@ def test_layer_query_validation():
                    precision="bf16")
     with pytest.raises(SpecError, match="micro_batch_size"):
         LayerQuery(gpu_type="A100-80", shape=sh, tp=1, micro_batch_size=0, recompute="none", precision="bf16")
+
+
+def test_moe_layer_roofline_parts_all_to_all_and_imbalance():
+    """An MoE layer's query: the routed experts' FLOPs per rank are the tokens' k expert
+    passes whatever the EP (balanced routing), times the imbalance margin once EP > 1; the
+    all-to-all is (ep - 1)/ep of the k token copies, twice a forward, and part of comm_ms;
+    the whole-layer FLOPs at TP 1 / EP 1 are layer_flops' of the model's MoE layer."""
+    from memx_hpc.model.api import roofline_components
+
+    m = preset("Mixtral-8x7B")
+    shape = LayerShape.of(m)
+    g = catalog().get("H100-SXM")
+    q1 = LayerQuery(gpu_type="H100-SXM", kind="layer", shape=shape, tp=1, micro_batch_size=1, recompute="none",
+                    precision="bf16")
+    c1 = roofline_components(q1, g)
+    assert c1["flops"] == pytest.approx(3 * A.layer_flops(m, micro_batch_size=1, moe_layer=True))
+    assert c1["alltoall_ms"] == 0.0 and c1["moe_imbalance"] == 1.0
+    q4 = dataclasses.replace(q1, ep=4)
+    c4 = roofline_components(q4, g)
+    assert c4["moe_routed_flops"] == pytest.approx(A.MOE_IMBALANCE * c1["moe_routed_flops"])
+    assert c4["moe_router_flops"] == c1["moe_router_flops"]
+    sent = m.moe_router_topk * m.seq_length * m.hidden_size * 2 * 3 / 4  # bf16, 3/4 leave the rank
+    assert A.moe_alltoall_bytes(shape, micro_batch_size=1, precision="bf16", ep=4) == pytest.approx(sent)
+    assert c4["fwd_alltoall_ms"] == pytest.approx(2 * sent / (g.link_gbps * 1e9) * 1e3)
+    assert c4["comm_ms"] - c1["comm_ms"] == pytest.approx(c4["alltoall_ms"]) and c4["alltoall_ms"] > 0
+    # expert TP splits only the routed experts; TP splits attention and shared experts
+    q_tp2 = dataclasses.replace(q1, tp=2, etp=1)
+    c = roofline_components(q_tp2, g)
+    assert c["moe_routed_flops"] == pytest.approx(c1["moe_routed_flops"])
+    assert c["moe_attention_flops"] == pytest.approx(c1["moe_attention_flops"] / 2)
+    # the most loaded rank keeps more routed activations
+    from memx_hpc.model.api import analytic_activation_bytes
+    assert analytic_activation_bytes(q4) > analytic_activation_bytes(q1)
+
+
+def test_mla_layer_shape_costs_as_the_model():
+    m = preset("DeepSeek-V2-Lite")
+    for moe in (False, True):
+        s = LayerShape.of(m, moe=moe)
+        assert A.layer_flops(s, micro_batch_size=2) == A.layer_flops(m, micro_batch_size=2,
+                                                                                   moe_layer=moe)
+        kw = dict(micro_batch_size=2, tp=1, recompute="none", precision="bf16", attention="sdpa")
+        assert A.activation_bytes_per_layer(s, **kw) == A.activation_bytes_per_layer(m, moe_layer=moe,
+                                                                                                   **kw)

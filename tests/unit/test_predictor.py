@@ -337,3 +337,21 @@ def test_tensor_parallel_shares_are_the_work_per_rank_plus_collectives(fitted):
             lo, hi = t[4 + i] + comm, t[4 + i] * w / w1 + comm
             assert lo * (1 - 1e-6) <= t[i + 1] <= hi * (1 + 1e-6), (recompute, tp, lo, t[i + 1], hi)
             assert t[i + 1] < t[i], (recompute, tp, t)  # more sharding helps a layer this large
+
+
+def test_an_unprofiled_moe_layer_names_its_roofline_terms(fitted):
+    """An MoE layer (Mixtral-8x7B's) no sample measured: explain names the parts it is built
+    from, the all-to-all over the EP group and the imbalance margin; a dense layer's label is
+    the plain one."""
+    from memx_hpc.catalog import preset
+    from memx_hpc.spec import LayerShape
+
+    shape = LayerShape.of(preset("Mixtral-8x7B"))
+    q = LayerQuery(gpu_type="A100-80", kind="layer", shape=shape, tp=1, micro_batch_size=1, recompute="none",
+                   precision="bf16", attention="sdpa", ep=4)
+    (label,) = fitted.explain([q])
+    assert label.split(";")[0] in ("interpolated", "extrapolated", "datasheet-only")
+    assert "routed experts (2 of 8 on this rank, top-2)" in label and "all-to-all over EP 4" in label
+    assert "imbalance margin 1.25" in label
+    t_ep4, t_ep1 = fitted.predict([q, replace(q, ep=1)])[:, 0]
+    assert t_ep4 > t_ep1  # the all-to-all and the most loaded rank's share cost time
