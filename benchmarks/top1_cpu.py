@@ -422,13 +422,14 @@ def error_bands_by_model(fitted, site: Site) -> dict[str, dict[str, float]]:
     """Per cost model column, the expected error the recommended pick widens peaks by, as
     the planner would set it: the fitted predictor's provenance rows, datasheet-only for the
     roofline, the calibrated row for the calibration."""
-    from memx_hpc.planner import provenance_of
+    from memx_hpc.model.api import Basis
+    from memx_hpc.planner import bases_of
     from memx_hpc.search.objective import memory_error_bands, table_band
 
     types = sorted({p.gpu_type for p in site.partitions})
-    return {"fitted": {g: b.fraction for g, b in memory_error_bands(provenance_of(fitted, site)).items()},
-            "roofline": {g: table_band(g, "datasheet-only").fraction for g in types},
-            "fitted+calibration (LOO)": {g: table_band(g, "calibrated").fraction for g in types}}
+    return {"fitted": {g: b.fraction for g, b in memory_error_bands(bases_of(fitted, site)).items()},
+            "roofline": {g: table_band(g, Basis(kind="datasheet-only")).fraction for g in types},
+            "fitted+calibration (LOO)": {g: table_band(g, Basis(kind="calibrated")).fraction for g in types}}
 
 
 OOM_WORDS = ("OUT_OF_MEMORY", "out of memory", "MemoryError", "OOM", "oom-kill")

@@ -240,12 +240,12 @@ def error_bands(cost_model, site: Site, job: TrainJob, store_path: Path, notes: 
     from .model.calibrate import CalibratedCostModel, leave_one_out
     from .search.objective import MIN_RUNS_FOR_OWN_BAND, memory_error_bands
 
-    provenance = provenance_of(cost_model, site)
+    bases = bases_of(cost_model, site)
     calibrated_types: list[str] = []
     held: list = []
     if isinstance(cost_model, CalibratedCostModel):
         cal = cost_model.calibration_
-        calibrated_types = [g for g in provenance if site.gpu(g).name in
+        calibrated_types = [g for g in bases if site.gpu(g).name in
                             {site.gpu(x).name for x in cal.overhead_bytes}]
         if any(n >= MIN_RUNS_FOR_OWN_BAND for n in cal.runs_by_gpu_type.values()):
             by_key = {r.key: r for r in cost_model.records}
@@ -256,7 +256,7 @@ def error_bands(cost_model, site: Site, job: TrainJob, store_path: Path, notes: 
                 if notes is not None:
                     notes.append(f"memory error band: leave-one-out over the site's runs failed ({e}); "
                                  f"using the benchmark rows")
-    return memory_error_bands(provenance, calibrated=calibrated_types, held_out=held)
+    return memory_error_bands(bases, calibrated=calibrated_types, held_out=held)
 
 
 def _mpi(request: PlanRequest):
@@ -496,8 +496,13 @@ def rule_fallback(result, site, provenance: dict[str, str], notes: list[str]):
 
 
 def provenance_of(cost_model, site) -> dict[str, str]:
-    """Per GPU type of ``site``: where the cost model's numbers for it come from."""
+    """Per GPU type of ``site``: where the cost model's numbers for it come from, as reports write it."""
     return {g: cost_model.provenance(g) for g in sorted({p.gpu_type for p in site.partitions})}
+
+
+def bases_of(cost_model, site) -> dict:
+    """Per GPU type of ``site``: the cost model's :class:`~memx_hpc.model.api.Basis` for it."""
+    return {g: cost_model.basis(g) for g in sorted({p.gpu_type for p in site.partitions})}
 
 
 # --------------------------------------------------------------------------- profiling

@@ -28,6 +28,20 @@ from . import analytic
 QUERY_KINDS = ("layer", "embedding", "head")
 PROVENANCES = ("measured", "imported", "augmented", "datasheet-only")
 
+
+@dataclass(frozen=True, kw_only=True)
+class Basis:
+    """What a cost model's numbers for one GPU type are built from: ``kind`` (one of
+    :data:`PROVENANCES`, or ``calibrated`` where the site's end-to-end runs correct them) and,
+    for a type answered by the measurements of another type of its chip, that type.
+    :meth:`label` is how reports write it: ``imported (same chip as V100-16)``."""
+
+    kind: str
+    same_chip_as: str | None = None
+
+    def label(self) -> str:
+        return self.kind if self.same_chip_as is None else f"{self.kind} (same chip as {self.same_chip_as})"
+
 #: Runtime memory beyond allocated tensors, per device, when nothing was measured:
 #: the driver context (CUDA 12 with lazy module loading ~0.5 GiB on A100/H100; HIP's is
 #: larger), NCCL/RCCL communicator buffers (NCCL_BUFFSIZE 4 MiB x channels x peers, a few
@@ -119,7 +133,7 @@ class CostModel(Protocol):
         ...
 
     def provenance(self, gpu_type: str) -> str:
-        """Where this GPU type's numbers come from: measured | imported | augmented | datasheet-only."""
+        """Where this GPU type's numbers come from, as reports write it (:meth:`Basis.label`)."""
         ...
 
 
@@ -314,9 +328,12 @@ class AnalyticCostModel:
     def overhead_bytes(self, gpu_type: str) -> int:
         return default_overhead_bytes(resolve_gpu(self.site, gpu_type))
 
-    def provenance(self, gpu_type: str) -> str:
+    def basis(self, gpu_type: str) -> Basis:
         resolve_gpu(self.site, gpu_type)  # unknown names are a user error here too
-        return "datasheet-only"
+        return Basis(kind="datasheet-only")
+
+    def provenance(self, gpu_type: str) -> str:
+        return self.basis(gpu_type).label()
 
 
 class MeasuredFigures:

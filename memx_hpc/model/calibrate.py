@@ -398,8 +398,11 @@ class CalibratedCostModel:
     def links(self):
         return getattr(self.base, "links", None)
 
-    def provenance(self, gpu_type: str) -> str:
+    def basis(self, gpu_type: str):
         # where the layer numbers come from; the calibration is reported beside it
+        return self.base.basis(gpu_type)
+
+    def provenance(self, gpu_type: str) -> str:
         return self.base.provenance(gpu_type)
 
 

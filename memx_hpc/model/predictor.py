@@ -68,8 +68,8 @@ from ..spec import LayerSample, transformer_impls
 from . import anchors as anchors_mod
 from . import augment as augment_mod
 from . import features
-from .api import (PROVENANCES, QUERY_KINDS, LayerQuery, code_fingerprint, default_overhead_bytes, resolve_gpu,
-                  roofline_ms, roofline_terms)
+from .api import (PROVENANCES, QUERY_KINDS, Basis, LayerQuery, code_fingerprint, default_overhead_bytes,
+                  resolve_gpu, roofline_ms, roofline_terms)
 from .metrics import ape  # noqa: F401 (error_summary below; importers of predictor.ape keep working)
 
 MODEL_FORMAT = "memx-predictor"
@@ -526,17 +526,21 @@ class Predictor:
                 return self.overhead_[name]
         return default_overhead_bytes(g)
 
-    def provenance(self, gpu_type: str) -> str:
+    def basis(self, gpu_type: str) -> Basis:
         """measured | imported | augmented | datasheet-only; a type answered by the measurements
-        of another type of its chip says so: ``imported (same chip as V100-16)``."""
+        of another type of its chip names that type."""
         self._check_fitted()
         g = resolve_gpu(self.gpus, gpu_type)
         donor = self._donor(g)
         if donor is None:
-            return "datasheet-only"
+            return Basis(kind="datasheet-only")
         p = self.provenance_[donor]
         assert p in PROVENANCES
-        return p if donor == g.name else f"{p} (same chip as {donor})"
+        return Basis(kind=p, same_chip_as=None if donor == g.name else donor)
+
+    def provenance(self, gpu_type: str) -> str:
+        """:meth:`basis` as reports write it: ``imported (same chip as V100-16)``."""
+        return self.basis(gpu_type).label()
 
     # ------------------------------------------------------------------ persistence
 

@@ -46,5 +46,8 @@ class RoutedCostModel:
     def overhead_bytes(self, gpu_type: str) -> int:
         return int(self.model_for(gpu_type).overhead_bytes(gpu_type))
 
+    def basis(self, gpu_type: str):
+        return self.model_for(gpu_type).basis(gpu_type)
+
     def provenance(self, gpu_type: str) -> str:
         return self.model_for(gpu_type).provenance(gpu_type)

@@ -18,6 +18,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from ..errors import SpecError
+from ..model.api import Basis
 from ..model.metrics import ape
 
 WEIGHT_NAMES = ("time", "memory", "balance")
@@ -165,24 +166,24 @@ def _error_table() -> dict:
     return yaml.safe_load(text)
 
 
-def table_band(gpu_type: str, basis: str) -> MemoryErrorBand:
-    """The shipped expected error (data/memory_error.yaml) for a GPU type whose numbers come
-    from ``basis``; an unknown basis gets the widest (datasheet-only) row."""
+def table_band(gpu_type: str, basis: Basis) -> MemoryErrorBand:
+    """The shipped expected error (data/memory_error.yaml, a row per ``basis.kind``) for a GPU
+    type whose numbers come from ``basis``; a kind the table has no row for gets the widest
+    (datasheet-only) row."""
     table = _error_table()
-    # "imported (same chip as V100-16)": the class is the first word
-    key = basis if basis in table else basis.split(" ")[0]
-    row = table.get(key) or table["datasheet-only"]
+    known = basis.kind in table
+    row = table[basis.kind] if known else table["datasheet-only"]
     return MemoryErrorBand(gpu_type=gpu_type, fraction=float(row["fraction"]),
-                           basis=basis if key in table else "datasheet-only",
+                           basis=basis.label() if known else "datasheet-only",
                            source=f"{row['statistic']}: {row['benchmark']}")
 
 
-def memory_error_bands(provenance: Mapping[str, str], *, calibrated: Iterable[str] = (),
+def memory_error_bands(bases: Mapping[str, Basis], *, calibrated: Iterable[str] = (),
                        held_out: Sequence = ()) -> dict[str, MemoryErrorBand]:
     """Per GPU type of the site, the band the recommended plan widens its peak by.
 
-    ``provenance``: GPU type -> measured | imported | augmented | datasheet-only (the cost
-    model's). ``calibrated``: GPU types whose device overhead the site's end-to-end runs
+    ``bases``: GPU type -> the cost model's :class:`~memx_hpc.model.api.Basis` for it.
+    ``calibrated``: GPU types whose device overhead the site's end-to-end runs
     calibrate. ``held_out``: (:class:`memx_hpc.model.calibrate.HeldOut`, its E2ERecord) pairs
     of those runs (each run predicted by a calibration fitted on the others); a GPU type with at least
     :data:`MIN_RUNS_FOR_OWN_BAND` of them gets its own mean absolute error, never less
@@ -191,8 +192,8 @@ def memory_error_bands(provenance: Mapping[str, str], *, calibrated: Iterable[st
     cal = set(calibrated)
     own = _held_out_errors(held_out)
     out = {}
-    for g, prov in provenance.items():
-        band = table_band(g, "calibrated" if g in cal else prov)
+    for g, basis in bases.items():
+        band = table_band(g, Basis(kind="calibrated") if g in cal else basis)
         errs = own.get(g, [])
         if g in cal and len(errs) >= MIN_RUNS_FOR_OWN_BAND:
             frac = max(sum(errs) / len(errs), band.fraction)

@@ -466,6 +466,7 @@ def coverage(site: Site, summary: Sequence[Mapping[str, Any]], e2e_records: Sequ
     ``imported``, ``augmented``, or ``datasheet-only``; ``via``: for a type without samples
     of its own, the variant of the same chip (the catalog's ``chip``) whose layer times
     the predictor uses, and ``data`` is that variant's."""
+    from ..model.api import Basis
     from .objective import table_band
 
     def resolve(name: str):
@@ -509,7 +510,7 @@ def coverage(site: Site, summary: Sequence[Mapping[str, Any]], e2e_records: Sequ
             others = [o for o in chips.get(getattr(g, "chip_id", g.name), []) if o != g.name]
             via = others[0] if others else ""
             data = kind(own[via]) if via else "datasheet-only"
-        band = table_band(name, data)
+        band = table_band(name, Basis(kind=data))
         out.append({"gpu_type": name, "partitions": [p.name for p in site.partitions if p.gpu_type == name],
                     "samples": sum(counts.values()), "by_origin": counts, "e2e_runs": runs.get(g.name, 0),
                     "data": data, "via": via, "memory_error": band.fraction, "memory_error_source": band.source})

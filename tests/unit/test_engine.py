@@ -245,8 +245,9 @@ def test_plan_command_writes_plans_png_and_says_where_numbers_come_from(tmp_path
     for words in ("recommended ", "fastest that fits ", "MemX weighted best "):
         assert words in out
     # the memory band of an imported type names the benchmark it was learned from
+    from memx_hpc.model.api import Basis
     from memx_hpc.search.objective import table_band
-    script = table_band("A100-80", "imported").source.split(": ", 1)[1].split(",")[0]
+    script = table_band("A100-80", Basis(kind="imported")).source.split(": ", 1)[1].split(",")[0]
     assert script.startswith("benchmarks/") and script.endswith(".py")
     assert "OOM risk" in out and script in out
     # every table line fits 120 columns; the footer explains score and balance

@@ -74,14 +74,16 @@ def test_weights_validation():
 
 
 def test_shipped_error_table_names_its_benchmark_rows_and_is_wider_without_data():
+    from memx_hpc.model.api import Basis
     from memx_hpc.search.objective import table_band
-    rows = {b: table_band("X", b) for b in ("calibrated", "measured", "imported", "augmented", "datasheet-only")}
+    kinds = ("calibrated", "measured", "imported", "augmented", "datasheet-only")
+    rows = {b: table_band("X", Basis(kind=b)) for b in kinds}
     for b, band in rows.items():
         assert 0 < band.fraction < 1 and "benchmarks/" in band.source and band.basis == b
     assert rows["calibrated"].fraction < rows["imported"].fraction < rows["datasheet-only"].fraction
-    assert table_band("X", "something new").basis == "datasheet-only"
-    same_chip = table_band("V100-32", "imported (same chip as V100-16)")
-    assert same_chip.fraction == rows["imported"].fraction and "same chip" in same_chip.basis
+    assert table_band("X", Basis(kind="something new")).basis == "datasheet-only"
+    same_chip = table_band("V100-32", Basis(kind="imported", same_chip_as="V100-16"))
+    assert same_chip.fraction == rows["imported"].fraction and same_chip.basis == "imported (same chip as V100-16)"
 
 
 class _Stage:
@@ -106,13 +108,16 @@ def test_risk_utilisation_widens_each_gpu_by_its_own_band():
 
 
 def test_bands_follow_provenance_and_the_sites_own_runs():
+    from memx_hpc.model.api import Basis
     from memx_hpc.search.objective import MIN_RUNS_FOR_OWN_BAND, memory_error_bands, table_band
-    prov = {"A100-80": "imported", "MI250X-GCD": "datasheet-only", "cpu": "measured"}
+    prov = {g: Basis(kind=k)
+            for g, k in (("A100-80", "imported"), ("MI250X-GCD", "datasheet-only"), ("cpu", "measured"))}
+    calibrated = Basis(kind="calibrated")
     b = memory_error_bands(prov)
     assert b["MI250X-GCD"].fraction > b["A100-80"].fraction
     assert b["cpu"].basis == "measured"
     b = memory_error_bands(prov, calibrated=["cpu"])
-    assert b["cpu"].basis == "calibrated" and b["cpu"].fraction == table_band("cpu", "calibrated").fraction
+    assert b["cpu"].basis == "calibrated" and b["cpu"].fraction == table_band("cpu", calibrated).fraction
 
     class Rec:
         def __init__(self, meas):
@@ -132,7 +137,7 @@ def test_bands_follow_provenance_and_the_sites_own_runs():
     assert memory_error_bands(prov, calibrated=["cpu"], held_out=held[:2])["cpu"].basis == "calibrated"
     exact = [(Held(100), Rec(100)) for _ in range(4)]
     assert memory_error_bands(prov, calibrated=["cpu"], held_out=exact)["cpu"].fraction == \
-        table_band("cpu", "calibrated").fraction
+        table_band("cpu", calibrated).fraction
 
 
 def test_pick_recommended_follows_the_rule():

@@ -36,6 +36,7 @@ def test_status_of_an_empty_then_filled_store(tmp_path, capsys):
 
 def test_status_and_profile_ls_say_which_of_the_sites_gpu_types_have_data(tmp_path, capsys):
     """Per GPU type of the site: where its numbers come from and the expected memory error."""
+    from memx_hpc.model.api import Basis
     from memx_hpc.search.objective import table_band
     site = str(ROOT / "site_configs/example-cross-vendor.yaml")
     store = tmp_path / "s.h5"
@@ -53,7 +54,7 @@ def test_status_and_profile_ls_say_which_of_the_sites_gpu_types_have_data(tmp_pa
     assert rows["A100-80"]["data"] == "imported" and rows["A100-80"]["samples"] == 2
     assert rows["MI250X-GCD"]["data"] == "datasheet-only" and rows["MI250X-GCD"]["samples"] == 0
     assert rows["V100-32"]["via"] == "V100-16" and rows["V100-32"]["data"] == "imported"
-    assert rows["MI250X-GCD"]["memory_error"] == table_band("x", "datasheet-only").fraction
+    assert rows["MI250X-GCD"]["memory_error"] == table_band("x", Basis(kind="datasheet-only")).fraction
     assert rows["MI250X-GCD"]["memory_error"] > rows["A100-80"]["memory_error"]
     assert main(["status", "--site", site, "--store", str(store)]) == 0
     text = capsys.readouterr().out
