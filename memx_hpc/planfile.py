@@ -57,6 +57,8 @@ def plan_to_dict(plan: Plan, **extra: Any) -> dict:
          "global_batch_size": plan.global_batch_size, "sequence_parallel": plan.sequence_parallel}
     # the degrees beyond TP/DP/PP only where they are not 1 (files without them read as 1)
     d.update({k: getattr(plan, k) for k in _DEGREES if getattr(plan, k) != (None if k == "etp" else 1)})
+    if plan.distributed_optimizer is not None:
+        d["distributed_optimizer"] = plan.distributed_optimizer
     d["stages"] = [{"partition": s.partition, "num_layers": s.num_layers, "recompute": s.recompute.label()}
                    for s in plan.stages]
     d.update(extra)
@@ -101,6 +103,7 @@ def plan_from_mapping(data: Any) -> Plan | GeneralPlan:
     dp = r.int("dp", min=1)
     sp = r.bool("sequence_parallel", False)
     degrees = {k: r.int(k, 1 if k != "etp" else None, min=1) for k in _DEGREES}
+    degrees["distributed_optimizer"] = r.bool("distributed_optimizer", None)
     r.finish()
     try:
         return Plan(tp=tp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs, stages=tuple(out),

@@ -1407,6 +1407,10 @@ class TrainJob:
     precision: str = "bf16"
     optimizer: str = "adam"
     distributed_optimizer: bool = True
+    #: ``distributed_optimizer: both`` in the job file: the search tries each plan with and
+    #: without it (where its data-parallel ranks make it matter); ``distributed_optimizer``
+    #: is then what plans without a choice of their own use
+    distributed_optimizer_searched: bool = False
     attention: str = "sdpa"  # sdpa (flash/fused: no s^2 matrix kept) | core (unfused)
     micro_batch_sizes: tuple[int, ...] = ()  # candidates; () = every divisor up to 16
     recompute_modes: tuple[str, ...] = RECOMPUTE_MODES
@@ -1451,9 +1455,10 @@ class TrainJob:
         _whole(self.global_batch_size, "global_batch_size", 1, MAX_GLOBAL_BATCH)
         _choice(self.precision, "precision", PRECISIONS)
         _choice(self.optimizer, "optimizer", ("adam", "sgd"))
-        if not isinstance(self.distributed_optimizer, bool):
-            raise SpecError("expected true or false", field="distributed_optimizer",
-                            found=_short(self.distributed_optimizer))
+        for name in ("distributed_optimizer", "distributed_optimizer_searched"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError("expected true or false" + (", or both" if name == "distributed_optimizer" else ""),
+                                field=name, found=_short(getattr(self, name)))
         _choice(self.attention, "attention", ATTENTIONS)
         if not isinstance(self.micro_batch_sizes, tuple):
             raise SpecError("expected a list of whole numbers", field="micro_batch_sizes",
@@ -1672,9 +1677,12 @@ class Plan:
     #: expert layers; ``etp * ep`` ranks of a stage's ``tp * cp * dp`` hold one copy of the experts
     ep: int = 1
     etp: int | None = None
+    #: Megatron-LM's ``--use-distributed-optimizer`` for this plan (None: the job's setting)
+    distributed_optimizer: bool | None = None
 
     def __post_init__(self) -> None:
         _whole(self.tp, "tp", 1, 1 << 16)
+        _optional_bool(self.distributed_optimizer, "distributed_optimizer")
         _whole(self.dp, "dp", 1, MAX_NODES * MAX_GPUS_PER_NODE)
         _whole(self.cp, "cp", 1, 1 << 16)
         _whole(self.ep, "ep", 1, 1 << 16)
@@ -1762,6 +1770,14 @@ class Plan:
             else:
                 groups.append((s.partition, [i]))
         return groups
+
+
+def job_for_plan(job: "TrainJob", plan: Plan) -> "TrainJob":
+    """``job`` with the plan's own distributed-optimizer choice, where it makes one (what
+    the composition prices and the renderer launches)."""
+    if plan.distributed_optimizer is None or plan.distributed_optimizer == job.distributed_optimizer:
+        return job
+    return replace(job, distributed_optimizer=plan.distributed_optimizer)
 
 
 def check_plan_for_model(plan: Plan, model: ModelSpec) -> None:
@@ -2454,6 +2470,15 @@ def _checkpoint_from(d: "_Reader | None") -> Checkpointing | None:
     return out
 
 
+def _dist_opt(r: "_Reader") -> "bool | str":
+    """A job's ``distributed_optimizer``: true, false or ``both`` (searched)."""
+    v = r.raw("distributed_optimizer", True)
+    if not isinstance(v, bool) and v != "both":
+        raise SpecError("expected true, false or both (the search tries each plan with and without it)",
+                        field="distributed_optimizer", found=_short(v), allowed="true, false, both")
+    return v
+
+
 def _degrees_from(r: "_Reader") -> dict[str, tuple]:
     """The degree lists of a site or job mapping (:data:`DEGREE_KEYS`), as given (checked by the spec)."""
     out = {}
@@ -2490,7 +2515,8 @@ def job_from_mapping(data: Any, *, source_file: str | None = None) -> TrainJob:
         global_batch_size=r.int("global_batch_size"),
         precision=r.str("precision", "bf16"),
         optimizer=r.str("optimizer", "adam"),
-        distributed_optimizer=r.bool("distributed_optimizer", True),
+        distributed_optimizer=_dist_opt(r) is not False,
+        distributed_optimizer_searched=_dist_opt(r) == "both",
         attention=r.str("attention", "sdpa"),
         # kept in file order here, so an error names the entry as written
         micro_batch_sizes=tuple(mbs),

@@ -48,6 +48,7 @@ formulas; the tests check that they agree).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
@@ -57,7 +58,7 @@ import numpy as np
 
 from ..errors import SpecError
 from ..placement import Placement, place, place_groups
-from ..spec import (BYTES_PER_ELEMENT, RECOMPUTE_MODES, GeneralPlan, LayerShape, Plan, Recompute,
+from ..spec import (job_for_plan, BYTES_PER_ELEMENT, RECOMPUTE_MODES, GeneralPlan, LayerShape, Plan, Recompute,
                     Site, TrainJob)
 from . import analytic
 from .api import LayerQuery, forward_fraction
@@ -599,6 +600,8 @@ class Layout:
     sequence_parallel: bool = False
     #: model chunks per pipeline rank (interleaved 1F1B)
     virtual_stages: int = 1
+    #: the plan's --use-distributed-optimizer (None: the job's)
+    distributed_optimizer: bool | None = None
 
     @property
     def tp(self) -> int:
@@ -695,7 +698,7 @@ class _LayoutTables:
             self._add(li, lay)
 
     def _add(self, li: int, lay: Layout) -> None:
-        job = self.inputs.job
+        job = self._job(lay.distributed_optimizer)
         pl, pp, tp, dp, mbs = lay.placement, lay.pp, lay.tp, lay.dp, lay.micro_batch_size
         sp, cp, ep, etp, v = lay.sequence_parallel, pl.cp, pl.ep, pl.etp, lay.virtual_stages
         m = job.global_batch_size // (mbs * dp)
@@ -708,14 +711,14 @@ class _LayoutTables:
             gpu = comps[i].gpu_type
             first, last = i == 0, i == pp - 1
             c = self.sk["ctx"][li, i] = self._context(gpu, tp, mbs, sp)
-            s = self.sk["state"][li, i] = self._state(tp, pp, dp, first, last, cp, ep, etp)
-            self.sk["opt"][li, i] = self._opt(gpu, s, dp * cp)
+            s = self.sk["state"][li, i] = self._state(tp, pp, dp, first, last, cp, ep, etp, job)
+            self.sk["opt"][li, i] = self._opt(gpu, s, dp * cp, job)
             self.sk["inflight"][li, i] = in_flight_units(pp, i, m, v)
             self.sk["first"][li, i] = first
             self.sk["last"][li, i] = last
             if i < pp - 1:
                 self.sk["link"][li, i] = self._send(mbs, tp, sp, bounds[i], cp)
-            self.sk["sync"][li, i] = self._sync(s, dp, name, one_node[i], tp, cp, ep, etp)
+            self.sk["sync"][li, i] = self._sync(s, dp, name, one_node[i], tp, cp, ep, etp, job)
             self.sk["tpx"][li, i] = self._tpx(name, gpu, tp, mbs)
             if first or last:
                 self.sk["tied"][li, i] = tied
@@ -744,12 +747,19 @@ class _LayoutTables:
             self.ctx_rows.append(self._context_row(gpu, tp, mbs, sp))
         return c
 
+    def _job(self, distributed_optimizer: bool | None) -> TrainJob:
+        """The job as a layout runs it: with its own distributed-optimizer choice, if any."""
+        job = self.inputs.job
+        if distributed_optimizer is None or distributed_optimizer == job.distributed_optimizer:
+            return job
+        return dataclasses.replace(job, distributed_optimizer=distributed_optimizer)
+
     def _state(self, tp: int, pp: int, dp: int, first: bool, last: bool, cp: int = 1, ep: int = 1,
-               etp: int | None = None) -> int:
-        key = (tp, pp, dp, first, last, cp, ep, etp)
+               etp: int | None = None, job: TrainJob | None = None) -> int:
+        job = job or self.inputs.job
+        key = (tp, pp, dp, first, last, cp, ep, etp, job.distributed_optimizer)
         s = self._state_ids.get(key)
         if s is None:
-            job = self.inputs.job
             s = self._state_ids[key] = len(self.state_rows)
             rows = np.array([stage_state(job, int(n), first=first, last=last, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
                                          etp=etp) for n in self.ns], dtype=np.float64).reshape(len(self.ns), 3)
@@ -758,11 +768,11 @@ class _LayoutTables:
             self.state_rows.append(np.ascontiguousarray(rows[:, 2]))
         return s
 
-    def _opt(self, gpu: str, s: int, dp: int) -> int:
-        key = (gpu, s)
+    def _opt(self, gpu: str, s: int, dp: int, job: TrainJob | None = None) -> int:
+        job = job or self.inputs.job
+        key = (gpu, s, dp, job.distributed_optimizer)
         o = self._opt_ids.get(key)
         if o is None:
-            job = self.inputs.job
             o = self._opt_ids[key] = len(self.opt_rows)
             g = self.inputs.site.gpu(gpu)
             self.opt_rows.append(np.array([analytic.optimizer_step_ms(int(x), g, precision=job.precision,
@@ -789,14 +799,15 @@ class _LayoutTables:
         return v
 
     def _sync(self, s: int, dp: int, name: str, one_node: bool, tp: int, cp: int = 1, ep: int = 1,
-              etp: int | None = None) -> int:
-        key = (s, dp, name, one_node, tp, cp, ep, etp)
+              etp: int | None = None, job: TrainJob | None = None) -> int:
+        job = job or self.inputs.job
+        key = (s, dp, name, one_node, tp, cp, ep, etp, job.distributed_optimizer)
         y = self._sync_ids.get(key)
         if y is None:
             y = self._sync_ids[key] = len(self.sync_rows)
             streams = min(tp, self.inputs.site.partition(name).gpus_per_node)
             self.sync_rows.append(np.array([
-                stage_sync_ms(self.links, self.inputs.job, dp=dp, cp=cp, tp=tp, ep=ep, etp=etp, params=float(x),
+                stage_sync_ms(self.links, job, dp=dp, cp=cp, tp=tp, ep=ep, etp=etp, params=float(x),
                               expert_params=float(e), partition=name, one_node=one_node, streams=streams)
                 for x, e in zip(self.param_rows[s], self.expert_rows[s])], dtype=np.float64))
         return y
@@ -1103,6 +1114,7 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
 def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: CostOptions | None = None,
                  links=None) -> Prediction:
     """Predict one Megatron-runnable plan (the same composition as the search)."""
+    job = job_for_plan(job, plan)  # the plan's own distributed-optimizer choice, where it has one
     # the one fit rule (SpecError naming the field when the plan does not fit), with one
     # component per partition run, as the search prices plans
     placement = place(plan, site, job, by_partition=True)

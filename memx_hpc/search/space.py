@@ -39,6 +39,8 @@ times a *recompute assignment*:
 * **Expert parallel** (MoE models only): per layout, every ``(ep, etp)`` with ``ep``
   dividing the experts and ``etp x ep`` the stage's ``tp x c x dp`` ranks
   (:meth:`PlanSpace.expert_choices`; expert TP: TP's, and 1 when TP > 1).
+* **Distributed optimizer** (a job's ``distributed_optimizer: both``): every layout whose
+  ``dp x cp`` ranks could share the optimizer states comes with and without it.
 * Cross-vendor layouts run the project's megatron-core entry (one model chunk per rank, no
   context- or expert-parallel groups): they keep ``v = 1``, ``c = 1``. CP and EP groups
   never leave a stage, so never a partition nor a vendor: the cross-vendor group rule
@@ -189,6 +191,7 @@ class Skeleton:
     cp: int = 1
     ep: int = 1
     etp: int | None = None
+    distributed_optimizer: bool | None = None  # None: the job's
 
     @property
     def pp(self) -> int:
@@ -417,6 +420,13 @@ class PlanSpace:
             return False
         return tp <= partition.gpus_per_node or (self.options.tp_across_nodes and tp_fits_nodes(partition, tp))
 
+    def distributed_optimizer_choices(self, shards: int) -> tuple[bool | None, ...]:
+        """With and without Megatron-LM's distributed optimizer where the job says ``both`` and
+        ``shards`` (``dp x cp``) ranks share the optimizer states; else the job's (None)."""
+        if self.job.distributed_optimizer_searched and shards > 1:
+            return (True, False)
+        return (None,)
+
     def vp_choices(self, pp: int, num_microbatches: int, cross_vendor: bool) -> list[int]:
         """The virtual stages a layout of ``pp`` stages may take (1 always; more only with
         ``pp >= 2``, micro-batches in whole groups of ``pp``, on one vendor)."""
@@ -456,6 +466,7 @@ class PlanSpace:
                             continue
                         m = self.job.global_batch_size // (mbs * dp)
                         experts = self.expert_choices(tp, cp, dp)
+                        dopts = self.distributed_optimizer_choices(dp * cp)
                         for seq in seqs:
                             ranges = [room.get(i, ()) for i in seq]
                             if any(len(r) == 0 for r in ranges):
@@ -474,8 +485,10 @@ class PlanSpace:
                                 for sp in sps:
                                     for v in vps:
                                         for ep, etp in experts:
-                                            out.append(Skeleton(tp=tp, dp=dp, micro_batch_size=mbs, groups=groups,
-                                                                sequence_parallel=sp, vp=v, cp=cp, ep=ep, etp=etp))
+                                            for do in dopts:
+                                                out.append(Skeleton(tp=tp, dp=dp, micro_batch_size=mbs,
+                                                                    groups=groups, sequence_parallel=sp, vp=v, cp=cp,
+                                                                    ep=ep, etp=etp, distributed_optimizer=do))
         return out
 
     # ------------------------------------------------------------------ splits and levels
@@ -627,7 +640,8 @@ class PlanSpace:
                        for p, n, lv, g in zip(parts, layers, levels, group_max))
         return Plan(tp=s.tp, dp=s.dp, micro_batch_size=s.micro_batch_size,
                     global_batch_size=self.job.global_batch_size, stages=stages,
-                    sequence_parallel=s.sequence_parallel, virtual_stages=s.vp, cp=s.cp, ep=s.ep, etp=s.etp)
+                    sequence_parallel=s.sequence_parallel, virtual_stages=s.vp, cp=s.cp, ep=s.ep, etp=s.etp,
+                    distributed_optimizer=s.distributed_optimizer)
 
     def iter_range(self, start: int, stop: int) -> Iterator[tuple[int, Plan]]:
         """``(index, Plan)`` for ``start..stop-1``; for tests and reports (slow path)."""
@@ -650,7 +664,8 @@ class PlanSpace:
             names = [p.name for p in self.partitions]
             layouts = tuple(Layout(placement=place_groups(self.site, tp=sk.tp, dp=sk.dp, facts=facts, groups=[
                 (names[p], n) for p, n in sk.groups], cp=sk.cp, ep=sk.ep, etp=sk.etp),
-                micro_batch_size=sk.micro_batch_size, sequence_parallel=sk.sequence_parallel, virtual_stages=sk.vp)
+                micro_batch_size=sk.micro_batch_size, sequence_parallel=sk.sequence_parallel, virtual_stages=sk.vp,
+                distributed_optimizer=sk.distributed_optimizer)
                 for sk in self.skeletons)
             self._inputs = CompositionInputs(site=self.site, job=self.job, layouts=layouts, levels=self.levels)
         return self._inputs
@@ -736,7 +751,8 @@ def space_size(space: "PlanSpace") -> SpaceSize:
                     if not room:
                         continue
                     m = space.job.global_batch_size // (mbs * dp)
-                    n_experts = len(space.expert_choices(tp, cp, dp))
+                    n_experts = (len(space.expert_choices(tp, cp, dp))
+                                 * len(space.distributed_optimizer_choices(dp * cp)))
                     ways_of = _assignments(room.values())
                     # ordered choices inside one vendor, per vendor
                     single_of = [_assignments([r for i, r in room.items() if space._vendor[i] == v])

@@ -40,7 +40,7 @@ from typing import Sequence
 from ..errors import SpecError, SystemFailure
 from ..placement import ComponentPlacement, Placement, comm_vendor, place
 from ..shellsafe import check_entry
-from ..spec import Partition, Plan, Recompute, Site, TrainJob
+from ..spec import Partition, Plan, Recompute, Site, TrainJob, job_for_plan
 from .cmdline import (CommandLine, ComponentShape, command_line, pipeline_layout, project_entry_plan_refusal,
                       project_entry_refusal, recompute_args, virtual_recompute_refusal)
 from .groups import GroupBackend, cross_vendor_unsupported, encode_rank_vendors, format_map, group_backends
@@ -225,6 +225,7 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
     """
     from .. import __version__
 
+    job = job_for_plan(job, plan)  # the plan's own --use-distributed-optimizer, where it has one
     _check_plan(plan, site, job)
     placement = place(plan, site, job)  # the one fit rule: SpecError naming the field when it does not fit
     cross_vendor = _check_vendors(plan, site, placement)

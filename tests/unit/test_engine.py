@@ -437,7 +437,7 @@ def _degrees_space(moe: bool):
     kw = dict(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=1024) if moe else {}
     m = ModelSpec(name="long", num_layers=4, hidden_size=1024, num_attention_heads=8, num_query_groups=8,
                   ffn_hidden_size=4096, vocab_size=1000, seq_length=16384, **kw)
-    job = job_for_model(m, 8)
+    job = job_for_model(m, 8, distributed_optimizer_searched=True)  # and with / without the distributed optimizer
     space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=2, tp_degrees=(1, 2),
                                               micro_batch_sizes=(1,)))
     return space
@@ -456,6 +456,7 @@ def test_the_search_prices_virtual_context_and_expert_parallel_as_one_plan_is_pr
     kinds = {(s.vp, s.cp, s.ep) for s in space.skeletons}
     assert any(v > 1 for v, _, _ in kinds) and any(c > 1 for _, c, _ in kinds)
     assert any(e > 1 for _, _, e in kinds) == moe
+    assert {s.distributed_optimizer for s in space.skeletons} == {None, True, False}
     model = _Linear(act=2e8)
     inputs = space.composition_inputs()
     qs = required_queries(inputs)

@@ -7,6 +7,7 @@ import itertools
 from pathlib import Path
 
 import pytest
+import yaml
 
 from memx_hpc.errors import SpecError
 from memx_hpc.spec import ModelSpec, Partition, Site, job_for_model, load_job, load_site
@@ -366,3 +367,30 @@ def test_the_new_dimensions_count_toward_the_refusal_of_an_over_large_space():
     for words in ("virtual_stages (now 1,2,4)", "context_parallel_sizes (now 1,2,4,8)", "expert_parallel_sizes"):
         assert words in str(e.value)
     PlanSpace(site, wide, SpaceOptions(**opts, max_plans=n))  # exactly its size: searched
+
+
+def test_distributed_optimizer_both_searches_each_layout_with_and_without_it():
+    from memx_hpc.model.compose import predict_plan
+    from memx_hpc.model.api import AnalyticCostModel
+    from memx_hpc.search.space import space_size
+    from memx_hpc.slurm.render import describe
+    from memx_hpc.spec import job_from_mapping
+    site = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml")
+    doc = yaml.safe_load((ROOT / "jobs" / "gpt3-2.7b.yaml").read_text())
+    opts = SpaceOptions(layer_granularity=8, max_pipeline_stages=2)
+    one = PlanSpace(site, job_from_mapping(doc), opts)
+    both = PlanSpace(site, job_from_mapping({**doc, "distributed_optimizer": "both"}), opts)
+    assert space_size(both).plans == len(both) > len(one)
+    choices = {(sk.distributed_optimizer, sk.dp * sk.cp > 1) for sk in both.skeletons}
+    assert choices == {(True, True), (False, True), (None, False)}
+    plans = [both.plan_at(i) for i in range(len(both))]
+    on = next(p for p in plans if p.distributed_optimizer is True and p.cp == 1 and p.dp >= 2)
+    off = dataclasses.replace(on, distributed_optimizer=False)
+    model = AnalyticCostModel(site)
+    p_on, p_off = (predict_plan(p, site, both.job, model) for p in (on, off))
+    assert p_on.stages[0].state_bytes < p_off.stages[0].state_bytes  # states sharded over DP
+    argv_on, argv_off = (describe(p, site, both.job).megatron_argv[0] for p in (on, off))
+    assert "--use-distributed-optimizer" in argv_on and "--use-distributed-optimizer" not in argv_off
+    with pytest.raises(SpecError) as e:
+        job_from_mapping({**doc, "distributed_optimizer": "sometimes"})
+    assert e.value.field == "distributed_optimizer"
