@@ -14,7 +14,13 @@ and changes nothing on a GPU:
   (the same autograd Functions, so the same saved tensors, without compiling per shape);
 * dropout: ``F.dropout`` on CPU keeps its mask in the activation dtype, CUDA keeps one
   byte per element; ``torch.native_dropout`` keeps a bool mask on both, so the saved
-  activation bytes are the same as on a GPU.
+  activation bytes are the same as on a GPU;
+* the MoE layer: the router moves its weight to, and builds its aux-loss tensors on,
+  ``torch.cuda.current_device()`` (here: the CPU), and the all-to-all token dispatcher
+  builds a CUDA stream for its device-to-host copies of the split sizes (here: none; the
+  sizes are on the CPU already and become the lists ``all_to_all_single`` takes); without
+  Transformer Engine, ``moe_utils`` leaves the name ``te_general_gemm`` undefined, which
+  the router's GEMM reads (None here: torch's matmul).
 
 ``attention="sdpa"`` swaps the local spec's unfused ``DotProductAttention`` for
 :func:`sdpa_core_attention_class` (``torch.nn.functional.scaled_dot_product_attention``
@@ -97,8 +103,11 @@ def cpu_workarounds() -> Iterator[None]:
 
     import torch._dynamo
 
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as A2A
+
     saved = {"dropout": F.dropout, "get": mrandom._get_cuda_rng_state, "set": mrandom._set_cuda_rng_state,
-             "dynamo": torch._dynamo.config.disable}
+             "dynamo": torch._dynamo.config.disable, "current_device": torch.cuda.current_device,
+             "a2a_stream": A2A.cuda_dtoh_stream, "a2a_dtoh": A2A._maybe_dtoh_and_synchronize}
 
     def get_state(device: Any = "cuda", clone: bool = False, graph_safe: bool = False) -> "torch.Tensor":
         return torch.get_rng_state()
@@ -113,13 +122,45 @@ def cpu_workarounds() -> Iterator[None]:
     # torch.compile; eager runs keep their autograd Functions (and what they save) without
     # compiling per shape on the CPU
     torch._dynamo.config.disable = True
+    torch.cuda.current_device = _cpu_current_device
+    A2A.cuda_dtoh_stream = "cpu"  # set: the dispatcher builds no CUDA stream
+    A2A._maybe_dtoh_and_synchronize = _cpu_dtoh_and_synchronize
+    from megatron.core.transformer.moe import moe_utils
+    te_missing = not hasattr(moe_utils, "te_general_gemm")
+    if te_missing:
+        moe_utils.te_general_gemm = None
     try:
         yield
     finally:
         torch._dynamo.config.disable = saved["dynamo"]
+        torch.cuda.current_device = saved["current_device"]
+        A2A.cuda_dtoh_stream = saved["a2a_stream"]
+        A2A._maybe_dtoh_and_synchronize = saved["a2a_dtoh"]
+        if te_missing:
+            del moe_utils.te_general_gemm
         F.dropout = saved["dropout"]
         mrandom._get_cuda_rng_state = saved["get"]
         mrandom._set_cuda_rng_state = saved["set"]
+
+
+def _cpu_current_device() -> str:
+    """``torch.cuda.current_device()`` for megatron-core's MoE code on a CPU-only process."""
+    return "cpu"
+
+
+def _cpu_dtoh_and_synchronize(self: Any, point: str, tokens_per_expert: Any = None) -> Any:
+    """``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize`` on the CPU: the split sizes
+    the all-to-all needs as numbers, without CUDA streams or events (nothing to copy)."""
+    import torch
+
+    if not self.drop_and_pad and point == self.cuda_dtoh_point:
+        def numbers(t: Any) -> Any:
+            return t.numpy() if torch.is_tensor(t) else t
+
+        self.input_splits = numbers(self.input_splits)
+        self.output_splits = numbers(self.output_splits)
+        self.output_splits_tp = numbers(self.output_splits_tp)
+    return tokens_per_expert
 
 
 def _cpu_memory_buffer() -> Any:
@@ -179,15 +220,19 @@ def init_distributed(*, rank: int, world_size: int, master_addr: str, master_por
     return backend
 
 
-def init_model_parallel(*, tp: int, seed: int = 1234) -> None:
-    """Megatron's model-parallel groups with TP = ``tp`` over the default group, RNG seeded."""
+def init_model_parallel(*, tp: int, seed: int = 1234, ep: int = 1, etp: int | None = None) -> None:
+    """Megatron's model-parallel groups with TP = ``tp`` (and, for MoE layers, expert-parallel
+    ``ep`` and expert tensor-parallel ``etp``) over the default group, RNG seeded."""
     import torch.distributed as dist
     from megatron.core import parallel_state, tensor_parallel
 
     world = dist.get_world_size()
     if world % tp:
         raise SpecError(f"world size {world} is not a multiple of the tensor-parallel degree", field="tp", found=tp)
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    if world % (ep * (tp if etp is None else etp)):
+        raise SpecError(f"world size {world} is not a multiple of expert TP x EP", field="ep", found=ep)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+                                             expert_tensor_parallel_size=etp)
     import torch
 
     if not torch.cuda.is_available():
@@ -230,6 +275,15 @@ class LayerSettings:
     attention_dropout: float = 0.1  # the unfused ("core") kernel only; SDPA runs without
     add_bias_linear: bool = True
     normalization: str = "LayerNorm"
+    #: an MoE layer (``num_experts`` set): top-k, expert and shared-expert widths, and the
+    #: expert-parallel degree it runs at (its ``num_experts / ep`` experts on this rank)
+    kv_channels: int | None = None  # a head size other than hidden_size / heads
+    num_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    ep: int = 1
+    etp: int | None = None
 
 
 def layer_config(s: LayerSettings) -> Any:
@@ -246,6 +300,17 @@ def layer_config(s: LayerSettings) -> Any:
     # TransformerBlock's checkpointed forward does per layer.
     if s.activation == "swiglu":
         kw.update(activation_func=F.silu, gated_linear_unit=True)
+    if s.kv_channels is not None:
+        kw.update(kv_channels=s.kv_channels)
+    if s.num_experts is not None:
+        # the all-to-all dispatcher (Megatron-LM's choice for EP); the experts as a list of
+        # MLPs (SequentialMLP: the local spec's without grouped GEMM); aux-loss balancing
+        kw.update(num_moe_experts=s.num_experts, moe_router_topk=s.moe_router_topk,
+                  moe_ffn_hidden_size=s.moe_ffn_hidden_size or s.ffn_hidden_size,
+                  moe_shared_expert_intermediate_size=s.moe_shared_expert_intermediate_size,
+                  moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False,
+                  moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-2,
+                  expert_model_parallel_size=s.ep, expert_tensor_parallel_size=s.etp)
     return TransformerConfig(
         num_layers=1, hidden_size=s.hidden_size, num_attention_heads=s.num_attention_heads,
         num_query_groups=s.num_query_groups, ffn_hidden_size=s.ffn_hidden_size,
@@ -297,7 +362,11 @@ def build_layer(s: LayerSettings) -> Any:
     from megatron.core.transformer.spec_utils import build_module
 
     cfg = layer_config(s)
-    spec = get_gpt_layer_local_spec(normalization=s.normalization)
+    if s.num_experts is not None:
+        spec = get_gpt_layer_local_spec(num_experts=s.num_experts, moe_grouped_gemm=False,
+                                        normalization=s.normalization)
+    else:
+        spec = get_gpt_layer_local_spec(normalization=s.normalization)
     if s.attention == "sdpa":
         spec = copy.deepcopy(spec)
         spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention_class()

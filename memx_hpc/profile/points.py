@@ -30,6 +30,13 @@ The minimal set, per GPU type, measures a layer at (``T`` TP values sorted,
    (``b·s·h·e`` bytes, Megatron's activation all-reduce), and point-to-point sends of
    those two messages between two devices of one node, and between two nodes where a
    partition has several.
+5. a mixture of experts: the layer points above for each kind of layer the model has
+   (dense and MoE when ``moe_layer_freq`` mixes them); where a node has two or more
+   devices, the MoE layer once at the smallest expert-parallel size above 1 that divides
+   the experts (``(1, M_max)``, its experts spread over those ranks and its tokens
+   dispatched by megatron-core's all-to-all), and the all-to-all itself (``alltoall``) over
+   the smallest and largest such EP group for the dispatch messages of ``M_min`` and ``M_max``
+   (``(ep - 1) / ep`` of ``k·b·s·h·e`` bytes sent per rank).
 
 The minimal set never grows with the number of micro-batch sizes or TP values, so its
 share of the grid shrinks as the grid grows; ``python benchmarks/profiling_cost.py``
@@ -102,11 +109,65 @@ def grid_axes(site: Site, job: TrainJob) -> list[GridAxes]:
     return out
 
 
+def _shape(job: TrainJob, moe: bool | None) -> LayerShape:
+    """The job's layer shape of one kind (``moe`` None: the MoE layer of a model whose layers
+    are of two kinds, else its one kind), as the composition asks for it."""
+    kinds = set(job.model.moe_layers)
+    if moe is None and len(kinds) > 1:
+        moe = True
+    return LayerShape.of(job.model, moe=moe)
+
+
+def _layer_kinds(job: TrainJob) -> list[bool | None]:
+    """The layer kinds a job's layer points cover: its one kind, or dense and MoE."""
+    return [False, True] if len(set(job.model.moe_layers)) > 1 else [None]
+
+
 def _point(job: TrainJob, gpu: str, kind: str, *, tp: int = 1, mbs: int = 1, recompute: str = "none",
-           group_size: int = 1, message_bytes: int = 0, inter_node: bool = False) -> ProfilePoint:
-    return ProfilePoint(gpu_type=gpu, kind=kind, shape=LayerShape.of(job.model), tp=tp, micro_batch_size=mbs,
+           group_size: int = 1, message_bytes: int = 0, inter_node: bool = False, moe: bool | None = None,
+           ep: int = 1) -> ProfilePoint:
+    return ProfilePoint(gpu_type=gpu, kind=kind, shape=_shape(job, moe), tp=tp, micro_batch_size=mbs,
                         recompute=recompute, precision=job.precision, attention=job.attention,
-                        group_size=group_size, message_bytes=message_bytes, inter_node=inter_node)
+                        group_size=group_size, message_bytes=message_bytes, inter_node=inter_node, ep=ep)
+
+
+def _ep_sizes(job: TrainJob, per_node: int) -> list[int]:
+    """Expert-parallel sizes above 1 that divide the experts and fit a node's devices."""
+    m = job.model
+    if not m.is_moe:
+        return []
+    return [e for e in _divisors(per_node) if e > 1 and m.num_experts % e == 0]
+
+
+def _alltoall_message_bytes(job: TrainJob, mbs: int, ep: int) -> int:
+    """What one rank sends in one token dispatch over ``ep`` ranks under balanced routing:
+    ``(ep - 1) / ep`` of its ``k`` copies of ``b·s·h`` elements."""
+    m = job.model
+    return mbs * m.moe_router_topk * m.seq_length * m.hidden_size * BYTES_PER_ELEMENT[job.precision] * (ep - 1) // ep
+
+
+def _moe_points(job: TrainJob, ax: GridAxes, per_node: int, *, minimal: bool) -> list[ProfilePoint]:
+    """An MoE model's points that need 2+ devices of a node: the MoE layer at an EP above 1
+    (the smallest; every one off the minimal set) and the all-to-all over each EP group
+    (minimal: the smallest and largest), at the micro-batch sizes the collectives take."""
+    eps = _ep_sizes(job, per_node)
+    if not eps:
+        return []
+    mbs = ax.micro_batch_sizes if not minimal else tuple(dict.fromkeys((ax.micro_batch_sizes[0],
+                                                                         ax.micro_batch_sizes[-1])))
+    first = "none" if "none" in ax.recompute_modes else ax.recompute_modes[0]
+    layer_eps = eps if not minimal else eps[:1]
+    a2a_eps = eps if not minimal else list(dict.fromkeys((eps[0], eps[-1])))
+    g = ax.gpu_type
+    pts = [_point(job, g, "layer", tp=1, mbs=ax.micro_batch_sizes[-1], recompute=first, moe=True, ep=e)
+           for e in layer_eps]
+    pts += [_point(job, g, "alltoall", mbs=b, group_size=e, message_bytes=_alltoall_message_bytes(job, b, e))
+            for e in a2a_eps for b in mbs]
+    return pts
+
+
+def _per_node(site: Site, gpu: str) -> int:
+    return max(p.gpus_per_node for p in site.partitions if site.gpu(p.gpu_type).name == gpu)
 
 
 def _activation_message_bytes(job: TrainJob, mbs: int) -> int:
@@ -147,9 +208,10 @@ def full_grid(site: Site, job: TrainJob) -> list[ProfilePoint]:
     (TP, micro-batch, recompute) and the other kinds at every (TP, micro-batch)."""
     out: list[ProfilePoint] = []
     for ax in grid_axes(site, job):
-        out += [_point(job, ax.gpu_type, "layer", tp=t, mbs=b, recompute=r)
+        out += [_point(job, ax.gpu_type, "layer", tp=t, mbs=b, recompute=r, moe=k) for k in _layer_kinds(job)
                 for t in ax.tps for b in ax.micro_batch_sizes for r in ax.recompute_modes]
         out += _others(job, ax, minimal=False)
+        out += _moe_points(job, ax, _per_node(site, ax.gpu_type), minimal=False)
     return out
 
 
@@ -165,8 +227,10 @@ def minimal_set(site: Site, job: TrainJob) -> list[ProfilePoint]:
             chosen.append((ax.tps[(len(ax.tps) - 1) // 2], ax.micro_batch_sizes[(len(ax.micro_batch_sizes) - 1) // 2],
                            first))
         chosen += [(t0, b1, r) for r in ax.recompute_modes if r != first]
-        layer = [_point(job, ax.gpu_type, "layer", tp=t, mbs=b, recompute=r) for t, b, r in dict.fromkeys(chosen)]
+        layer = [_point(job, ax.gpu_type, "layer", tp=t, mbs=b, recompute=r, moe=k) for k in _layer_kinds(job)
+                 for t, b, r in dict.fromkeys(chosen)]
         out += layer + _others(job, ax, minimal=True)
+        out += _moe_points(job, ax, _per_node(site, ax.gpu_type), minimal=True)
     return out
 
 
@@ -230,5 +294,5 @@ def estimate_seconds(site: Site, point: ProfilePoint, *, warmup: int = 2, iters:
         per_pass = 2 * point.message_bytes / link + 1e-4
         devices = point.group_size
         return devices * (TASK_STARTUP_S + (warmup + iters) * per_pass)
-    devices = point.tp
+    devices = point.tp * point.ep if point.kind == "layer" else point.tp
     return devices * (TASK_STARTUP_S + (warmup + iters) * f / flops_per_s)

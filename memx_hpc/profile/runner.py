@@ -132,11 +132,14 @@ class InjectedFailure(RuntimeError):
 
 
 def world_size_of(point: ProfilePoint) -> int:
-    """Ranks a point needs: TP for layers and their parts, the group for collectives."""
-    if point.kind in ("allreduce",):
+    """Ranks a point needs: TP for layers and their parts (an MoE layer at EP > 1: TP x EP,
+    its expert TP being TP's), the group for collectives."""
+    if point.kind in ("allreduce", "alltoall"):
         return point.group_size
     if point.kind == "p2p":
         return 2
+    if point.kind == "layer" and point.ep > 1:
+        return point.tp * point.ep
     return point.tp
 
 
@@ -331,20 +334,21 @@ class _Ctx:
         self.torch = torch
         self.clock = _Clock()
         self.tp: int | None = None
+        self.ep = 1
         self.device = None
         self.common: dict[str, Any] = {}
 
-    def set_tp(self, tp: int) -> None:
+    def set_tp(self, tp: int, ep: int = 1) -> None:
         from megatron.core import parallel_state
 
         from .. import megatron_cpu as mc
 
-        if self.tp == tp:
+        if self.tp == tp and self.ep == ep:
             return
         if self.tp is not None:
             parallel_state.destroy_model_parallel()
-        mc.init_model_parallel(tp=tp, seed=self.task.settings.seed)
-        self.tp = tp
+        mc.init_model_parallel(tp=tp, ep=ep, seed=self.task.settings.seed)
+        self.tp, self.ep = tp, ep
 
     def max_over_ranks(self, values: list[float]) -> list[float]:
         """The slowest rank's figures (a TP layer is as slow as its slowest shard)."""
@@ -471,6 +475,8 @@ def _measure(ctx: _Ctx, point: ProfilePoint) -> LayerSample | None:
         return _measure_allreduce(ctx, point)
     if point.kind == "p2p":
         return _measure_p2p(ctx, point)
+    if point.kind == "alltoall":
+        return _measure_alltoall(ctx, point)
     raise SpecError("unknown sample kind", field="kind", found=point.kind)
 
 
@@ -484,12 +490,23 @@ def _build(ctx: _Ctx, point: ProfilePoint) -> tuple[Any, Callable[[], Any], Any,
     from .. import megatron_cpu as mc
 
     sh = point.shape
+    if sh.multi_latent_attention and point.kind == "layer":
+        raise SpecError("multi-latent attention layers are not profiled yet (the roofline prices them)",
+                        field="multi_latent_attention", found=True)
+    moe = {}
+    if point.kind == "layer" and sh.is_moe:
+        # megatron-core's MoE layer (router, the experts as SequentialMLP, shared experts, the
+        # all-to-all dispatcher), biases off as in Megatron's MoE recipes
+        moe = dict(num_experts=sh.num_experts, moe_router_topk=sh.moe_router_topk,
+                   moe_ffn_hidden_size=sh.moe_ffn_hidden_size,
+                   moe_shared_expert_intermediate_size=sh.moe_shared_expert_intermediate_size, ep=point.ep,
+                   add_bias_linear=False)
     s = mc.LayerSettings(hidden_size=sh.hidden_size, num_attention_heads=sh.num_attention_heads,
                          num_query_groups=sh.num_query_groups, ffn_hidden_size=sh.ffn_hidden_size,
                          activation=sh.activation, tp=point.tp, precision=point.precision,
                          attention=point.attention, recompute=point.recompute if point.kind == "layer" else "none",
                          hidden_dropout=ctx.task.settings.hidden_dropout,
-                         attention_dropout=ctx.task.settings.attention_dropout)
+                         attention_dropout=ctx.task.settings.attention_dropout, kv_channels=sh.head_dim, **moe)
     dev = mc.device_of()
     dtype = mc.dtype_of(point.precision)
     seq, b, h = sh.seq_length, point.micro_batch_size, sh.hidden_size
@@ -634,7 +651,7 @@ def _fake_peak(ctx: _Ctx, point: ProfilePoint) -> int | None:
 def _measure_module(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
     import torch
 
-    ctx.set_tp(point.tp)
+    ctx.set_tp(point.tp, point.ep if point.kind == "layer" else 1)
     cap = ctx.task.memory_cap_bytes
     cpu = not ctx.clock.cuda
     predicted = _fake_peak(ctx, point) if cpu else None
@@ -802,6 +819,41 @@ def _measure_allreduce(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
     memory = _gpu_memory() if ctx.clock.cuda else {}
     del t
     return _sample(ctx, point, forward_ms=ms, extra={"elements": n, "dtype": str(dtype),
+                                                    "ms_all": [round(x, 4) for x in times],
+                                                    **_memory_sources(memory)}, **memory)
+
+
+def _measure_alltoall(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
+    """An MoE layer's token dispatch over an EP group: ``all_to_all_single`` in which every
+    rank sends ``message_bytes`` in all, an equal share to each other rank (balanced routing;
+    its own share stays), the median call's ms on the slowest rank."""
+    import torch
+    import torch.distributed as dist
+
+    from .. import megatron_cpu as mc
+
+    dtype = mc.dtype_of(point.precision)
+    if dtype == torch.bfloat16 and not ctx.clock.cuda:
+        dtype = torch.float16  # as for the all-reduce: the same bytes on the wire
+    g = point.group_size
+    per_peer = max(1, point.message_bytes // BYTES_PER_ELEMENT[point.precision] // max(g - 1, 1))
+    n = per_peer * g
+    if ctx.clock.cuda:
+        torch.cuda.reset_peak_memory_stats()
+    src = torch.ones(n, dtype=dtype, device=mc.device_of())
+    dst = torch.empty_like(src)
+
+    def once() -> None:
+        dist.all_to_all_single(dst, src)
+
+    for _ in range(ctx.task.settings.warmup):
+        once()
+    dist.barrier()
+    times = [ctx.clock.once(once) for _ in range(ctx.task.settings.iters)]
+    (ms,) = ctx.max_over_ranks([statistics.median(times)])
+    memory = _gpu_memory() if ctx.clock.cuda else {}
+    del src, dst
+    return _sample(ctx, point, forward_ms=ms, extra={"elements_per_peer": per_peer, "dtype": str(dtype),
                                                     "ms_all": [round(x, 4) for x in times],
                                                     **_memory_sources(memory)}, **memory)
 

@@ -96,3 +96,30 @@ def test_estimates_are_positive_and_ordered():
     fast = estimate_seconds(site, pts[("A100-80", "layer", 1, 8, "none")])
     assert 0 < small < big and fast < big  # more work costs more; a faster GPU costs less
     assert all(estimate_seconds(site, p) > 0 for p in full_grid(site, job))
+
+
+def test_moe_points_cover_the_moe_layer_at_ep_and_the_alltoall():
+    """Mixtral on the cross-vendor site: its layer points are MoE layers; on a node of 2+
+    devices the MoE layer also runs at the smallest EP above 1 and the all-to-all over the
+    smallest and largest EP groups for two micro-batch sizes; a model whose first layer is
+    dense (moe_layer_freq) gets layer points of both kinds."""
+    import dataclasses
+
+    from memx_hpc.profile.runner import world_size_of
+
+    site, job = _load(CROSS, "mixtral-8x7b.yaml")
+    mini = minimal_set(site, job)
+    layers = layer_points(mini)
+    assert layers and all(p.shape.is_moe for p in layers)
+    a100 = [p for p in mini if p.gpu_type == "A100-80"]
+    ep_layers = [p for p in a100 if p.kind == "layer" and p.ep > 1]
+    assert [p.ep for p in ep_layers] == [2] and world_size_of(ep_layers[0]) == 2
+    a2a = [p for p in a100 if p.kind == "alltoall"]
+    assert sorted({p.group_size for p in a2a}) == [2, 4]  # 4 A100s a node; 8 experts
+    m = job.model
+    p = next(x for x in a2a if x.group_size == 4)
+    assert p.message_bytes == p.micro_batch_size * m.moe_router_topk * m.seq_length * m.hidden_size * 2 * 3 // 4
+    assert set(minimal_set(site, job)) <= set(full_grid(site, job))
+    mixed = dataclasses.replace(job, model=dataclasses.replace(m, moe_layer_freq=(0,) + (1,) * (m.num_layers - 1)))
+    kinds = {q.shape.is_moe for q in layer_points(minimal_set(site, mixed)) if q.ep == 1}
+    assert kinds == {False, True}

@@ -348,3 +348,41 @@ def test_hostile_partition_values_are_refused_before_profiling(tmp_path, key, va
                            text=True)
         assert "syntax error" in r.stderr and "after" in r.stdout
     assert not marker.exists()
+
+
+MOE_SHAPE = dataclasses.replace(SHAPE, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=256)
+
+
+@pytest.mark.slow
+def test_moe_layer_and_alltoall_on_one_and_two_ranks(tmp_path):
+    """megatron-core's MoE layer (local spec, SequentialMLP experts, all-to-all dispatcher) runs
+    on this CPU: with its 4 experts on one rank, and at EP 2 over two gloo ranks beside the
+    all-to-all of its dispatch message; what it keeps for backward is of the size the analytic
+    formula says (router scores, k routed copies, the experts' interiors)."""
+    from memx_hpc.model.api import LayerQuery, analytic_activation_bytes
+
+    msg = 2 * SHAPE.seq_length * 2 * SHAPE.hidden_size * 4 // 2  # mbs 2, top-2, fp32, half leaves the rank
+    one = ProfileTask(gpu_type="cpu-test", vendor="cpu", memory_cap_bytes=2**32,
+                      points=(ProfilePoint(gpu_type="cpu-test", kind="layer", shape=MOE_SHAPE, micro_batch_size=2,
+                                           precision="fp32"),), world_size=1,
+                      settings=RunSettings(warmup=1, iters=2), rendezvous_dir=str(tmp_path))
+    two = ProfileTask(gpu_type="cpu-test", vendor="cpu", memory_cap_bytes=2**32,
+                      points=(ProfilePoint(gpu_type="cpu-test", kind="layer", shape=MOE_SHAPE, micro_batch_size=2,
+                                           precision="fp32", ep=2),
+                              ProfilePoint(gpu_type="cpu-test", kind="alltoall", shape=MOE_SHAPE, group_size=2,
+                                           message_bytes=msg, precision="fp32")),
+                      world_size=2, settings=RunSettings(warmup=1, iters=2), rendezvous_dir=str(tmp_path))
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    (r1,) = run_tasks(tmp_path / "one", [one])
+    (r2,) = run_tasks(tmp_path / "two", [two], ranks=2)
+    assert r1.failures == () and r2.failures == ()
+    (moe1,) = r1.samples
+    kinds = {s.point.kind: s for s in r2.samples}
+    moe2, a2a = kinds["layer"], kinds["alltoall"]
+    assert moe1.forward_ms > 0 and moe2.forward_ms > 0 and a2a.forward_ms > 0
+    assert moe2.point.ep == 2 and moe2.provenance.as_dict()["world_size"] == 2
+    q = LayerQuery(gpu_type="cpu-test", kind="layer", shape=MOE_SHAPE, tp=1, micro_batch_size=2, recompute="none",
+                   precision="fp32")
+    want = analytic_activation_bytes(q, dropout_mask_bytes=1)
+    assert 0.6 * want < moe1.activation_bytes < 1.6 * want, (moe1.activation_bytes, want)
