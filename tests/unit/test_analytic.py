@@ -166,7 +166,11 @@ def test_analytic_cost_model_resolves_site_types_and_aliases():
     assert out[1, 0] / out[0, 0] == pytest.approx(4 / 3, rel=0.05)  # full recompute adds a forward
     assert out[1, 1] < out[0, 1]
     assert cm.provenance("myacc") == "datasheet-only"
-    assert cm.overhead_bytes("myacc") > cm.overhead_bytes("a100x80") > 0  # amd default larger
+    # each GPU's overhead is its vendor's memory prior (the uncalibrated footprint's fixed term)
+    from memx_hpc.model.memory import prior_for
+    assert cm.overhead_bytes("myacc") == pytest.approx(prior_for("amd").b_bytes, rel=1e-6)
+    assert cm.overhead_bytes("a100x80") == pytest.approx(prior_for("nvidia").b_bytes, rel=1e-6)
+    assert cm.overhead_bytes("myacc") != cm.overhead_bytes("a100x80")
     with pytest.raises(SpecError, match="unknown GPU type"):
         cm.predict([LayerQuery(gpu_type="Z9000", shape=sh, tp=1, micro_batch_size=1, recompute="none",
                                precision="bf16")])
