@@ -167,41 +167,14 @@ def shape_of(job: TrainJob) -> LayerShape:
     return LayerShape.of(job.model, moe=job.model.is_moe)
 
 
-#: The routed experts' load over the balanced share that the composition prices (their
-#: compute and all-to-all): an assumed margin, not measured here, for Megatron's dropless
-#: routing under its auxiliary load-balancing loss; until an MoE layer is profiled.
-MOE_IMBALANCE = 1.1
-
-
-def moe_dense_equivalent(model) -> LayerShape:  # noqa: ANN001 - ModelSpec
-    """An MoE layer priced as a dense layer of the same attention and an FFN as wide as the
-    ``k`` experts each token runs plus the shared experts (router and permutation left out).
-
-    Under balanced routing every rank of a stage runs ``s·b·k/(tp·cp)`` tokens' expert FFNs
-    whatever EP and expert TP are (the experts' work is spread over the same ranks), so this
-    is the per-rank work of the layer; grouped-GEMM efficiency and the router are what it
-    leaves out. The MoE layer's own cost (profiled, or its roofline) replaces this function."""
-    ffn = model.moe_router_topk * model.expert_ffn_hidden_size + (model.moe_shared_expert_intermediate_size or 0)
-    for name, plain in (("multi_latent_attention", False), ("head_dim", None)):
-        value = getattr(model, name)
-        if value != plain and not (name == "head_dim" and value * model.num_attention_heads == model.hidden_size):
-            raise SpecError("the layer profiler and predictor describe layers with standard attention; this "
-                            "model's layers are not planned yet (memx-hpc validate reads it)",
-                            field=f"model.{name}", found=value)
-    return LayerShape(hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
-                      num_query_groups=model.num_query_groups, ffn_hidden_size=ffn, seq_length=model.seq_length,
-                      vocab_size=model.vocab_size, activation=model.activation)
-
-
-def _expert_share(model) -> float:  # noqa: ANN001 - ModelSpec
-    """The routed experts' part of an MoE layer's forward FLOPs (the part the imbalance margin
-    applies to); 0 for a dense model."""
-    if not model.is_moe:
+def _expert_share(job: TrainJob) -> float:
+    """The routed experts' part of an MoE layer's forward FLOPs on a rank
+    (:func:`memx_hpc.model.analytic.moe_layer_flops` at EP 1): what the imbalance margin of
+    expert parallel widens; 0 for a dense model."""
+    if not job.model.is_moe:
         return 0.0
-    shape = moe_dense_equivalent(model)
-    mats = 3 if model.activation == "swiglu" else 2
-    experts = 2.0 * shape.seq_length * shape.hidden_size * model.moe_router_topk * model.expert_ffn_hidden_size * mats
-    return experts / analytic.layer_flops(shape, micro_batch_size=1)
+    parts = analytic.moe_layer_flops(shape_of(job), micro_batch_size=1, tp=1, ep=1)
+    return parts["routed"] / sum(parts.values())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,15 +205,17 @@ def stage_extras(links, job: TrainJob, *, partition: str | None, tasks_per_node:
       split over TP), the send over the CP group's link (inside a node when the component's
       tasks per node are a multiple of ``tp x c``; Megatron's order puts the CP peers TP
       apart), all the node's ranks sending at once; backward moves twice the bytes.
-    * Expert parallel ``ep``: per MoE layer a dispatch and a combine all-to-all forward and
-      again backward (:func:`memx_hpc.model.analytic.moe_dispatch_bytes` for the rank's
-      ``1/(tp x c)`` of the tokens, ``(ep-1)/ep`` of it leaving the rank), over the EP group's
-      link, not overlapped (Megatron's default), widened by :data:`MOE_IMBALANCE`; the routed
-      experts' compute is widened by it too.
+    * Expert parallel ``ep``: the cost model prices the MoE layer at EP 1 (every expert on the
+      rank: no imbalance, no all-to-all); with ``ep > 1`` the routed experts' compute is
+      widened by :func:`memx_hpc.model.analytic.moe_imbalance` (the most loaded rank), and
+      each MoE layer adds a dispatch and a combine all-to-all forward and again backward
+      (:func:`memx_hpc.model.analytic.moe_alltoall_bytes` for the rank's ``1/(tp x c)`` of the
+      tokens) over the EP group's link, not overlapped (Megatron's default), the most loaded
+      rank's share set by the same margin.
     """
     m = job.model
-    share = _expert_share(m)
-    layer_scale = (1.0 + (MOE_IMBALANCE - 1.0) * share) / cp
+    imbalance = analytic.moe_imbalance(ep) if m.is_moe else 1.0
+    layer_scale = (1.0 + (imbalance - 1.0) * _expert_share(job)) / cp
     xf = xb = 0.0
     if partition is not None and cp > 1:
         f_bytes, b_bytes = analytic.cp_kv_exchange_bytes(shape_of(job), micro_batch_size=micro_batch_size,
@@ -260,11 +235,11 @@ def stage_extras(links, job: TrainJob, *, partition: str | None, tasks_per_node:
     if partition is not None and ep > 1 and m.is_moe:
         et = tp if etp is None else etp
         frac = sum(m.moe_layers) / m.num_layers
-        out = analytic.moe_dispatch_bytes(m, micro_batch_size=micro_batch_size, precision=job.precision) \
-            / (tp * cp) * (ep - 1) / ep
+        out = analytic.moe_alltoall_bytes(m, micro_batch_size=micro_batch_size, precision=job.precision, ep=ep) \
+            / (tp * cp)
         streams = max(1, min(et * ep, tasks_per_node))
         same = tasks_per_node % (et * ep) == 0
-        a2a = links.p2p(out * streams, partition, partition, same_node=same, streams=streams).ms * MOE_IMBALANCE
+        a2a = links.p2p(out * streams, partition, partition, same_node=same, streams=streams).ms * imbalance
         xf += 2.0 * a2a * frac
         xb += 2.0 * a2a * frac
     return StageExtras(layer_scale=layer_scale, ends_scale=1.0 / cp, act_scale=1.0 / cp, extra_fwd_ms=xf,
@@ -1281,7 +1256,7 @@ def _known(site: Site, name: str) -> bool:
 
 
 __all__ = ["Block", "BlockCost", "Composer", "CompositionInputs", "Layout", "CostOptions", "GRAD_BYTES_PER_PARAM",
-           "MOE_IMBALANCE", "StageExtras", "stage_extras", "stage_state", "stage_sync_ms", "moe_dense_equivalent",
+           "StageExtras", "stage_extras", "stage_state", "stage_sync_ms",
            "interleaved_finish", "in_flight_units",
            "Prediction", "StagePrediction",
            "context_queries", "p2p_bytes", "predict_general", "predict_plan", "required_queries",
