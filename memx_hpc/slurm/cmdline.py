@@ -160,11 +160,13 @@ def project_entry_refusal(job: TrainJob) -> Refusal | None:
     """Why the project's entry (cross-vendor plans) cannot train ``job``, or None. The search
     space and render ask the same question (:mod:`memx_hpc.planner` excludes such plans)."""
     m = job.model
-    if m.num_experts is not None or m.multi_latent_attention or m.rope_scaling == "yarn":
-        return Refusal(field="model", reason="the model has " + ("experts" if m.num_experts is not None else "multi-latent attention"
-                                    if m.multi_latent_attention else "YaRN RoPE scaling") +
-                ": the project's megatron-core entry, which cross-vendor plans run, builds dense GPT layers with "
-                "standard attention only")
+    mixed = m.is_moe and len(set(m.moe_layers)) > 1
+    if mixed or m.multi_latent_attention or m.rope_scaling == "yarn":
+        return Refusal(field="model", reason="the model has " + ("dense and MoE layers (moe_layer_freq)" if mixed
+                                                                 else "multi-latent attention"
+                                                                 if m.multi_latent_attention else "YaRN RoPE scaling") +
+                       ": the project's megatron-core entry, which cross-vendor plans run, builds GPT layers with "
+                       "standard attention, all dense or all MoE")
     d = job.data
     if d is not None and d.tokenizer_type not in PROJECT_ENTRY_TOKENIZERS:
         return Refusal(field="data.tokenizer.type",
@@ -175,14 +177,14 @@ def project_entry_refusal(job: TrainJob) -> Refusal | None:
 
 def project_entry_plan_refusal(plan: Plan) -> Refusal | None:
     """Why the project's entry (cross-vendor plans) cannot run ``plan``'s parallel degrees, or
-    None: it builds one model chunk per rank and no context- or expert-parallel groups, so
-    cross-vendor plans keep one virtual stage, CP 1 and EP 1 (the search asks the same)."""
-    for name, label in (("virtual_stages", "virtual pipeline stages"), ("cp", "context parallel"),
-                        ("ep", "expert parallel")):
+    None: it builds one model chunk per rank and no context-parallel groups, so cross-vendor
+    plans keep one virtual stage and CP 1 (the search asks the same); expert parallel it runs
+    (megatron-core's MoE layer, all-to-all dispatcher)."""
+    for name, label in (("virtual_stages", "virtual pipeline stages"), ("cp", "context parallel")):
         if getattr(plan, name) > 1:
             return Refusal(field=name, reason=f"{label} ({name} {getattr(plan, name)}): the project's megatron-core "
                                               f"entry, which cross-vendor plans run, builds one model chunk per rank "
-                                              f"without context- or expert-parallel groups")
+                                              f"without context-parallel groups")
     return None
 
 

@@ -114,6 +114,17 @@ class TrainArgs:
     bf16: bool
     fp16: bool
     ignored: tuple[tuple[str, str], ...]  # (flag, why) for the log
+    #: mixture of experts (Megatron-LM's names): None = a dense model
+    num_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_layer_freq: int | tuple[int, ...] = 1
+    moe_router_load_balancing_type: str = "aux_loss"
+    moe_router_score_function: str = "softmax"
+    moe_aux_loss_coeff: float = 0.0
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,6 +171,20 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--distributed-backend", default="nccl", choices=["nccl", "gloo"])
     d.add_argument("--distributed-timeout-minutes", type=int, default=10)
     d.add_argument("--use-distributed-optimizer", action="store_true")
+    d.add_argument("--expert-model-parallel-size", type=int, default=1)
+    d.add_argument("--expert-tensor-parallel-size", type=int, default=None)
+
+    moe = p.add_argument_group("mixture of experts (megatron-core's MoE layer, local spec)")
+    moe.add_argument("--num-experts", type=int, default=None)
+    moe.add_argument("--moe-router-topk", type=int, default=2)
+    moe.add_argument("--moe-ffn-hidden-size", type=int, default=None)
+    moe.add_argument("--moe-shared-expert-intermediate-size", type=int, default=None)
+    moe.add_argument("--moe-layer-freq", default="1",
+                     help="every N-th layer is MoE (N), or a list of 0/1 per layer ('[0,1,1]')")
+    moe.add_argument("--moe-router-load-balancing-type", default="aux_loss",
+                     choices=["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"])
+    moe.add_argument("--moe-router-score-function", default="softmax", choices=["softmax", "sigmoid"])
+    moe.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
 
     t = p.add_argument_group("training")
     t.add_argument("--micro-batch-size", type=int, required=True)
@@ -265,9 +290,24 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
     if ns.save_interval is not None and ns.save is None:
         p.error("--save-interval needs --save")
     for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size",
-                 "train_iters", "train_samples", "log_interval"):
+                 "train_iters", "train_samples", "log_interval", "expert_model_parallel_size", "num_experts",
+                 "expert_tensor_parallel_size", "moe_router_topk"):
         if getattr(ns, name) is not None and getattr(ns, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    freq = ns.moe_layer_freq.strip()
+    try:
+        layer_freq: int | tuple[int, ...] = (tuple(int(x) for x in freq.strip("[]").split(",")) if freq.startswith("[")
+                                            else int(freq))
+    except ValueError:
+        p.error(f"--moe-layer-freq {freq!r}: an integer or a list of 0/1 such as [0,1,1]")
+    if layer_freq != 1:
+        p.error(f"--moe-layer-freq {freq}: this entry builds every layer as MoE (1); a mix of dense and MoE "
+                "layers runs through Megatron-LM's pretrain_gpt.py")
+    if ns.num_experts is None and (ns.expert_model_parallel_size > 1 or ns.expert_tensor_parallel_size is not None):
+        p.error("--expert-model-parallel-size / --expert-tensor-parallel-size need --num-experts")
+    if ns.num_experts is not None and ns.num_experts % ns.expert_model_parallel_size:
+        p.error(f"--num-experts {ns.num_experts} is not a multiple of --expert-model-parallel-size "
+                f"{ns.expert_model_parallel_size}")
     return TrainArgs(
         num_layers=ns.num_layers, hidden_size=ns.hidden_size, ffn_hidden_size=ns.ffn_hidden_size,
         num_attention_heads=ns.num_attention_heads, group_query_attention=ns.group_query_attention,
@@ -307,4 +347,10 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
         exit_duration_in_mins=ns.exit_duration_in_mins, exit_signal_handler=ns.exit_signal_handler,
         exit_interval=ns.exit_interval, bf16=ns.bf16, fp16=ns.fp16,
         ignored=ignored,
+        num_experts=ns.num_experts, moe_router_topk=ns.moe_router_topk, moe_ffn_hidden_size=ns.moe_ffn_hidden_size,
+        moe_shared_expert_intermediate_size=ns.moe_shared_expert_intermediate_size, moe_layer_freq=layer_freq,
+        moe_router_load_balancing_type=ns.moe_router_load_balancing_type,
+        moe_router_score_function=ns.moe_router_score_function, moe_aux_loss_coeff=ns.moe_aux_loss_coeff,
+        expert_model_parallel_size=ns.expert_model_parallel_size,
+        expert_tensor_parallel_size=ns.expert_tensor_parallel_size,
     )

@@ -223,6 +223,22 @@ def process_group_collection(groups: Sequence[GroupBackend], *, rank: int, on_cp
     return pgc
 
 
+def _moe_config(args: TrainArgs) -> dict[str, Any]:
+    """TransformerConfig's mixture-of-experts options: megatron-core's MoE layer with the
+    all-to-all token dispatcher (Megatron-LM's choice for expert parallel) and its experts as a
+    list of MLPs (the local spec's SequentialMLP); nothing for a dense model."""
+    if args.num_experts is None:
+        return {}
+    return dict(num_moe_experts=args.num_experts, moe_router_topk=args.moe_router_topk,
+                moe_ffn_hidden_size=args.moe_ffn_hidden_size or args.ffn_hidden_size,
+                moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
+                moe_layer_freq=args.moe_layer_freq, moe_router_load_balancing_type=args.moe_router_load_balancing_type,
+                moe_router_score_function=args.moe_router_score_function, moe_aux_loss_coeff=args.moe_aux_loss_coeff,
+                moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False,
+                expert_model_parallel_size=args.expert_model_parallel_size,
+                expert_tensor_parallel_size=args.expert_tensor_parallel_size)
+
+
 def train(args: TrainArgs, env: DistEnv) -> int:
     """Build, train and log. Returns the process exit code."""
     import contextlib
@@ -331,6 +347,8 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         world_size=world, timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes))
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=args.expert_model_parallel_size,
+        expert_tensor_parallel_size=args.expert_tensor_parallel_size,
         pipeline_model_parallel_comm_backend=None if on_cpu else args.pipeline_model_parallel_comm_backend)
     # Cross-vendor: every group megatron-core communicates over, built on the backend the
     # group rule gives it and handed to the model, DDP, optimizer and schedule; parallel_state
@@ -391,6 +409,7 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         masked_softmax_fusion=False, persist_layer_norm=False, apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         deallocate_pipeline_outputs=True,
+        **_moe_config(args),
     )
 
     # Megatron-LM's _vocab_size_with_padding of the tokenizer's vocabulary (NullTokenizer: V + 1)
@@ -407,7 +426,8 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
                        f"({type(e).__name__}: {e})")
             return 1
     else:
-        spec = get_gpt_layer_local_spec(normalization=args.normalization)
+        spec = get_gpt_layer_local_spec(normalization=args.normalization, num_experts=args.num_experts,
+                                        moe_grouped_gemm=False, moe_use_legacy_grouped_gemm=False)
     if flash_like:
         import copy
 
@@ -469,6 +489,9 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         "attention": "sdpa" if flash_like else "core",
         "transformer impl": "transformer_engine" if use_te else "local",
         "device": "cpu" if on_cpu else f"cuda:{torch.cuda.current_device()}", "backend": backend,
+        **({"experts": f"{args.num_experts // ps.get_expert_model_parallel_world_size()}/{args.num_experts}",
+            "ep rank": f"{ps.get_expert_model_parallel_rank()}/{ps.get_expert_model_parallel_world_size()}"}
+           if args.num_experts is not None else {}),
     })[len(f"[Rank {rank}] "):])
 
     device = "cpu" if on_cpu else torch.device("cuda", torch.cuda.current_device())
