@@ -76,23 +76,42 @@ def head_params(model: ModelSpec, tp: int = 1, *, pp: int = 1) -> int:
     return padded_vocab_size(model.vocab_size, tp) * model.hidden_size // tp
 
 
+def stage_first_layer(model: ModelSpec, num_layers: int, *, first: bool, last: bool) -> int:
+    """The first layer (0-based) of a stage of ``num_layers`` layers where only its place is
+    known: 0 on the first stage, ``num_layers - n`` on the last; a middle stage of a model
+    whose layers differ (dense and MoE, ``moe_layer_freq``) holds the ``n`` consecutive layers
+    with the most MoE layers (the latest such run): for a model whose first layers are dense
+    (DeepSeek's ``first_k_dense_replace``) the MoE layers after them, which is where a middle
+    stage sits once the first stage holds the dense layers; otherwise the heaviest stage."""
+    if first or (not last and len(set(model.moe_layers)) == 1):
+        return 0
+    n, total = int(num_layers), model.num_layers
+    if last or n >= total:
+        return max(0, total - n)
+    moe = model.moe_layers
+    best, start = -1, 0
+    run = sum(moe[:n])
+    for s in range(total - n + 1):
+        if s:
+            run += moe[s + n - 1] - moe[s - 1]
+        if run >= best:
+            best, start = run, s
+    return start
+
+
 def stage_params(model: ModelSpec, num_layers: int, *, first: bool, last: bool, tp: int, pp: int,
                  first_layer: int | None = None, ep: int = 1, etp: int | None = None) -> int:
     """Parameters one rank of a pipeline stage holds: its layers, the embedding on the first
     stage, the output layer (see :func:`head_params`) and the final norm on the last.
 
-    ``first_layer``: the stage's first layer (0-based); None: 0 on the first stage, and for
-    a later stage of a model whose layers differ (dense and MoE) the layers just before the
-    last stage's (``num_layers - n`` on the last stage). ``ep`` / ``etp``: the routed experts'
-    expert-parallel and expert-tensor-parallel degrees (:func:`memx_hpc.params.mlp_params`).
+    ``first_layer``: the stage's first layer (0-based); None: :func:`stage_first_layer`.
+    ``ep`` / ``etp``: the routed experts' expert-parallel and expert-tensor-parallel degrees
+    (:func:`memx_hpc.params.mlp_params`).
     """
     if num_layers < 0:
         raise SpecError("a stage cannot have a negative number of layers", field="num_layers", found=num_layers)
     if first_layer is None:
-        first_layer = 0 if first or not last else model.num_layers - num_layers
-        if not first and not last and len(set(model.moe_layers)) > 1:
-            raise SpecError("the layers of this model differ (dense and MoE): say which layer the stage starts at",
-                            field="first_layer")
+        first_layer = stage_first_layer(model, num_layers, first=first, last=last)
     n = layers_params(model, first_layer, num_layers, tp, ep=ep, etp=etp) if num_layers else 0
     if first:
         n += embedding_params(model, tp)

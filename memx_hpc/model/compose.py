@@ -257,7 +257,8 @@ def stage_state(job: TrainJob, n: int, *, first: bool, last: bool, tp: int, pp: 
 
     params = analytic.stage_params(job.model, n, first=first, last=last, tp=tp, pp=pp, ep=ep, etp=etp)
     et = tp if etp is None else etp
-    experts = expert_params(job.model, 0, n, ep=ep, etp=et) if job.model.is_moe and n else 0
+    start = analytic.stage_first_layer(job.model, n, first=first, last=last)
+    experts = expert_params(job.model, start, n, ep=ep, etp=et) if job.model.is_moe and n else 0
     kw = dict(precision=job.precision, optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer)
     state = analytic.state_bytes(params - experts, dp=dp * cp, **kw)
     if experts:

@@ -347,3 +347,34 @@ def test_vectorised_composition_applies_the_same_floor():
             checked += 1
             assert pred.iteration_ms == pytest.approx(cost.iteration_ms[i], rel=1e-12)
     assert checked > 0
+
+
+def test_a_model_of_dense_and_moe_layers_prices_each_stage_by_its_layers():
+    """A model whose first layer is dense (DeepSeek's first_k_dense_replace): a middle
+    stage holds MoE layers only, the first stage the dense layer, and the vectorised search
+    and the one-plan path agree on every plan's time and memory."""
+    from memx_hpc.model.api import AnalyticCostModel
+    from memx_hpc.params import expert_params, layers_params
+    moe = ModelSpec(name="mixed", num_layers=6, hidden_size=1024, num_attention_heads=8, num_query_groups=8,
+                    ffn_hidden_size=2048, vocab_size=1000, seq_length=512, num_experts=4, moe_router_topk=2,
+                    moe_ffn_hidden_size=1024, moe_layer_freq=(0, 1, 1, 1, 1, 1))
+    assert analytic.stage_first_layer(moe, 2, first=False, last=False) >= 1  # past the dense layer
+    mid = analytic.stage_params(moe, 2, first=False, last=False, tp=1, pp=3)
+    assert mid == layers_params(moe, 4, 2) > layers_params(moe, 0, 2)  # two MoE layers outweigh dense + MoE
+    assert expert_params(moe, 0, 2) == expert_params(moe, 4, 2) // 2
+    site = two_partition_site(memory_safety_margin=0.3)
+    job = job_for_model(moe, 16, attention="core", precision="bf16", optimizer="adam", distributed_optimizer=True)
+    space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=3, recompute_spread=None))
+    model = AnalyticCostModel(site)
+    _, cost = _composed(space, model, None)
+    rng = np.random.default_rng(3)
+    middles = 0
+    for i in sorted(rng.choice(len(space), min(len(space), 150), replace=False)):
+        plan = space.plan_at(int(i))
+        pred = predict_plan(plan, site, job, model)
+        assert pred.feasible == cost.feasible[i]
+        assert pred.max_utilisation == pytest.approx(cost.max_utilisation[i], rel=1e-9)
+        if pred.feasible:
+            assert pred.iteration_ms == pytest.approx(cost.iteration_ms[i], rel=1e-9)
+        middles += plan.pp == 3
+    assert middles > 0
