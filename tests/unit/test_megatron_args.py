@@ -498,7 +498,7 @@ def new_dimension_plans(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dimensions")
     site = ROOT / "site_configs" / "example-h100-64.yaml"
     out = {}
-    for name in ("llama3-8b-32k", "llama3-70b", "mixtral-8x7b"):
+    for name in ("llama3-8b-32k", "llama3-70b", "mixtral-8x7b", "deepseek-v2-lite"):
         r = plan(PlanRequest(site=site, job=ROOT / "jobs" / f"{name}.yaml", store=tmp / f"{name}.h5", top_k=5,
                              write=False, progress=False))
         out[name] = (load_site(site), load_job(ROOT / "jobs" / f"{name}.yaml"), [c.plan for c in r.ranked])
@@ -507,7 +507,7 @@ def new_dimension_plans(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,dimension", [("llama3-8b-32k", "cp"), ("llama3-70b", "virtual_stages"),
-                                            ("mixtral-8x7b", "ep")])
+                                            ("mixtral-8x7b", "ep"), ("deepseek-v2-lite", "ep")])
 def test_megatron_lm_accepts_the_top_plans_of_the_new_dimensions(name, dimension, new_dimension_plans, monkeypatch):
     """Issue 16's first "done when": Megatron-LM's own parse_args + validate_args accept every
     rendered component of the top plans of a dense 32k-token job (CP > 1 among them), a
