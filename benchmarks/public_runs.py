@@ -30,7 +30,9 @@ Assumptions the rows do not state (printed with the results): FP8 rows run bf16 
 with FP8 matmuls in Transformer Engine's hybrid format under the row's recipe; Adam; the distributed
 optimizer on for the vendor tables (their recipes) and as the CI arguments say; sequence
 parallel wherever TP > 1 for the vendor tables; no activation recompute unless the row
-names one; Megatron's even split of layers over pipeline stages and model chunks (a run
+names one; Megatron's even split of layers over pipeline stages and model chunks, with the
+embedding and the loss counted as layers where the CI arguments or the family's recipe say so
+(ACCOUNTED_SPLIT_FAMILIES; a stage's short chunk is priced as any of its chunks; a run
 that splits otherwise without saying how is not expressible); between nodes 50 GB/s per GPU (one 400 Gb/s NIC per GPU in DGX H100/B200/
 B300/GB200/GB300; 25 GB/s for DGX A100's 200 Gb/s), except inside a GB200/GB300 NVL72
 rack (at most 72 GPUs), where every GPU reaches the others over NVLink.
@@ -71,9 +73,12 @@ UNSUPPORTED_FLAGS = {
     "optimizer=muon": "the Muon optimizer",
     "optimizer=dist_muon": "the Muon optimizer",
     "pipeline-model-parallel-layout": "an explicit pipeline layout",
-    "account-for-embedding-in-pipeline-split": "the embedding counted as a layer in the pipeline split",
     "cpu-offloading": "offloading to the host",
 }
+#: vendor-table families whose recipe counts the embedding and the loss as layers of the
+#: pipeline split (Megatron's --account-for-embedding/loss-in-pipeline-split): Megatron-Bridge
+#: src/megatron/bridge/recipes/llama/llama3.py, llama31_405b_pretrain_config sets both
+ACCOUNTED_SPLIT_FAMILIES = ("llama3.1-405b",)
 
 
 class NotExpressible(Exception):
@@ -197,6 +202,32 @@ def _even(total: int, parts: int) -> list[int]:
     return out
 
 
+def _accounted(row: dict) -> tuple[bool, bool]:
+    """Whether the run counts the embedding / the loss as a layer of the pipeline split: the
+    CI arguments say so; a vendor table's recipe, by family (ACCOUNTED_SPLIT_FAMILIES)."""
+    if row["family"] in ACCOUNTED_SPLIT_FAMILIES and not row["id"].startswith("mlm-ci/"):
+        return True, True
+    flags = row["other_flags"]
+    return ("account-for-embedding-in-pipeline-split=True" in flags,
+            "account-for-loss-in-pipeline-split=True" in flags)
+
+
+def _accounted_layers(total: int, pp: int, vp: int, embedding: bool, loss: bool) -> list[int]:
+    """Layers per stage when the embedding and/or the loss count as a layer of the split
+    (megatron-core transformer_block.get_num_layers_to_build): ``total + embedding + loss``
+    split evenly over the ``pp x vp`` model chunks, then the first chunk of the first stage
+    holds one layer fewer (the embedding) and the last chunk of the last stage one fewer
+    (the loss)."""
+    counted = total + int(embedding) + int(loss)
+    if counted % (pp * vp):
+        raise NotExpressible(f"{total} layers with the embedding/loss counted do not split evenly over "
+                             f"{pp} x {vp} model chunks")
+    out = [counted // pp] * pp
+    out[0] -= int(embedding)
+    out[-1] -= int(loss)
+    return out
+
+
 def _stage_layers(row: dict, total: int, pp: int) -> list[int]:
     """Megatron's split: --decoder-first/last-pipeline-num-layers where given, the rest even."""
     first = re.search(r"decoder-first-pipeline-num-layers=(\d+)", row["other_flags"])
@@ -238,9 +269,13 @@ def build(row: dict):
     vendor = not row["id"].startswith("mlm-ci/")
     sp = tp > 1 if vendor else row["sequence_parallel"] == "True"
     rec = _recompute(row["recompute"])
-    layers = _stage_layers(row, model.num_layers, pp)
     uneven = "decoder-first-pipeline-num-layers" in row["other_flags"] or "decoder-last" in row["other_flags"]
-    if model.num_layers % (pp * vp) and not uneven:
+    embedding, loss = _accounted(row)
+    if (embedding or loss) and not uneven:
+        layers = _accounted_layers(model.num_layers, pp, vp, embedding, loss)
+    else:
+        layers = _stage_layers(row, model.num_layers, pp)
+    if model.num_layers % (pp * vp) and not uneven and not (embedding or loss):
         # Megatron splits layers evenly over pp x vp chunks or is told how not to
         why = (": the recipe counts the embedding and the loss as layers of the split"
                if (model.num_layers + 2) % (pp * vp) == 0 else ": the recipe's uneven split is not recorded")

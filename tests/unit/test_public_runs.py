@@ -119,6 +119,21 @@ def test_rows_become_the_plans_they_ran():
         bench.build(_row(r"^bridge-.*LLAMA3_70B/nvfp4/"))
 
 
+def test_embedding_and_loss_counted_as_layers_of_the_pipeline_split():
+    # Llama-3.1-405B's recipe: 126 layers + embedding + loss over pp 8 x vp 4 = 32 chunks of 4;
+    # the first chunk holds the embedding and 3 layers, the last 3 layers and the loss
+    plan, _, job = bench.build(_row(r"^bridge-.*26\.06/DGX-GB300/LLAMA3\.1_405B/fp8-tensorwise/"))
+    assert (plan.pp, plan.virtual_stages) == (8, 4) and job.model.num_layers == 126
+    assert [s.num_layers for s in plan.stages] == [15] + [16] * 6 + [15]
+    assert plan.chunk_layers(0) == (3, 4, 4, 4)
+    assert bench._accounted_layers(7, 2, 1, True, False) == [3, 4]
+    with pytest.raises(bench.NotExpressible, match="do not split evenly"):
+        bench._accounted_layers(126, 8, 3, True, True)
+    # the CI case: both flags in its arguments
+    row = _row(r"mlm-ci/gpt/gpt3_mcore_te_tp1_pp4_vp2_account_for_embedding_loss_in_pipeline_split/dgx_h100$")
+    assert bench._accounted(row) == (True, True)
+
+
 def test_cli_refuses_bad_input(tmp_path, capsys):
     assert bench.main(["--limit", "-1"]) == 1
     assert bench.main(["--source", "no-such-source", "--analytic"]) == 1
