@@ -12,8 +12,10 @@ bytes kept per in-flight micro-batch):
   :func:`memx_hpc.model.api.forward_fraction`;
 * activations ``A_i = k_i a_full + (n_i - k_i) a_base`` (+ embedding / head), held for
   ``min(p - i, m)`` in-flight micro-batches under 1F1B (Narayanan et al. 2021, §2.2:
-  stage i runs ``p - i - 1`` warm-up forwards before its first backward), plus, when
-  a stage recomputes, one layer's full activations rebuilt during its backward;
+  stage i runs ``p - i - 1`` warm-up forwards before its first backward; interleaving
+  holds more chunks, but the last stage's output layer and loss for one micro-batch only,
+  since its last chunk's backward follows its forward), plus, when a stage recomputes,
+  one layer's full activations rebuilt during its backward;
 * weights, gradients and optimizer states from :mod:`memx_hpc.model.analytic`
   (``stage_params`` -> ``state_bytes``): with the activations, the allocator peak ``A``.
   What the device reports is ``a·A + b`` (:mod:`memx_hpc.model.memory`): the cost
@@ -63,7 +65,7 @@ from ..spec import (job_for_plan, BYTES_PER_ELEMENT, RECOMPUTE_MODES, GeneralPla
 from . import analytic
 from .api import LayerQuery, forward_fraction
 from .host import HOST_US_PER_OP, host_bound, host_us_per_op
-from .schedule import in_flight_chunks, pipeline_finish_batch
+from .schedule import in_flight_chunks, in_flight_last_chunk, pipeline_finish_batch
 
 # Codes of the per-layer recompute mode used by the vectorised cost composition: positions in
 # the one vocabulary of modes (spec.RECOMPUTE_MODES), from profile points to rendered flags.
@@ -291,6 +293,16 @@ def in_flight_units(pp, stage, num_microbatches, virtual_stages=1):
     if virtual_stages == 1:
         return in_flight(pp, stage, num_microbatches)
     return in_flight_chunks(int(stage), int(pp), int(num_microbatches), int(virtual_stages)) / virtual_stages
+
+
+def in_flight_heads(pp, stage, num_microbatches, virtual_stages=1):
+    """Micro-batches whose output-layer and loss activations the last stage holds at once:
+    one under 1F1B, and under interleaving too (the last chunk's backward follows its
+    forward; :func:`memx_hpc.model.schedule.in_flight_last_chunk`), not the in-flight
+    units of its earlier chunks; ``m`` when every forward is in the warm-up."""
+    if virtual_stages == 1:
+        return in_flight(pp, stage, num_microbatches)
+    return in_flight_last_chunk(int(stage), int(pp), int(num_microbatches), int(virtual_stages))
 
 
 def layer_query(job: TrainJob, gpu_type: str, *, kind: str, tp: int, micro_batch_size: int, recompute: str,
@@ -530,10 +542,17 @@ def in_flight(pp, stage, num_microbatches):
     return np.minimum(pp - stage, num_microbatches)
 
 
-def stage_peak_bytes(state, inflight, act, transient, scale, overhead):
-    """What the device reports: ``a·A + b`` of the allocator peak ``A`` (state + in-flight
-    activations + transient; :mod:`memx_hpc.model.memory`)."""
-    return scale * (state + inflight * act + transient) + overhead
+def held_activation_bytes(inflight, act, transient, head=0.0, heads=1.0):
+    """Activation bytes a stage holds at its peak: ``inflight`` units of ``act`` plus the
+    transient, where ``head`` (the part of ``act`` that is the last stage's output layer and
+    loss) is held for ``heads`` micro-batches (:func:`in_flight_heads`) instead."""
+    return inflight * (act - head) + heads * head + transient
+
+
+def stage_peak_bytes(state, inflight, act, transient, scale, overhead, head=0.0, heads=1.0):
+    """What the device reports: ``a·A + b`` of the allocator peak ``A`` (state + the
+    activations :func:`held_activation_bytes` counts; :mod:`memx_hpc.model.memory`)."""
+    return scale * (state + held_activation_bytes(inflight, act, transient, head, heads)) + overhead
 
 
 def fits(peak, capacity, site: Site):
@@ -665,7 +684,7 @@ class _LayoutTables:
         self._send_memo: dict[tuple, float] = {}
         self.sk = {name: np.zeros((S, P), dtype=np.int64) for name in ("ctx", "state", "opt", "sync")}
         self.sk.update({name: np.zeros((S, P), dtype=np.float64)
-                        for name in ("inflight", "first", "last", "link", "tied", "tpx", "xf", "xb")})
+                        for name in ("inflight", "heads", "first", "last", "link", "tied", "tpx", "xf", "xb")})
         self.sk.update({name: np.ones((S, P), dtype=np.float64) for name in ("lscale", "escale", "ascale")})
         self.m = np.zeros(S, dtype=np.int64)
         self.pp = np.zeros(S, dtype=np.int64)
@@ -690,6 +709,7 @@ class _LayoutTables:
             s = self.sk["state"][li, i] = self._state(tp, pp, dp, first, last, cp, ep, etp, job)
             self.sk["opt"][li, i] = self._opt(gpu, s, dp * cp, job)
             self.sk["inflight"][li, i] = in_flight_units(pp, i, m, v)
+            self.sk["heads"][li, i] = in_flight_heads(pp, i, m, v) if last else 1
             self.sk["first"][li, i] = first
             self.sk["last"][li, i] = last
             if i < pp - 1:
@@ -906,7 +926,8 @@ class Composer:
         act, transient = act * g["ascale"], transient * g["ascale"]
         ni = block.layers.astype(np.int64)
         state = self._state[g["state"], ni]
-        peak = stage_peak_bytes(state, g["inflight"], act, transient, self._ctx_scale[ctx], self._ctx_over[ctx])
+        peak = stage_peak_bytes(state, g["inflight"], act, transient, self._ctx_scale[ctx], self._ctx_over[ctx],
+                                last * head[..., 1] * g["ascale"], g["heads"])
         cap = self._ctx_cap[ctx]
         ok = fits(peak, cap, self.site) | ~valid
         feasible = ok.all(axis=1)
@@ -1020,6 +1041,8 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
             act, transient = stage_activation_bytes(kk, nb, af, ab, an, first, last, ae, ah,
                                                     logits_transient_bytes(job, r.tp, mbs))
             act, transient = float(act) * x.act_scale, float(transient) * x.act_scale
+            head = float(last * ah) * x.act_scale
+            heads = float(in_flight_heads(p, i, ms[i], virtual_stages)) if last else 1.0
             if state_of is not None:
                 params, experts, state = state_of(i, n, first, last, r.tp)
             else:
@@ -1034,7 +1057,7 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
             inflight = int(math.ceil(units - 1e-9))
             over = int(overhead_of(r.gpu_type))
             scale = float(memory_scale(r.gpu_type)) if memory_scale else 1.0
-            peak = float(stage_peak_bytes(state, units, act, transient, scale, over))
+            peak = float(stage_peak_bytes(state, units, act, transient, scale, over, head, heads))
             cap = site.gpu(r.gpu_type).capacity_bytes
             sync_params = params if r.sync_tp in (None, r.tp) else analytic.stage_params(
                 job.model, n, first=first, last=last, tp=r.sync_tp, pp=p)
@@ -1046,7 +1069,7 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
             recompute = Recompute.of_layers(base, kk, n)
             d = dict(stage=i, replica=ri, partition=r.partition, gpu_type=r.gpu_type, tp=r.tp, num_layers=n,
                      recompute=recompute, forward_ms=float(fwd), backward_ms=float(total - fwd), in_flight=inflight,
-                     activation_bytes=int(round(units * act + transient)), state_bytes=int(state),
+                     activation_bytes=int(round(held_activation_bytes(units, act, transient, head, heads))), state_bytes=int(state),
                      overhead_bytes=over, peak_bytes=int(round(peak)), capacity_bytes=cap,
                      send_ms=0.0, grad_sync_ms=float(sync), optimizer_ms=float(opt), peak_float=float(peak),
                      total=float(total))
@@ -1258,7 +1281,7 @@ def _known(site: Site, name: str) -> bool:
 
 __all__ = ["Block", "BlockCost", "Composer", "CompositionInputs", "Layout", "CostOptions", "GRAD_BYTES_PER_PARAM",
            "StageExtras", "stage_extras", "stage_state", "stage_sync_ms",
-           "interleaved_finish", "in_flight_units",
+           "interleaved_finish", "in_flight_units", "in_flight_heads", "held_activation_bytes",
            "Prediction", "StagePrediction",
            "context_queries", "p2p_bytes", "predict_general", "predict_plan", "required_queries",
            "stage_layout", "stage_links", "send_ms", "dp_sync_ms", "tied_sync_ms", "link_model_for",

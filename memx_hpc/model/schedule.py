@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import SpecError
 
-__all__ = ["Op", "Simulation", "closed_form_ms", "in_flight_chunks", "interleaved_warmup", "pipeline_finish_batch",
+__all__ = ["Op", "Simulation", "closed_form_ms", "in_flight_chunks", "in_flight_last_chunk", "interleaved_warmup", "pipeline_finish_batch",
            "schedule_1f1b", "schedule_interleaved", "simulate_1f1b", "simulate_interleaved", "uniform_closed_form_ms"]
 
 
@@ -186,6 +186,29 @@ def in_flight_chunks(stage: int, num_stages: int, num_microbatches: int, num_chu
     al. 2021, §2.2.2: ``1 + (p - 1)/(p·v)``). ``v = 1``: ``min(p - i, m)``."""
     return min(interleaved_warmup(stage, num_stages, num_microbatches, num_chunks, group) + 1,
                num_microbatches * num_chunks)
+
+
+@functools.lru_cache(maxsize=1024)
+def in_flight_last_chunk(stage: int, num_stages: int, num_microbatches: int, num_chunks: int,
+                         group: int | None = None) -> int:
+    """Micro-batches of ``stage``'s last model chunk held at once when it holds the most
+    chunks (:func:`in_flight_chunks`), from the op order of :func:`schedule_interleaved`.
+    On the last stage that chunk ends in the output layer and the loss, whose fp32 logits
+    are the largest activation of a micro-batch: in 1F1B the backward of a last-chunk
+    forward follows it at once, so one is held however many earlier chunks wait (``1``),
+    unless every forward is in the warm-up (``m``). ``v = 1``: ``min(p - i, m)``."""
+    p, m, v = num_stages, num_microbatches, num_chunks
+    if v == 1:
+        return min(p - stage, m)
+    live = last = 0
+    best = (0, 0)
+    for kind, _, c in schedule_interleaved(stage, p, m, v, group):
+        step = 1 if kind == "F" else -1
+        live += step
+        last += step * (c == v - 1)
+        if kind == "F":
+            best = max(best, (live, last))
+    return best[1]
 
 
 def _schedule_table(m: int, v: int, g: int) -> list[tuple[int, int]]:

@@ -148,6 +148,29 @@ def test_partial_full_recompute_costs_k_full_and_the_rest_none():
     assert sel.time_ms == pytest.approx(8 * 12.5 + 6) and sel.activation_bytes == round(8 * 0.8e8 + 1e6 + 5e7 + logits)
 
 
+def test_interleaved_last_stage_holds_one_loss_beside_its_waiting_chunks():
+    """Under interleaving the last stage holds 3 chunks of 3 layers (p = 2, v = 2, m = 4:
+    warm-up (v - 1)·p = 2, then a forward) but the output layer and loss of one micro-batch:
+    its last chunk's backward follows its forward. The search composes the same (the last
+    stage is the fuller one, so its peak is the plan's utilisation)."""
+    site = two_partition_site(memory_safety_margin=0.3)
+    job = job_for_model(small_model(8), 4)
+    plan = Plan(tp=1, dp=1, micro_batch_size=1, global_batch_size=4, virtual_stages=2,
+                stages=(Stage(partition="pA", num_layers=2), Stage(partition="pV", num_layers=6)))
+    model = LinearModel()
+    pred = predict_plan(plan, site, job, model)
+    last = pred.stages[-1]
+    assert last.activation_bytes == round(3 / 2 * 6 * 1e8 + 1 * 5e7 + logits_transient_bytes(job, 1, 1))
+    assert last.peak_bytes > pred.stages[0].peak_bytes
+    one = predict_plan(dataclasses.replace(plan, virtual_stages=1), site, job, model).stages[-1]
+    assert one.activation_bytes == round(1 * (6 * 1e8 + 5e7) + logits_transient_bytes(job, 1, 1))
+    space = PlanSpace(site, dataclasses.replace(job, virtual_stages=(2,)), SpaceOptions(layer_granularity=1, max_pipeline_stages=2, recompute_spread=None))
+    _, cost = _composed(space, model, CostOptions())
+    hits = [i for i in range(len(space)) if space.plan_at(i) == plan]
+    assert hits, "the search space holds the interleaved plan"
+    assert cost.max_utilisation[hits[0]] == pytest.approx(pred.max_utilisation, rel=1e-12)
+
+
 def test_grad_reduce_formulas():
     job = job_for_model(small_model(), 8, precision="bf16", distributed_optimizer=False)
     # ring all-reduce of fp32 gradients: 2 (d-1)/d * 4 bytes per parameter

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from memx_hpc.errors import SpecError
-from memx_hpc.model.schedule import (in_flight_chunks, interleaved_warmup, schedule_1f1b, schedule_interleaved,
+from memx_hpc.model.schedule import (in_flight_chunks, in_flight_last_chunk, interleaved_warmup, schedule_1f1b, schedule_interleaved,
                                      simulate_1f1b, simulate_interleaved)
 
 
@@ -43,6 +43,31 @@ def test_activations_held_per_stage():
     assert in_flight_chunks(0, 4, 8, 2) / 2 == pytest.approx(4 * (1 + 3 / 8))
     assert [in_flight_chunks(i, 4, 8, 1) for i in range(4)] == [4, 3, 2, 1]
     assert in_flight_chunks(0, 4, 4, 4) == 16  # everything in warm-up: all m·v
+
+
+def _live_at_peak(stage, p, m, v, g=None):
+    """(chunks, last-chunk micro-batches) held when the op order holds the most chunks."""
+    live, best = set(), (0, 0)
+    for kind, j, c in schedule_interleaved(stage, p, m, v, g):
+        if kind == "F":
+            live.add((j, c))
+            best = max(best, (len(live), sum(cc == v - 1 for _, cc in live)))
+        else:
+            live.remove((j, c))
+    return best
+
+
+@pytest.mark.parametrize("p,m,v,g", [(4, 4, 8, None), (4, 8, 2, None), (4, 12, 3, None), (2, 6, 3, 3),
+                                     (4, 10, 2, 5), (4, 4, 4, None), (8, 16, 5, None)])
+def test_the_last_stage_holds_one_loss_however_many_chunks_wait(p, m, v, g):
+    # the last stage's last chunk ends in the loss: its backward follows its forward, so one
+    # micro-batch's logits are live beside the earlier chunks' waiting activations
+    chunks, last = _live_at_peak(p - 1, p, m, v, g)
+    assert chunks == in_flight_chunks(p - 1, p, m, v, g) and chunks > v
+    assert in_flight_last_chunk(p - 1, p, m, v, g) == last
+    all_warmup = interleaved_warmup(p - 1, p, m, v, g) >= m * v
+    assert last == (m if all_warmup else 1)
+    assert in_flight_last_chunk(p - 1, p, m, 1) == 1
 
 
 def test_megatron_rules_are_refused_by_name():
