@@ -64,7 +64,7 @@ from ..spec import (job_for_plan, BYTES_PER_ELEMENT, RECOMPUTE_MODES, GeneralPla
                     Site, TrainJob)
 from . import analytic
 from .api import LayerQuery, forward_fraction
-from .host import HOST_US_PER_OP, host_bound, host_us_per_op
+from .host import HOST_US_PER_OP, host_bound, host_us_per_op, layer_host_ms_parallel
 from .schedule import in_flight_chunks, in_flight_last_chunk, pipeline_finish_batch
 
 # Codes of the per-layer recompute mode used by the vectorised cost composition: positions in
@@ -194,7 +194,8 @@ class StageExtras:
 
 
 def stage_extras(links, job: TrainJob, *, partition: str | None, tasks_per_node: int, tp: int, cp: int, ep: int,
-                 etp: int | None, micro_batch_size: int, layer_fwd_ms: float) -> StageExtras:
+                 etp: int | None, micro_batch_size: int, layer_fwd_ms: float,
+                 host_us: float = HOST_US_PER_OP) -> StageExtras:
     """:class:`StageExtras` of a stage on ``partition`` whose component runs ``tasks_per_node``
     ranks a node; ``layer_fwd_ms``: one layer's forward at the whole sequence (the cost model's,
     before the CP split).
@@ -214,6 +215,11 @@ def stage_extras(links, job: TrainJob, *, partition: str | None, tasks_per_node:
       (:func:`memx_hpc.model.analytic.moe_alltoall_bytes` for the rank's ``1/(tp x c)`` of the
       tokens) over the EP group's link, not overlapped (Megatron's default), the most loaded
       rank's share set by the same margin.
+    * The host floor (:func:`memx_hpc.model.host.layer_host_ms_parallel`): every rank of the
+      group dispatches all of the layer's operators and those ring attention and the MoE
+      layer add, so a layer whose device work the split makes small still takes its host
+      time; the forward and backward are raised to it where the device part (layer time x
+      scale + the exposed communication above) is shorter. Large layers are unchanged.
     """
     m = job.model
     imbalance = analytic.moe_imbalance(ep) if m.is_moe else 1.0
@@ -244,8 +250,25 @@ def stage_extras(links, job: TrainJob, *, partition: str | None, tasks_per_node:
         a2a = links.p2p(out * streams, partition, partition, same_node=same, streams=streams).ms * imbalance
         xf += 2.0 * a2a * frac
         xb += 2.0 * a2a * frac
+    xf, xb = _host_floor_extras(job, tp=tp, cp=cp, ep=ep, layer_scale=layer_scale, layer_fwd_ms=layer_fwd_ms,
+                                xf=xf, xb=xb, host_us=host_us)
     return StageExtras(layer_scale=layer_scale, ends_scale=1.0 / cp, act_scale=1.0 / cp, extra_fwd_ms=xf,
                        extra_bwd_ms=xb)
+
+
+def _host_floor_extras(job: TrainJob, *, tp: int, cp: int, ep: int, layer_scale: float, layer_fwd_ms: float,
+                       xf: float, xb: float, host_us: float) -> tuple[float, float]:
+    """The exposed per-layer forward/backward extras ``xf, xb`` raised so that the layer's
+    forward (``layer_fwd_ms x layer_scale + xf``) and backward (twice the forward's layer part
+    + ``xb``: :func:`memx_hpc.model.api.forward_fraction`) take at least the host time of a rank
+    of its CP/EP group (:func:`memx_hpc.model.host.layer_host_ms_parallel`)."""
+    m = job.model
+    frac = sum(m.moe_layers) / m.num_layers if m.is_moe else 0.0
+    local = m.num_experts // max(1, ep) if m.is_moe else 1
+    hf, hb = layer_host_ms_parallel("none", tp, cp=cp, moe_share=frac, local_experts=local, ep=ep, us_per_op=host_us)
+    dev_f = layer_fwd_ms * layer_scale
+    dev_b = 2.0 * layer_fwd_ms * layer_scale
+    return xf + max(0.0, hf - dev_f - xf), xb + max(0.0, hb - dev_b - xb)
 
 
 def stage_state(job: TrainJob, n: int, *, first: bool, last: bool, tp: int, pp: int, dp: int, cp: int = 1,
@@ -666,8 +689,9 @@ class _LayoutTables:
     synchronisation by layer count, the link to the next stage, the tied-embedding sync.
     Rows are shared between layouts that need the same numbers (most do)."""
 
-    def __init__(self, inputs: CompositionInputs, links, context_row) -> None:
+    def __init__(self, inputs: CompositionInputs, links, context_row, host_us: float = HOST_US_PER_OP) -> None:
         self.inputs, self.links, self._context_row = inputs, links, context_row
+        self.host_us = float(host_us)
         S, P = len(inputs.layouts), max(inputs.max_pp, 1)
         self.ns = np.arange(inputs.job.model.num_layers + 1)
         self.ctx_ids: dict[tuple[str, int, int, bool], int] = {}
@@ -732,7 +756,7 @@ class _LayoutTables:
             fwd = self.ctx_rows[ctx][0] * forward_fraction("none")
             x = self._extra_memo[key] = stage_extras(self.links, self.inputs.job, partition=name,
                                                      tasks_per_node=per_node, tp=tp, cp=cp, ep=ep, etp=etp,
-                                                     micro_batch_size=mbs, layer_fwd_ms=fwd)
+                                                     micro_batch_size=mbs, layer_fwd_ms=fwd, host_us=self.host_us)
         return x
 
     def _context(self, gpu: str, tp: int, mbs: int, sp: bool) -> int:
@@ -833,7 +857,7 @@ class Composer:
         def context_row(gpu: str, tp: int, mbs: int, sp: bool) -> list[float]:
             return self._context_row(predictions, overhead_bytes, gpu, tp, mbs, sp)
 
-        tables = _LayoutTables(inputs, self.links, context_row)
+        tables = _LayoutTables(inputs, self.links, context_row, self._host_us)
         self._set_tables(tables)
         # 1 + the expected relative error of the predicted peak, per context's GPU type
         err = memory_error or {}
@@ -1138,7 +1162,8 @@ def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: 
 
     def extras_of(i: int, layer_fwd_ms: float) -> StageExtras:
         return stage_extras(lm, job, partition=names[i], tasks_per_node=per_node[i], tp=plan.tp, cp=cp, ep=ep,
-                            etp=etp, micro_batch_size=plan.micro_batch_size, layer_fwd_ms=layer_fwd_ms)
+                            etp=etp, micro_batch_size=plan.micro_batch_size, layer_fwd_ms=layer_fwd_ms,
+                            host_us=host_us_per_op(cost_model))
 
     stages = []
     for i, s in enumerate(plan.stages):

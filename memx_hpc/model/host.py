@@ -84,5 +84,72 @@ def host_bound(queries, values, us_per_op: float = HOST_US_PER_OP) -> np.ndarray
     return out
 
 
+# --------------------------------------------------------------------------- context and expert parallel
+#
+# What context and expert parallel add to a layer's host work. The cost model prices a layer
+# at CP 1 and EP 1 (one sample per shape), and the composition divides that time by ``cp``;
+# the ranks of a CP or EP group each still dispatch every operator of the layer, and more:
+#
+# * ring attention (Transformer Engine's ``AttnFuncWithCPAndKVP2P``, Megatron's
+#   ``--context-parallel-size``): the forward runs ``cp`` steps, each posting the K/V send and
+#   receive to the ring neighbours and waiting for them, selecting the step's Q/K/V chunks,
+#   one attention kernel and the running correction of the output and its log-sum-exp;
+#   around the loop the split into ``2 cp`` chunks and the final correction. The backward
+#   repeats the loop with the gradients of K/V travelling too.
+# * an MoE layer (Megatron's ``MoELayer``, the all-to-all token dispatcher): the router (gate
+#   GEMM, score function, top-k, auxiliary/z losses), the permutation of the tokens by expert
+#   and its inverse (counts, sort, gather, scatter-add with the probabilities), under EP the
+#   token all-to-alls (dispatch, combine), the exchange of the per-expert counts (a device to
+#   host copy) and the sort of the received chunks by local expert; then each local expert's
+#   FC1, activation and FC2 in place of the dense MLP's three.
+#
+# Backward: autograd dispatches about two operators per forward one (as BACKWARD_OPS).
+
+#: Ring attention, forward: operators per ring step and around the loop.
+CP_OPS_PER_STEP_FORWARD = 11
+CP_OPS_SETUP_FORWARD = 8
+#: Ring attention, backward: per step (the K/V and their gradients travel) and around the loop.
+CP_OPS_PER_STEP_BACKWARD = 13
+CP_OPS_SETUP_BACKWARD = 8
+#: An MoE layer's forward: router, permutation and its inverse, the EP exchange.
+MOE_ROUTER_OPS = 10
+MOE_PERMUTE_OPS = 12
+MOE_EP_EXCHANGE_OPS = 6
+#: Operators of one expert's MLP (FC1, activation, FC2), as many as the dense MLP it replaces.
+MLP_OPS = 3
+
+
+def parallel_host_ops(*, cp: int, moe: bool, local_experts: int, ep: int) -> tuple[int, int]:
+    """Operators (forward, backward) one rank dispatches per layer and micro-batch beyond a
+    dense layer's (:data:`FORWARD_OPS`, :data:`BACKWARD_OPS`): ring attention over ``cp``
+    ranks, an MoE layer with ``local_experts`` experts on the rank (EP ``ep``)."""
+    fwd = bwd = 0
+    if cp > 1:
+        fwd += CP_OPS_SETUP_FORWARD + cp * CP_OPS_PER_STEP_FORWARD
+        bwd += CP_OPS_SETUP_BACKWARD + cp * CP_OPS_PER_STEP_BACKWARD
+    if moe:
+        f = MOE_ROUTER_OPS + MOE_PERMUTE_OPS + (MOE_EP_EXCHANGE_OPS if ep > 1 else 0) \
+            + MLP_OPS * (max(1, local_experts) - 1)
+        fwd += f
+        bwd += 2 * f
+    return fwd, bwd
+
+
+def layer_host_ms_parallel(recompute: str, tp: int, *, cp: int, moe_share: float, local_experts: int, ep: int,
+                           us_per_op: float = HOST_US_PER_OP) -> tuple[float, float]:
+    """The host time (forward, backward ms) of one layer and micro-batch on a rank of a CP/EP
+    group: the dense layer's operators (:func:`layer_ops`, forward share as FORWARD_OPS) plus
+    :func:`parallel_host_ops`, the MoE part weighted by ``moe_share`` (the model's share of MoE
+    layers)."""
+    total = layer_ops(recompute, tp)
+    comm_f = TP_COLLECTIVES_FORWARD if tp > 1 else 0
+    dense_f = FORWARD_OPS + comm_f
+    cf, cb = parallel_host_ops(cp=cp, moe=False, local_experts=1, ep=ep)
+    mf, mb = parallel_host_ops(cp=1, moe=moe_share > 0, local_experts=local_experts, ep=ep)
+    f = dense_f + cf + moe_share * mf
+    b = total - dense_f + cb + moe_share * mb
+    return f * us_per_op * 1e-3, b * us_per_op * 1e-3
+
+
 __all__ = ["BACKWARD_OPS", "FORWARD_OPS", "HOST_US_PER_OP", "SELECTIVE_OPS", "host_bound", "host_us_per_op",
-           "layer_host_ms", "layer_ops"]
+           "layer_host_ms", "layer_host_ms_parallel", "layer_ops", "parallel_host_ops"]

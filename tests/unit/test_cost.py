@@ -401,3 +401,48 @@ def test_a_model_of_dense_and_moe_layers_prices_each_stage_by_its_layers():
             assert pred.iteration_ms == pytest.approx(cost.iteration_ms[i], rel=1e-9)
         middles += plan.pp == 3
     assert middles > 0
+
+
+def test_context_parallel_splits_device_work_not_host_work():
+    """A host-bound layer under CP: every rank of the group still dispatches the whole layer
+    and ring attention's steps, so the stage takes at least that host time per layer and
+    micro-batch, and CP does not shorten a host-bound plan."""
+    site = two_partition_site()
+    job = job_for_model(small_model(4), 8, precision="bf16")
+    tiny = LinearModel(scale=1e-4)
+
+    def plan(cp):
+        return Plan(tp=1, dp=1, cp=cp, micro_batch_size=1, global_batch_size=8,
+                    stages=(Stage(partition="pA", num_layers=4, recompute=Recompute()),))
+
+    t1, t2 = predict_plan(plan(1), site, job, tiny), predict_plan(plan(2), site, job, tiny)
+    hf, hb = host.layer_host_ms_parallel("none", 1, cp=2, moe_share=0.0, local_experts=1, ep=1)
+    assert hf + hb > host.layer_host_ms("none", 1)  # ring attention adds operators
+    assert t2.stages[0].time_ms >= 4 * (hf + hb)  # per micro-batch: four layers at least their host time
+    assert t2.iteration_ms > t1.iteration_ms
+
+
+def test_host_floor_leaves_large_layers_alone():
+    """The CP/EP host floor only lifts layers whose device part is shorter than it."""
+    from memx_hpc.model.compose import link_model_for, stage_extras
+    site = two_partition_site()
+    job = job_for_model(small_model(4), 8, precision="bf16")
+    links = link_model_for(site)
+    kw = dict(partition="pA", tasks_per_node=4, tp=1, cp=2, ep=1, etp=None, micro_batch_size=1)
+    big = stage_extras(links, job, layer_fwd_ms=50.0, **kw)
+    assert big == stage_extras(links, job, layer_fwd_ms=50.0, host_us=0.0, **kw)
+    small = stage_extras(links, job, layer_fwd_ms=1e-4, **kw)
+    bare = stage_extras(links, job, layer_fwd_ms=1e-4, host_us=0.0, **kw)
+    hf, hb = host.layer_host_ms_parallel("none", 1, cp=2, moe_share=0.0, local_experts=1, ep=1)
+    assert small.extra_fwd_ms == pytest.approx(max(bare.extra_fwd_ms, hf - 1e-4 * small.layer_scale))
+    assert small.extra_bwd_ms == pytest.approx(max(bare.extra_bwd_ms, hb - 2e-4 * small.layer_scale))
+
+
+def test_moe_host_operators_follow_the_layer_structure():
+    f1, b1 = host.parallel_host_ops(cp=1, moe=True, local_experts=2, ep=1)
+    f2, b2 = host.parallel_host_ops(cp=1, moe=True, local_experts=4, ep=1)
+    fe, _ = host.parallel_host_ops(cp=1, moe=True, local_experts=2, ep=2)
+    assert f2 - f1 == 2 * host.MLP_OPS  # two more local experts, their FC1, activation, FC2 each
+    assert b1 == 2 * f1 and b2 == 2 * f2  # autograd: about two operators per forward one
+    assert fe - f1 == host.MOE_EP_EXCHANGE_OPS  # the EP all-to-alls and count exchange
+    assert host.parallel_host_ops(cp=1, moe=False, local_experts=1, ep=1) == (0, 0)
