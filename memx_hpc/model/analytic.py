@@ -182,7 +182,7 @@ def _attention_widths(shape: ShapeLike, attention: str) -> tuple[int, int, int, 
 
 
 def _terms(shape: ShapeLike, *, micro_batch_size: int, precision: str, attention: str,
-           dropout_mask_bytes: int, moe: bool = False) -> dict[str, float]:
+           dropout_mask_bytes: int, moe: bool = False, fp8: bool = False) -> dict[str, float]:
     """Per-layer saved-activation bytes, split into what TP replicates (without sequence
     parallelism), what it divides, what expert TP divides (routed experts) and the attention
     scores, before any division (t = 1)."""
@@ -213,6 +213,15 @@ def _terms(shape: ShapeLike, *, micro_batch_size: int, precision: str, attention
         replicated += sb * e * (2 * shape.kv_lora_rank + shape.qk_pos_emb_head_dim
                                 + (2 * shape.q_lora_rank if shape.q_lora_rank else 0))
     divided = sb * e * (q + k + v + proj)  # Q, K (for QK^T), V (attention over values), linear_proj input
+    # FP8 (Transformer Engine): a GEMM saves its input for the weight gradient as the FP8 tensor
+    # it multiplied, 1 byte per element -- the QKV and fc1 inputs (TE's LayerNormLinear keeps
+    # only the quantised norm output) and fc2's input; linear_proj's FP8 input is a copy beside
+    # the 16-bit attention output the fused attention kernel keeps for its own backward.
+    g8 = e - 1 if fp8 and e > 1 else 0
+    if g8:
+        divided += sb * proj
+        if not _is_mla(shape):
+            replicated -= sb * g8 * h  # QKV input
     expert = 0.0
     if moe:
         model: ModelSpec = shape  # type: ignore[assignment]
@@ -226,7 +235,8 @@ def _terms(shape: ShapeLike, *, micro_batch_size: int, precision: str, attention
         if model.moe_shared_expert_intermediate_size is not None:
             divided += sb * e * model.moe_shared_expert_intermediate_size * act
     else:
-        divided += sb * e * f * act
+        divided += sb * (e * f * act - g8 * f)  # fc2's input in FP8
+        replicated -= sb * g8 * h  # fc1's input (the MoE router reads the 16-bit norm output)
     if attention == "core":
         # softmax output (e), its dropout mask (m) and the dropout output (e) per score;
         # without attention dropout the softmax output is the only copy.
@@ -241,7 +251,7 @@ def _terms(shape: ShapeLike, *, micro_batch_size: int, precision: str, attention
 def activation_bytes_per_layer(model: ShapeLike, *, micro_batch_size: int, tp: int, recompute: str,
                                precision: str, attention: str, sequence_parallel: bool = False,
                                dropout_mask_bytes: int = 1, moe_layer: bool = False, etp: int | None = None,
-                               moe_imbalance: float = 1.0, cp: int = 1) -> int:
+                               moe_imbalance: float = 1.0, cp: int = 1, fp8: str = "") -> int:
     """Bytes one transformer layer keeps for backward, per in-flight micro-batch, on one TP rank.
 
     Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
@@ -276,6 +286,13 @@ def activation_bytes_per_layer(model: ShapeLike, *, micro_batch_size: int, tp: i
     divided by ``cp`` (Megatron splits the sequence into ``2·cp`` chunks, rank r taking
     chunks r and ``2cp - 1 - r``, so causal work and memory balance). Context parallel runs
     fused attention only (Transformer Engine's); the unfused kernel's s² scores are refused.
+
+    ``fp8`` (a Transformer Engine FP8 format; "" none): a GEMM's input is saved as the FP8
+    tensor it multiplied (TE ``Linear``/``LayerNormLinear`` keep the quantised input for the
+    weight-gradient GEMM), 1 byte per element instead of ``e``: the QKV and fc1 inputs and
+    fc2's input; linear_proj's FP8 input is an extra byte per element beside the 16-bit
+    attention output the fused kernel keeps. Per-tensor scales are negligible; MXFP8's one
+    byte per 32 elements is left out (3 %).
     """
     if not isinstance(cp, int) or cp < 1:
         raise SpecError("context-parallel degree must be a whole number >= 1", field="cp", found=cp)
@@ -297,7 +314,7 @@ def activation_bytes_per_layer(model: ShapeLike, *, micro_batch_size: int, tp: i
     if isinstance(model, LayerShape):
         moe_layer = model.is_moe
     t = _terms(model, micro_batch_size=micro_batch_size, precision=precision, attention=attention,
-               dropout_mask_bytes=dropout_mask_bytes, moe=moe_layer)
+               dropout_mask_bytes=dropout_mask_bytes, moe=moe_layer, fp8=bool(fp8))
     if recompute == "full":
         return int(t["input"] // (tp * cp) if sequence_parallel else t["input"] // cp)
     rep = t["replicated"] / tp if sequence_parallel else t["replicated"]

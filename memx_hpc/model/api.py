@@ -278,7 +278,7 @@ def analytic_activation_bytes(q: LayerQuery, *, dropout_mask_bytes: int = 1) -> 
         return analytic.activation_bytes_per_layer(
             q.shape, micro_batch_size=q.micro_batch_size, tp=q.tp, recompute=q.recompute, precision=q.precision,
             attention=q.attention, sequence_parallel=q.sequence_parallel, dropout_mask_bytes=dropout_mask_bytes,
-            etp=q.etp, moe_imbalance=analytic.moe_imbalance(q.ep))
+            etp=q.etp, moe_imbalance=analytic.moe_imbalance(q.ep), fp8=q.fp8)
     if q.kind == "embedding":
         return analytic.embedding_activation_bytes(q.shape, micro_batch_size=q.micro_batch_size, tp=q.tp,
                                                    precision=q.precision, sequence_parallel=q.sequence_parallel,

@@ -68,7 +68,7 @@ from ..spec import LayerSample, transformer_impls
 from . import anchors as anchors_mod
 from . import augment as augment_mod
 from . import features
-from .api import (PROVENANCES, QUERY_KINDS, Basis, LayerQuery, code_fingerprint, default_overhead_bytes,
+from .api import (PROVENANCES, QUERY_KINDS, Basis, LayerQuery, analytic_activation_bytes, code_fingerprint, default_overhead_bytes,
                   resolve_gpu, roofline_ms, roofline_terms)
 from .metrics import ape  # noqa: F401 (error_summary below; importers of predictor.ape keep working)
 
@@ -434,9 +434,10 @@ class Predictor:
         layer to the 16-bit one -- the linear GEMMs at the catalog's fp8 rate, the attention
         scores at the 16-bit rate, plus Transformer Engine's cast traffic
         (:func:`memx_hpc.model.api.roofline_components`). Memory: the twin's activation bytes
-        (Transformer Engine keeps FP8 copies of some GEMM inputs for backward in place of
-        16-bit ones, so this is an upper bound); the FP8 weight copies are state
-        (:func:`memx_hpc.model.analytic.fp8_weight_bytes`)."""
+        times the analytic ratio of the FP8 layer's to the 16-bit one's (Transformer Engine
+        keeps the FP8 copies of the GEMM inputs for backward in place of 16-bit ones:
+        :func:`memx_hpc.model.analytic.activation_bytes_per_layer`); the FP8 weight copies
+        are state (:func:`memx_hpc.model.analytic.fp8_weight_bytes`)."""
         twins = [dataclasses.replace(q, fp8="") if q.fp8 else q for q in queries]
         out, how = self._predict_16bit(twins)
         out = out.copy()
@@ -444,6 +445,7 @@ class Predictor:
             if q.fp8:
                 g = resolve_gpu(self.gpus, q.gpu_type)
                 out[i, 0] *= roofline_ms(q, g) / roofline_ms(twins[i], g)
+                out[i, 1] *= analytic_activation_bytes(q) / max(analytic_activation_bytes(twins[i]), 1)
                 how[i] = how[i] + "+fp8-roofline"
         return out, how
 

@@ -132,8 +132,30 @@ def test_the_predictor_scales_its_16bit_answer_by_the_fp8_roofline_and_says_so()
     (t16, a16), (t8, a8) = p.predict([q, f])
     g = catalog().get("H100-SXM")
     assert t8 == pytest.approx(t16 * roofline_ms(f, g) / roofline_ms(q, g), rel=1e-9) and t8 < t16
-    assert a8 == a16  # the 16-bit activations: an upper bound
+    # the 16-bit activations scaled by the analytic ratio: TE keeps FP8 GEMM inputs
+    from memx_hpc.model.api import analytic_activation_bytes
+    assert a8 == pytest.approx(a16 * analytic_activation_bytes(f) / analytic_activation_bytes(q), rel=1e-9)
+    assert a8 < a16
     assert p.explain([q, f]) == ["measured", "measured+fp8-roofline"]
+
+
+def test_fp8_layers_keep_their_gemm_inputs_in_fp8():
+    """Transformer Engine saves the quantised GEMM inputs for the weight gradients: the QKV
+    and fc1 inputs (h) and fc2's input (f) at 1 byte instead of 2, plus a 1-byte copy of the
+    attention output beside the 16-bit one the fused kernel keeps: h + f bytes less per token."""
+    from memx_hpc.catalog import preset
+    from memx_hpc.model import analytic
+    m = preset("Llama-3-8B")
+    h, f, s, b = m.hidden_size, m.ffn_hidden_size, m.seq_length, 2
+    for tp, sp in ((1, False), (2, True)):
+        kw = dict(micro_batch_size=b, tp=tp, recompute="none", precision="bf16", attention="sdpa",
+                  sequence_parallel=sp)
+        bf16 = analytic.activation_bytes_per_layer(m, **kw)
+        fp8 = analytic.activation_bytes_per_layer(m, **kw, fp8="hybrid")
+        assert bf16 - fp8 == pytest.approx(s * b * (h + f) / tp, abs=2)
+        # full recompute keeps the 16-bit layer input either way
+        full = dict(kw, recompute="full")
+        assert analytic.activation_bytes_per_layer(m, **full, fp8="hybrid") == analytic.activation_bytes_per_layer(m, **full)
 
 
 def test_fp8_runs_only_where_the_gpus_have_it_and_holds_its_weight_copies():
