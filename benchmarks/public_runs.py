@@ -474,7 +474,9 @@ def main(argv=None) -> int:
     for n in notes:
         print(f"  note: {n if len(n) <= 240 else n[:237] + '...'}")
     print("assumptions: Adam; distributed optimizer on (vendor tables) or as the CI arguments say; sequence parallel "
-          "where TP > 1 (vendor tables); no recompute unless the row names one; layers split evenly over stages and chunks; "
+          "where TP > 1 (vendor tables); no recompute unless the row names one; layers split evenly over stages and "
+          "chunks (the embedding and the loss counted as layers where the CI arguments or the recipe say so: "
+          "Llama-3.1-405B); "
           "50 GB/s per GPU between nodes (A100: 25), NVLink inside a GB200/GB300 NVL72 rack; FP8 rows: bf16 weights, "
           "hybrid format, the row's recipe")
     run(rows, model, show_rows=args.rows)
