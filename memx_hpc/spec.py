@@ -1653,6 +1653,17 @@ def _check_batches_and_stages(plan: Any) -> None:
         raise SpecError(f"{len(plan.stages)} stages", field="stages", allowed=f"at most {MAX_LAYERS}")
 
 
+def chunk_split(num_layers: int, virtual_stages: int, *, last: bool = False) -> tuple[int, ...]:
+    """Layers of each of a stage's ``virtual_stages`` model chunks: even, the remainder to the
+    later chunks; the last stage with fewer layers than chunks leaves its last chunk empty (the
+    loss alone, as Megatron's --account-for-loss-in-pipeline-split builds it)."""
+    n, v = int(num_layers), int(virtual_stages)
+    if last and n < v:
+        return tuple(1 if k < n else 0 for k in range(v))
+    base, rem = divmod(n, v)
+    return tuple(base + (1 if k >= v - rem else 0) for k in range(v))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """A configuration Megatron-LM can run: uniform TP, DP and micro-batch; ordered stages.
@@ -1716,7 +1727,10 @@ class Plan:
             if self.pp < 2:
                 raise SpecError("virtual pipeline stages interleave a pipeline of at least 2 stages",
                                 field="virtual_stages", found=v, allowed="1 with one stage")
-            short = [i for i, s in enumerate(self.stages) if s.num_layers < v]
+            # the first stage's first chunk may hold only the embedding and the last stage's last
+            # chunk only the loss (Megatron's --account-for-embedding/loss-in-pipeline-split)
+            short = [i for i, s in enumerate(self.stages)
+                     if s.num_layers < v - (1 if i in (0, self.pp - 1) else 0)]
             if short:
                 raise SpecError(f"stage {short[0]} has {self.stages[short[0]].num_layers} layers, fewer than its "
                                 f"{v} model chunks", field="virtual_stages", found=v,
@@ -1747,11 +1761,8 @@ class Plan:
         return self.tp * self.cp * self.dp * self.pp
 
     def chunk_layers(self, stage: int) -> tuple[int, ...]:
-        """Layers of each of stage ``stage``'s ``virtual_stages`` chunks (even, the remainder to the
-        later chunks)."""
-        n, v = self.stages[stage].num_layers, self.virtual_stages
-        base, rem = divmod(n, v)
-        return tuple(base + (1 if k >= v - rem else 0) for k in range(v))
+        """Layers of each of stage ``stage``'s ``virtual_stages`` chunks (:func:`chunk_split`)."""
+        return chunk_split(self.stages[stage].num_layers, self.virtual_stages, last=stage == self.pp - 1)
 
     @property
     def num_microbatches(self) -> int:

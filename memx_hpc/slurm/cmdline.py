@@ -26,7 +26,7 @@ from typing import Sequence
 
 from ..errors import SpecError
 from ..megatron_args import parallel_args
-from ..spec import PROJECT_ENTRY_TOKENIZERS, ModelSpec, Plan, Recompute, Stage, TrainJob
+from ..spec import PROJECT_ENTRY_TOKENIZERS, ModelSpec, Plan, Recompute, Stage, TrainJob, chunk_split
 
 __all__ = ["SYNTHETIC_TRAIN_ITERS", "RUN_KINDS", "TrainingLength", "ComponentShape", "CommandLine",
            "training_length", "command_line", "pipeline_layout", "recompute_args", "virtual_recompute_refusal",
@@ -91,10 +91,10 @@ def pipeline_layout(stages: Sequence[Stage], virtual_stages: int = 1) -> str:
     splits them, so uneven stages interleave too."""
     pp, v = len(stages), virtual_stages
     chunks = []
+    split = [chunk_split(s.num_layers, v, last=i == pp - 1) for i, s in enumerate(stages)]
     for k in range(v):
-        for i, s in enumerate(stages):
-            base, rem = divmod(s.num_layers, v)
-            chunks.append(base + (1 if k >= v - rem else 0))
+        for i in range(pp):
+            chunks.append(split[i][k])
     parts = []
     for j, n in enumerate(chunks):
         body = "" if n == 0 else ("t" if n == 1 else f"t*{n}")

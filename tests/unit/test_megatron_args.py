@@ -486,6 +486,14 @@ def test_megatron_lm_accepts_stages_that_hold_only_the_embedding_or_the_output_l
         text = render(plan, site, job)
         args = judge(_argv_of(text, 0), describe(plan, site, job).world_size, monkeypatch, _judged_env(text, 0))
         assert args.pipeline_model_parallel_size == 2 and str(args.pipeline_model_parallel_layout) == layout
+    # interleaved, the first chunk the embedding alone and the last the loss alone (Megatron's
+    # --account-for-embedding/loss-in-pipeline-split shape)
+    plan = Plan(tp=1, dp=1, micro_batch_size=1, global_batch_size=64, virtual_stages=2,
+                stages=tuple(Stage(partition="gpu_a100", num_layers=n) for n in (1, 15, 15, 1)))
+    text = render(plan, site, job)
+    args = judge(_argv_of(text, 0), describe(plan, site, job).world_size, monkeypatch, _judged_env(text, 0))
+    assert str(args.pipeline_model_parallel_layout) == "E|t*7|t*7|t|t|t*8|t*8|L"
+    assert args.virtual_pipeline_model_parallel_size == 2
 
 
 @pytest.fixture(scope="module")

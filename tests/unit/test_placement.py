@@ -140,7 +140,15 @@ def test_plan_refuses_degrees_megatron_cannot_run():
     ok = Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=8, stages=st, virtual_stages=2)
     assert ok.chunk_layers(0) == (2, 2) and ok.chunk_layers(1) == (1, 1)
     assert dataclasses_replace(ok, virtual_stages=1).world_size == 8
-    for kw, field, words in ((dict(virtual_stages=3), "virtual_stages", "fewer than its 3 model chunks"),
+    # the last stage's last chunk may hold the loss alone, the first stage's first the embedding alone
+    loss_only = dataclasses_replace(ok, virtual_stages=3)
+    assert loss_only.chunk_layers(0) == (1, 1, 2) and loss_only.chunk_layers(1) == (1, 1, 0)
+    edge = Plan(tp=1, dp=1, micro_batch_size=1, global_batch_size=8, virtual_stages=2,
+                stages=tuple(Stage(partition="p", num_layers=n) for n in (1, 2, 2, 1)))
+    assert edge.chunk_layers(0) == (0, 1) and edge.chunk_layers(3) == (1, 0)
+    with pytest.raises(SpecError, match="stage 1 has 1 layers, fewer than its 2 model chunks"):
+        dataclasses_replace(edge, stages=tuple(Stage(partition="p", num_layers=n) for n in (2, 1, 2, 1)))
+    for kw, field, words in ((dict(virtual_stages=4), "virtual_stages", "fewer than its 4 model chunks"),
                              (dict(global_batch_size=6), "virtual_stages", "multiple of it"),
                              (dict(stages=st[:1]), "virtual_stages", "at least 2 stages"),
                              (dict(virtual_stages=1, ep=8), "ep", "must divide the 4 ranks"),
