@@ -1157,8 +1157,28 @@ def _check_freq(freq: Any, num_layers: Any) -> None:
     _whole(freq, "moe_layer_freq", 1, MAX_LAYERS)
 
 
+class _HeadsAndExperts:
+    """What a model and a layer shape derive alike from their head and expert fields."""
+
+    @property
+    def kv_channels(self) -> int:
+        """Head size of standard attention (Megatron's ``--kv-channels``: ``head_dim``, else
+        ``hidden_size / heads``)."""
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the MLP (of a layer; of some layers of a model) is the mixture of experts."""
+        return self.num_experts is not None
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        """Per-branch width of one routed expert (``ffn_hidden_size`` when not given)."""
+        return self.moe_ffn_hidden_size if self.moe_ffn_hidden_size is not None else self.ffn_hidden_size
+
+
 @dataclass(frozen=True, kw_only=True)
-class ModelSpec:
+class ModelSpec(_HeadsAndExperts):
     """A GPT-style decoder as megatron-core builds it. ``ffn_hidden_size`` is the per-branch
     width (SwiGLU has two) of the dense MLP.
 
@@ -1300,25 +1320,11 @@ class ModelSpec:
                             allowed="moe_shared_expert_intermediate_size set, or leave it out")
 
     @property
-    def kv_channels(self) -> int:
-        """Head size of standard attention (Megatron's ``--kv-channels``)."""
-        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
-
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts is not None
-
-    @property
     def moe_layers(self) -> tuple[bool, ...]:
         """Per layer, whether its MLP is the mixture of experts (all False for a dense model)."""
         if self.num_experts is None:
             return (False,) * self.num_layers
         return moe_pattern(self.moe_layer_freq, self.num_layers)
-
-    @property
-    def expert_ffn_hidden_size(self) -> int:
-        """Per-branch width of one routed expert (``ffn_hidden_size`` when not given)."""
-        return self.moe_ffn_hidden_size if self.moe_ffn_hidden_size is not None else self.ffn_hidden_size
 
     def check(self, path: str = "model") -> None:
         """Checks run when the spec is built; kept so callers that re-check still can."""
@@ -1855,7 +1861,7 @@ class GeneralPlan:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LayerShape:
+class LayerShape(_HeadsAndExperts):
     """The shape numbers one transformer layer's cost depends on.
 
     A dense layer with standard attention of ``hidden_size / heads`` wide heads needs only the
@@ -1933,20 +1939,6 @@ class LayerShape:
                64 * MAX_HIDDEN, optional=True)
         if self.moe_shared_expert_gate and self.moe_shared_expert_intermediate_size is None:
             raise SpecError("a shared-expert gate needs shared experts", field="moe_shared_expert_gate", found=True)
-
-    @property
-    def kv_channels(self) -> int:
-        """Head size of standard attention (``head_dim``, else ``hidden_size / heads``)."""
-        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
-
-    @property
-    def is_moe(self) -> bool:
-        """Whether this layer's MLP is the mixture of experts."""
-        return self.num_experts is not None
-
-    @property
-    def expert_ffn_hidden_size(self) -> int:
-        return self.moe_ffn_hidden_size if self.moe_ffn_hidden_size is not None else self.ffn_hidden_size
 
     @property
     def extension(self) -> dict[str, Any]:

@@ -794,6 +794,19 @@ def _measure_optimizer(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
                                                    **_memory_sources(memory)}, **memory)
 
 
+def _time_collective(ctx: _Ctx, once) -> tuple[float, list[float], dict]:
+    """Warm-up calls, a barrier, then ``iters`` timed calls of ``once``: the median call's ms
+    on the slowest rank, every call's ms on this rank, and the device memory afterwards."""
+    import torch.distributed as dist
+
+    for _ in range(ctx.task.settings.warmup):
+        once()
+    dist.barrier()
+    times = [ctx.clock.once(once) for _ in range(ctx.task.settings.iters)]
+    (ms,) = ctx.max_over_ranks([statistics.median(times)])
+    return ms, times, (_gpu_memory() if ctx.clock.cuda else {})
+
+
 def _measure_allreduce(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
     import torch
     import torch.distributed as dist
@@ -808,15 +821,7 @@ def _measure_allreduce(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
         torch.cuda.reset_peak_memory_stats()
     t = torch.ones(n, dtype=dtype, device=mc.device_of())
 
-    def once() -> None:
-        dist.all_reduce(t)
-
-    for _ in range(ctx.task.settings.warmup):
-        once()
-    dist.barrier()
-    times = [ctx.clock.once(once) for _ in range(ctx.task.settings.iters)]
-    (ms,) = ctx.max_over_ranks([statistics.median(times)])
-    memory = _gpu_memory() if ctx.clock.cuda else {}
+    ms, times, memory = _time_collective(ctx, lambda: dist.all_reduce(t))
     del t
     return _sample(ctx, point, forward_ms=ms, extra={"elements": n, "dtype": str(dtype),
                                                     "ms_all": [round(x, 4) for x in times],
@@ -843,15 +848,7 @@ def _measure_alltoall(ctx: _Ctx, point: ProfilePoint) -> LayerSample:
     src = torch.ones(n, dtype=dtype, device=mc.device_of())
     dst = torch.empty_like(src)
 
-    def once() -> None:
-        dist.all_to_all_single(dst, src)
-
-    for _ in range(ctx.task.settings.warmup):
-        once()
-    dist.barrier()
-    times = [ctx.clock.once(once) for _ in range(ctx.task.settings.iters)]
-    (ms,) = ctx.max_over_ranks([statistics.median(times)])
-    memory = _gpu_memory() if ctx.clock.cuda else {}
+    ms, times, memory = _time_collective(ctx, lambda: dist.all_to_all_single(dst, src))
     del src, dst
     return _sample(ctx, point, forward_ms=ms, extra={"elements_per_peer": per_peer, "dtype": str(dtype),
                                                     "ms_all": [round(x, 4) for x in times],
