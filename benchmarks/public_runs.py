@@ -79,6 +79,22 @@ UNSUPPORTED_FLAGS = {
 #: pipeline split (Megatron's --account-for-embedding/loss-in-pipeline-split): Megatron-Bridge
 #: src/megatron/bridge/recipes/llama/llama3.py, llama31_405b_pretrain_config sets both
 ACCOUNTED_SPLIT_FAMILIES = ("llama3.1-405b",)
+#: Megatron-Bridge (github.com/NVIDIA-NeMo/Megatron-Bridge) commits whose recipes the vendor
+#: rows' settings below are read from: b7b4e11 (scripts/performance/configs, the per-family
+#: performance scripts before c8327cf removed them) and 067f987 (src/megatron/bridge/perf_recipes)
+BRIDGE_RECIPE_COMMITS = ("b7b4e11b054e73fa3cfc52e5df14cd6b4d50e02e", "067f987df03b8355b03192d88d70f1709fedf51a")
+#: performance-summary families whose recipe reduces gradients in bf16 (grad_reduce_in_fp32 =
+#: False on the mixed-precision and DDP configs): b7b4e11 scripts/performance/configs/llama/
+#: llama3_llm_pretrain.py and llama31_llm_pretrain.py (set_llama*_common_configs),
+#: qwen/qwen3_llm_pretrain.py; 067f987 src/megatron/bridge/perf_recipes/_common.py
+#: (_benchmark_common and _perf_precision)
+BF16_GRAD_REDUCE_FAMILIES = ("llama3-8b", "llama3-70b", "llama3.1-405b", "qwen3-30b-a3b", "qwen3-235b-a22b")
+#: FP8 recipes whose Megatron-Bridge mixed-precision preset keeps the weights in FP8
+#: (fp8_param_gather = True): src/megatron/bridge/training/mixed_precision.py at both commits,
+#: bf16_with_fp8_delayed_scaling_mixed, bf16_with_fp8_current_scaling_mixed (tensorwise),
+#: bf16_with_mxfp8_mixed -- the presets the performance scripts' get_precision_config /
+#: _perf_precision return, and the FP8 current-scaling preset of the memory-tuning study
+FP8_PARAM_RECIPES = ("delayed", "tensorwise", "mxfp8")
 
 
 class NotExpressible(Exception):
@@ -241,6 +257,25 @@ def _stage_layers(row: dict, total: int, pp: int) -> list[int]:
     return head + (_even(rest, middle) if middle else []) + tail
 
 
+def recipe_settings(row: dict) -> dict:
+    """TrainJob fields a Megatron-Bridge row's recipe sets beyond the row's columns, only
+    where the recipe is read (BRIDGE_RECIPE_COMMITS): the performance summary's bf16
+    gradient reduction (BF16_GRAD_REDUCE_FAMILIES) and, for the Bridge tables and the
+    memory-tuning study, FP8 weights under the FP8 presets (FP8_PARAM_RECIPES). Other rows:
+    none (Megatron-LM's defaults, or the CI arguments)."""
+    from memx_hpc.spec import TrainJob
+    fields = {f.name for f in dataclasses.fields(TrainJob)}
+    out: dict = {}
+    rid, prec = row["id"], row["precision"].strip().lower()
+    table = rid.startswith("bridge-performance-summary")
+    if table and row["family"] in BF16_GRAD_REDUCE_FAMILIES and "grad_reduce_in_fp32" in fields:
+        out["grad_reduce_in_fp32"] = False
+    if ((table or rid.startswith("bridge-skill/memory-tuning/")) and prec.startswith("fp8-")
+            and prec[4:] in FP8_PARAM_RECIPES and "fp8_param_gather" in fields):
+        out["fp8_param_gather"] = True
+    return out
+
+
 def build(row: dict):
     """(plan, site, job) for a row, or NotExpressible naming what the planner lacks."""
     from memx_hpc.spec import Partition, Plan, Site, Stage, job_for_model
@@ -297,6 +332,7 @@ def build(row: dict):
         site = Site(name=site.name, partitions=(dataclasses.replace(part, inter_node_gbps=float(g.link_gbps)),))
     attention = "core" if row["attention_backend"] == "unfused" else "sdpa"
     dist_opt = True if vendor else row["distributed_optimizer"] == "True"
+    precision.update(recipe_settings(row))
     try:
         job = job_for_model(model, int(row["global_batch_size"]), attention=attention, optimizer="adam",
                             distributed_optimizer=dist_opt, **precision)
@@ -330,6 +366,52 @@ def cost_model(store: Path, analytic: bool):
     return model, notes
 
 
+def decompose(plan, site, job, cm, pred) -> dict:
+    """The largest stage's predicted peak by term (bytes unless named): weights, gradient
+    buffer, optimizer shards (fp32 main parameters and moments), FP8 weights beyond the 16-bit
+    ones, held activations with the in-flight micro-batch units (and chunks) the schedule keeps,
+    the last stage's head and logits (analytic), the prior ``a x A + b`` and the capacity check
+    (the composition's safety margin; the band the recommended plan adds)."""
+    from memx_hpc.model import analytic
+    from memx_hpc.model.compose import (fp8_state_bytes, in_flight_heads, in_flight_units, memory_scale_of,
+                                        shape_of, logits_transient_bytes)
+    from memx_hpc.model.schedule import in_flight_chunks
+    from memx_hpc.params import expert_params
+    from memx_hpc.search.objective import table_band
+    a0 = memory_scale_of(cm, site)
+    st = max(pred.stages, key=lambda x: (x.peak_bytes - x.overhead_bytes) / a0(x.gpu_type))
+    i, n, tp, pp, v = st.stage, st.num_layers, plan.tp, plan.pp, plan.virtual_stages
+    first, last = i == 0, i == pp - 1
+    m = pred.num_microbatches
+    params = analytic.stage_params(job.model, n, first=first, last=last, tp=tp, pp=pp, ep=plan.ep, etp=plan.etp)
+    et = tp if plan.etp is None else plan.etp
+    start = analytic.stage_first_layer(job.model, n, first=first, last=last)
+    experts = expert_params(job.model, start, n, ep=plan.ep, etp=et) if job.model.is_moe and n else 0
+    kw = dict(precision=job.precision, optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer,
+              grad_reduce_in_fp32=job.grad_reduce_in_fp32)
+    parts = analytic.state_parts(params - experts, dp=plan.dp * plan.cp, **kw)
+    if experts:
+        for k, val in analytic.state_parts(experts, dp=max(1, tp * plan.cp * plan.dp // (et * plan.ep)), **kw).items():
+            parts[k] += val
+    base = analytic.stage_params(job.model, 0, first=first, last=last, tp=tp, pp=pp, ep=plan.ep, etp=plan.etp)
+    fp8 = float(fp8_state_bytes(job, params - base))
+    sp = plan.sequence_parallel and tp > 1
+    head = 0.0
+    if last:
+        head = (float(in_flight_heads(pp, i, m, v)) * analytic.head_activation_bytes(
+            shape_of(job), micro_batch_size=plan.micro_batch_size, tp=tp, precision=job.precision,
+            sequence_parallel=sp) + logits_transient_bytes(job, tp, plan.micro_batch_size)) / plan.cp
+    scale = a0(st.gpu_type)
+    alloc = (st.peak_bytes - st.overhead_bytes) / scale
+    band = table_band(st.gpu_type, cm.basis(st.gpu_type)).fraction if hasattr(cm, "basis") else float("nan")
+    return dict(stage=i, layers=n, params=params, weights=parts["weights"], grads=parts["grads"],
+                optimizer=parts["optimizer"], fp8=fp8, state=st.state_bytes, activations=st.activation_bytes,
+                head=head, units=float(in_flight_units(pp, i, m, v)),
+                chunks=in_flight_chunks(i, pp, m, v) if v > 1 else None, m=m, a=scale, b=st.overhead_bytes,
+                alloc=alloc, device=st.peak_bytes, capacity=st.capacity_bytes,
+                limit=st.capacity_bytes * (1 - site.memory_safety_margin), band=band)
+
+
 def predict_row(row: dict, model) -> dict:
     from memx_hpc.model.api import AnalyticCostModel
     from memx_hpc.model.compose import memory_scale_of, predict_plan
@@ -348,6 +430,8 @@ def predict_row(row: dict, model) -> dict:
         # CI: the logging (last) rank's peak; other sources: the largest stage's
         out[key + "_mem"] = max(last) if row["id"].startswith("mlm-ci/") else max(alloc)
         out[key + "_feasible"] = p.feasible
+        if key == "pred":
+            out["terms"] = decompose(plan, site, job, cm, p)
     return out
 
 
@@ -404,11 +488,13 @@ def run(rows: list[dict], model, *, show_rows: bool = False, out=print) -> dict:
             # every row ran, so a prediction over the GPU's capacity is a memory error too
             over = sum(1 for d in sel if not d["pred_feasible"])
             summary[(split, dim)]["said_over_capacity"] = over
-            tab.append([split, dim, n_all, len(t), f"{over}/{len(sel)}", _mean(s["time_mape"]), _mean(s["time_bias"]),
+            summary[(split, dim)]["over_capacity_share"] = over / len(sel) if sel else float("nan")
+            share = f"{over}/{len(sel)} ({100.0 * over / len(sel):.0f} %)" if sel else "-"
+            tab.append([split, dim, n_all, len(t), share, _mean(s["time_mape"]), _mean(s["time_bias"]),
                         _mean(s["roof_time_mape"]), len(m), _mean(s["mem_mape"]), _mean(s["mem_bias"]),
                         _mean(s["roof_mem_mape"])])
     out(f"\npredicted {len(done)} of {len(rows)} rows; {len(refused)} not expressible yet")
-    table(tab, ["split", "dimension", "rows", "timed", "over capacity", "time MAPE %", "time bias %", "roofline time MAPE %",
+    table(tab, ["split", "dimension", "rows", "timed", "ran, predicted over capacity", "time MAPE %", "time bias %", "roofline time MAPE %",
                 "with memory", "memory MAPE %", "memory bias %", "roofline memory MAPE %"])
     src = []
     for split in ("dev", "test"):
@@ -420,6 +506,30 @@ def run(rows: list[dict], model, *, show_rows: bool = False, out=print) -> dict:
             src.append([split, source, n_all, len(t), _mean([_ape(d["pred_ms"], d["real_ms"]) for d in t]),
                         _mean([_ape(d["roof_ms"], d["real_ms"]) for d in t]), len(m),
                         _mean([_ape(d["pred_mem"], d["real_mem"]) for d in m])])
+    dev = [d for d in done if d["row"]["split"] == "dev" and "terms" in d]
+    if dev:
+        out("\ndev rows: the largest stage's predicted peak by term (GiB; allocator peak A = state + held "
+            "activations; device = a x A + b, checked against capacity x (1 - margin); the recommended plan "
+            "also widens it by the band):")
+        seen, dtab = set(), []
+        for d in dev:
+            r, x = d["row"], d["terms"]
+            key = (r["family"], r["gpu_type"], r["gpus"], r["tp"], r["pp"], r["vp"], r["cp"], r["ep"], r["precision"],
+                   r["global_batch_size"])
+            if key in seen:
+                continue
+            seen.add(key)
+            g = lambda v: f"{v / GiB:.1f}"  # noqa: E731
+            units = f"{x['units']:.2f}" + (f" ({x['chunks']} ch)" if x["chunks"] else "")
+            dtab.append([r["family"][:16], r["precision"][:14], r["gpu_type"],
+                         f"{r['tp']}/{r['pp']}/{r['vp'] or 1}/{r['cp']}/{r['ep']}", f"{x['stage']}:{x['layers']}",
+                         g(x["weights"]), g(x["grads"]), g(x["optimizer"]), g(x["fp8"]), g(x["activations"]),
+                         f"{units} of {x['m']}", g(x["head"]), f"{x['a']:.2f}", g(x["b"]), g(x["alloc"]),
+                         g(x["device"]), g(x["limit"]), f"{100 * x['band']:.1f}",
+                         "" if x["device"] <= x["limit"] else "over"])
+        table(dtab, ["family", "precision", "gpu", "tp/pp/vp/cp/ep", "stage:layers", "weights", "grads",
+                     "optimizer", "fp8 extra", "activations", "in-flight units", "head+logits", "a", "b",
+                     "alloc A", "device", "limit", "band %", "note"])
     out("\nby source:")
     table(src, ["split", "source", "rows", "timed", "time MAPE %", "roofline time MAPE %", "with memory",
                 "memory MAPE %"])

@@ -1444,6 +1444,15 @@ class TrainJob:
     #: whose catalog entry has an fp8 rate only; ``precision`` stays the weights' dtype
     fp8: str = ""
     fp8_recipe: str = "delayed"
+    #: Megatron-LM accumulates and reduces bf16 gradients in an fp32 buffer unless told
+    #: ``--grad-reduce-in-bf16`` (megatron/training/arguments.py; megatron-core
+    #: distributed_data_parallel.py: the grad buffer is fp32 when ``grad_reduce_in_fp32``,
+    #: else the parameters' dtype). False: a bf16 gradient buffer, 2 bytes per parameter.
+    grad_reduce_in_fp32: bool = True
+    #: ``--fp8-param-gather``: the layers' GEMM weights live as FP8 tensors (megatron-core
+    #: gives them a uint8 parameter buffer) and are all-gathered in FP8, instead of 16-bit
+    #: weights beside Transformer Engine's FP8 copies. Needs ``fp8`` and the distributed optimizer.
+    fp8_param_gather: bool = False
     # what a training launch (render, plan --submit) uses; verify's short runs keep mock data
     data: TrainData | None = None
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
@@ -1499,6 +1508,16 @@ class TrainJob:
         if self.fp8 != "":
             _choice(self.fp8, "fp8", FP8_FORMATS)
         _choice(self.fp8_recipe, "fp8_recipe", FP8_RECIPES)
+        for name in ("grad_reduce_in_fp32", "fp8_param_gather"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError("expected true or false", field=name, found=_short(getattr(self, name)))
+        if self.fp8_param_gather and not self.fp8:
+            raise SpecError("FP8 parameters need FP8 matmuls", field="fp8_param_gather", found=True,
+                            allowed="fp8_param_gather: false, or an fp8 format")
+        if self.fp8_param_gather and not (self.distributed_optimizer or self.distributed_optimizer_searched):
+            # megatron/training/arguments.py: --fp8-param-gather only with the distributed optimizer
+            raise SpecError("FP8 parameter all-gather needs the distributed optimizer", field="fp8_param_gather",
+                            found=True, allowed="distributed_optimizer: true")
         if self.fp8 and self.precision == "fp32":
             raise SpecError("FP8 runs beside bf16 (or fp16) weights: Transformer Engine casts the GEMM inputs of a "
                             "16-bit model", field="fp8", found=self.fp8, allowed="precision: bf16 or fp16")
@@ -2339,7 +2358,7 @@ JOB_KEYS = ("name", "model", "global_batch_size", "precision", "optimizer", "dis
             "attention", "micro_batch_sizes", "recompute_modes", "train_iters", "train_samples", "train_tokens",
             "log_interval", "eval_interval", "eval_iters", "max_pipeline_stages", "data", "lr_schedule", "checkpoint",
             "virtual_stages", "context_parallel_sizes", "expert_parallel_sizes", "expert_tensor_parallel_sizes",
-            "fp8", "fp8_recipe")
+            "fp8", "fp8_recipe", "grad_reduce_in_fp32", "fp8_param_gather")
 MODEL_KEYS = ("preset", "hf_config", "name", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
               "ffn_hidden_size", "vocab_size", "seq_length", "activation", "tied_embeddings",
               "position_embedding", "normalization", "add_bias_linear") + MODEL_EXTENSION_FIELDS
@@ -2535,6 +2554,8 @@ def job_from_mapping(data: Any, *, source_file: str | None = None) -> TrainJob:
         **_degrees_from(r),
         fp8=_fp8_of(r),
         fp8_recipe=r.str("fp8_recipe", "delayed"),
+        grad_reduce_in_fp32=r.bool("grad_reduce_in_fp32", True),
+        fp8_param_gather=r.bool("fp8_param_gather", False),
         data=_data_from(r.sub("data")),
         lr_schedule=_lr_from(r.sub("lr_schedule")),
         checkpoint=_checkpoint_from(r.sub("checkpoint")),

@@ -121,28 +121,21 @@ def stage_params(model: ModelSpec, num_layers: int, *, first: bool, last: bool, 
 
 
 def fp8_weight_bytes(layer_params: float, recipe: str) -> float:
-    """Transformer Engine's FP8 copies of the layers' GEMM weights, beside the 16-bit weights
-    Megatron keeps (``--fp8-param-gather`` off): the FP8 weight and its transpose (the backward
-    GEMMs read the transpose), 1 byte each per parameter; ``mxfp8`` keeps row- and column-wise
-    copies with one E8M0 scale byte per 32 elements each. The amax history (default length 1)
-    is a few scalars per tensor."""
+    """Transformer Engine's FP8 copies of the layers' GEMM weights: the FP8 weight and its
+    transpose (the backward GEMMs read the transpose), 1 byte each per parameter; ``mxfp8``
+    keeps row- and column-wise copies with one E8M0 scale byte per 32 elements each. The amax
+    history (default length 1) is a few scalars per tensor. Without ``--fp8-param-gather``
+    these sit beside the 16-bit weights Megatron keeps; with it they are the weights
+    (:func:`memx_hpc.model.compose.fp8_state_bytes`)."""
     per = 2.0 + (2.0 / 32.0 if recipe == "mxfp8" else 0.0)
     return per * float(layer_params)
 
 
-def state_bytes(params: int, *, precision: str, optimizer: str, distributed_optimizer: bool, dp: int) -> int:
-    """Weights + gradients + optimizer states per GPU for ``params`` parameters, as Megatron holds them.
-
-    Source: Megatron-LM ``docs/source/api-guide/dist_optimizer.md`` (bytes per parameter,
-    non-distributed / distributed over ``d`` data-parallel ranks):
-    fp16 params & grads: 20 / 4 + 16/d; bf16 params, fp32 grads: 18 / 6 + 12/d;
-    fp32: 16 / 8 + 8/d — the ZeRO-1 partitioning of Rajbhandari et al. 2020 (§5.1).
-    Decomposition: the model weights (e bytes) and the gradient buffer (fp32 for bf16,
-    because Megatron accumulates bf16 gradients in fp32; e bytes otherwise) are never
-    sharded; the fp32 main parameters (mixed precision only), the fp32 main gradients
-    (fp16 only) and the optimizer states (Adam 8, SGD 4 bytes) are sharded by the
-    distributed optimizer.
-    """
+def state_parts(params: int, *, precision: str, optimizer: str, distributed_optimizer: bool, dp: int,
+                grad_reduce_in_fp32: bool = True) -> dict[str, int]:
+    """:func:`state_bytes` by part: ``weights`` (the model's ``e``-byte parameters), ``grads``
+    (the gradient buffer) and ``optimizer`` (fp32 main parameters and gradients where the
+    precision has them, and the optimizer's moments: what the distributed optimizer shards)."""
     if params < 0:
         raise SpecError("parameter count must be >= 0", field="params", found=params)
     if optimizer not in _OPTIMIZER_STATE_BYTES:
@@ -153,14 +146,35 @@ def state_bytes(params: int, *, precision: str, optimizer: str, distributed_opti
     e = _bytes_per_element(precision)
     opt = _OPTIMIZER_STATE_BYTES[optimizer]
     if precision == "bf16":
-        fixed, shardable = 2 + 4, 4 + opt
+        # megatron-core distributed_data_parallel.py: grad_dtype = float32 if
+        # ddp_config.grad_reduce_in_fp32 else param.dtype
+        weights, grads, shardable = 2, 4 if grad_reduce_in_fp32 else 2, 4 + opt
     elif precision == "fp16":
-        fixed, shardable = 2 + 2, 4 + 4 + opt
+        weights, grads, shardable = 2, 2, 4 + 4 + opt
     else:
-        fixed, shardable = e + e, opt
-    if distributed_optimizer:
-        return fixed * params + math.ceil(shardable * params / dp)
-    return (fixed + shardable) * params
+        weights, grads, shardable = e, e, opt
+    sharded = math.ceil(shardable * params / dp) if distributed_optimizer else shardable * params
+    return {"weights": weights * params, "grads": grads * params, "optimizer": sharded}
+
+
+def state_bytes(params: int, *, precision: str, optimizer: str, distributed_optimizer: bool, dp: int,
+                grad_reduce_in_fp32: bool = True) -> int:
+    """Weights + gradients + optimizer states per GPU for ``params`` parameters, as Megatron holds them.
+
+    Source: Megatron-LM ``docs/source/api-guide/dist_optimizer.md`` (bytes per parameter,
+    non-distributed / distributed over ``d`` data-parallel ranks):
+    fp16 params & grads: 20 / 4 + 16/d; bf16 params, fp32 grads: 18 / 6 + 12/d;
+    fp32: 16 / 8 + 8/d — the ZeRO-1 partitioning of Rajbhandari et al. 2020 (§5.1).
+    Decomposition (:func:`state_parts`): the model weights (e bytes) and the gradient buffer
+    (fp32 for bf16, because Megatron accumulates bf16 gradients in fp32 -- unless
+    ``grad_reduce_in_fp32`` is off (``--grad-reduce-in-bf16``): then bf16, 16 / 4 + 12/d;
+    e bytes otherwise) are never sharded; the fp32 main parameters (mixed precision only),
+    the fp32 main gradients (fp16 only) and the optimizer states (Adam 8, SGD 4 bytes) are
+    sharded by the distributed optimizer.
+    """
+    return sum(state_parts(params, precision=precision, optimizer=optimizer,
+                           distributed_optimizer=distributed_optimizer, dp=dp,
+                           grad_reduce_in_fp32=grad_reduce_in_fp32).values())
 
 
 # --------------------------------------------------------------------------- activations

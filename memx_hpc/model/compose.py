@@ -40,7 +40,8 @@ bytes kept per in-flight micro-batch):
   ``_allreduce_word_embedding_grads``). The iteration ends when the last stage does.
 
 Gradients travel in fp32 under bf16 (Megatron-LM sets ``accumulate_allreduce_grads_in_fp32``
-for bf16 in ``megatron/training/arguments.py``), in the parameter dtype otherwise.
+for bf16 in ``megatron/training/arguments.py``) unless the job reduces them in bf16
+(``grad_reduce_in_fp32`` off: ``--grad-reduce-in-bf16``), in the parameter dtype otherwise.
 
 :class:`Composer` evaluates :class:`Block` s of plans with numpy, from plain inputs (the
 layouts' placements, the recompute levels: :class:`CompositionInputs`); :func:`predict_plan`
@@ -76,6 +77,14 @@ MODE_NONE, MODE_SELECTIVE, MODE_FULL = (MODE_NAMES.index(m) for m in ("none", "s
 GRAD_BYTES_PER_PARAM = {"bf16": 4, "fp16": 2, "fp32": 4}
 
 Predictions = Mapping[LayerQuery, tuple[float, float]]
+
+
+def grad_bytes_per_param(job: TrainJob) -> int:
+    """Bytes per parameter of the gradients DP synchronises: :data:`GRAD_BYTES_PER_PARAM`,
+    bf16 gradients in bf16 where the job reduces them so (``grad_reduce_in_fp32`` off)."""
+    if job.precision == "bf16" and not job.grad_reduce_in_fp32:
+        return 2
+    return GRAD_BYTES_PER_PARAM[job.precision]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -284,11 +293,12 @@ def stage_state(job: TrainJob, n: int, *, first: bool, last: bool, tp: int, pp: 
     et = tp if etp is None else etp
     start = analytic.stage_first_layer(job.model, n, first=first, last=last)
     experts = expert_params(job.model, start, n, ep=ep, etp=et) if job.model.is_moe and n else 0
-    kw = dict(precision=job.precision, optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer)
+    kw = dict(precision=job.precision, optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer,
+              grad_reduce_in_fp32=job.grad_reduce_in_fp32)
     state = analytic.state_bytes(params - experts, dp=dp * cp, **kw)
     if experts:
         state += analytic.state_bytes(experts, dp=max(1, tp * cp * dp // (et * ep)), **kw)
-    if job.fp8:  # the FP8 weight copies of the stage's layers (not of its embedding / head)
+    if job.fp8:  # the FP8 weights of the stage's layers (not of its embedding / head)
         base = analytic.stage_params(job.model, 0, first=first, last=last, tp=tp, pp=pp, ep=ep, etp=etp)
         state += float(fp8_state_bytes(job, params - base))
     return params, experts, state
@@ -360,7 +370,7 @@ def sync_ms_per_param(job: TrainJob, dp: int, gbps: float) -> float:
     """Milliseconds per parameter (per GPU) of the data-parallel gradient synchronisation."""
     if dp <= 1:
         return 0.0
-    g = GRAD_BYTES_PER_PARAM[job.precision]
+    g = grad_bytes_per_param(job)
     if job.distributed_optimizer:
         per_param = (dp - 1) / dp * (g + BYTES_PER_ELEMENT[job.precision])  # reduce-scatter + all-gather
     else:
@@ -373,7 +383,7 @@ def tied_embedding_sync_ms(site: Site, job: TrainJob, tp: int, pp: int, first_pa
     """The first/last-stage all-reduce of the shared word-embedding gradients (two ranks)."""
     if pp <= 1 or not job.model.tied_embeddings:
         return 0.0
-    nbytes = analytic.embedding_params(job.model, tp) * GRAD_BYTES_PER_PARAM[job.precision]
+    nbytes = analytic.embedding_params(job.model, tp) * grad_bytes_per_param(job)
     if first_partition and last_partition:
         gbps = site.link_gbps(first_partition, last_partition)
     else:
@@ -449,7 +459,7 @@ def dp_sync_ms(links, job: TrainJob, *, dp: int, params: float, partitions: Sequ
     """The data-parallel gradient synchronisation of ``params`` parameters per GPU."""
     if dp <= 1 or params <= 0:
         return 0.0
-    g = GRAD_BYTES_PER_PARAM[job.precision]
+    g = grad_bytes_per_param(job)
     parts = [p for p in partitions if p is not None]
     if len(parts) < len(partitions) or not parts:
         per_param = sync_ms_per_param(job, dp, links.site.inter_partition_gbps)
@@ -482,7 +492,7 @@ def tied_sync_ms(links, job: TrainJob, tp: int, pp: int, first: str | None, last
     """The first/last-stage all-reduce of the shared word-embedding gradients (two ranks)."""
     if pp <= 1 or not job.model.tied_embeddings:
         return 0.0
-    nbytes = analytic.embedding_params(job.model, tp) * GRAD_BYTES_PER_PARAM[job.precision]
+    nbytes = analytic.embedding_params(job.model, tp) * grad_bytes_per_param(job)
     if first is None or last is None:
         return transfer_ms(nbytes, links.site.inter_partition_gbps)
     return links.allreduce(nbytes, 2, [first, last]).ms
@@ -513,12 +523,25 @@ def tp_internode_ms(links, job: TrainJob, *, partition: str | None, gpu_type: st
 TP_COLLECTIVE_UNITS = (2.0, 3.0, 0.5, 0.5)
 
 
+def fp8_param_gather_active(job: TrainJob) -> bool:
+    """Whether the layers' weights are FP8 tensors (``--fp8-param-gather``; Megatron-LM
+    accepts it with the distributed optimizer only, megatron/training/arguments.py)."""
+    return bool(job.fp8 and job.fp8_param_gather and job.distributed_optimizer)
+
+
 def fp8_state_bytes(job: TrainJob, layer_params):
-    """The FP8 weight copies a stage holds for ``layer_params`` parameters of its layers
-    (array or float; 0 without FP8): :func:`memx_hpc.model.analytic.fp8_weight_bytes`."""
+    """What FP8 adds to :func:`memx_hpc.model.analytic.state_bytes` for ``layer_params``
+    parameters of a stage's layers (array or float; 0 without FP8): Transformer Engine's FP8
+    weight and transpose (:func:`memx_hpc.model.analytic.fp8_weight_bytes`), less the 16-bit
+    weight ``state_bytes`` counts when the FP8 tensor is the weight (``--fp8-param-gather``:
+    megatron-core distributed_data_parallel.py gives a Float8Tensor a uint8 parameter buffer,
+    and an MXFP8 one shares the gradient buffer for its all-gather, param_and_grad_buffer.py)."""
     if not job.fp8:
         return 0.0 * layer_params
-    return analytic.fp8_weight_bytes(1.0, job.fp8_recipe) * layer_params
+    per = analytic.fp8_weight_bytes(1.0, job.fp8_recipe)
+    if fp8_param_gather_active(job):
+        per -= BYTES_PER_ELEMENT[job.precision]
+    return per * layer_params
 
 
 def _limit(site: Site) -> float:
@@ -1073,7 +1096,8 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
                 params = analytic.stage_params(job.model, n, first=first, last=last, tp=r.tp, pp=p)
                 experts = 0
                 state = analytic.state_bytes(params, precision=job.precision, optimizer=job.optimizer,
-                                             distributed_optimizer=job.distributed_optimizer, dp=dp_per_stage[i])
+                                             distributed_optimizer=job.distributed_optimizer, dp=dp_per_stage[i],
+                                             grad_reduce_in_fp32=job.grad_reduce_in_fp32)
                 if job.fp8:
                     state += float(fp8_state_bytes(job, params - analytic.stage_params(
                         job.model, 0, first=first, last=last, tp=r.tp, pp=p)))
@@ -1305,6 +1329,7 @@ def _known(site: Site, name: str) -> bool:
 
 
 __all__ = ["Block", "BlockCost", "Composer", "CompositionInputs", "Layout", "CostOptions", "GRAD_BYTES_PER_PARAM",
+           "grad_bytes_per_param", "fp8_param_gather_active",
            "StageExtras", "stage_extras", "stage_state", "stage_sync_ms",
            "interleaved_finish", "in_flight_units", "in_flight_heads", "held_activation_bytes",
            "Prediction", "StagePrediction",

@@ -304,6 +304,11 @@ def _precision_args(job: TrainJob) -> list[tuple[str, ...]]:
         # FP8 GEMMs through Transformer Engine (the renderer refuses FP8 where the layer is not
         # Transformer Engine's); the 16-bit flag above stays the weights' dtype
         a += [("--fp8-format", job.fp8), ("--fp8-recipe", job.fp8_recipe)]
+        if job.fp8_param_gather and job.distributed_optimizer:
+            # Megatron-LM refuses --fp8-param-gather without the distributed optimizer
+            a.append(("--fp8-param-gather",))
+    if job.precision == "bf16" and not job.grad_reduce_in_fp32:
+        a.append(("--grad-reduce-in-bf16",))
     if job.distributed_optimizer:
         a.append(("--use-distributed-optimizer",))
     if job.optimizer != "adam":

@@ -473,6 +473,27 @@ def test_megatron_lm_accepts_the_rendered_fp8_arguments(fmt, recipe, monkeypatch
     assert args.bf16 and args.params_dtype.__repr__() == "torch.bfloat16"  # the weights stay bf16
 
 
+def test_megatron_lm_reads_back_bf16_gradient_reduction_and_fp8_parameters(monkeypatch):
+    """grad_reduce_in_fp32: false renders --grad-reduce-in-bf16 and fp8_param_gather: true
+    --fp8-param-gather; Megatron-LM's parser turns them into a bf16 gradient buffer
+    (accumulate_allreduce_grads_in_fp32 False) and FP8 parameters."""
+    from memx_hpc.spec import Plan, Stage, job_from_mapping
+
+    site = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml")
+    site = dataclasses.replace(site, partitions=tuple(dataclasses.replace(p, gpu_type="H100-SXM")
+                                                      if p.name == "gpu_a100" else p for p in site.partitions))
+    plan = Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=64, sequence_parallel=True,
+                stages=(Stage(partition="gpu_a100", num_layers=16), Stage(partition="gpu_a100", num_layers=16)))
+    for extra, fp32_grads, fp8_params in (({}, True, False),
+                                          ({"grad_reduce_in_fp32": False, "fp8_param_gather": True}, False, True)):
+        job = job_from_mapping({"model": "GPT-3-2.7B", "global_batch_size": 64, "train_iters": 10, "fp8": "hybrid",
+                                "fp8_recipe": "tensorwise", **extra})
+        text = render(plan, site, job)
+        args = judge(_argv_of(text, 0), describe(plan, site, job).world_size, monkeypatch, _judged_env(text, 0))
+        assert args.accumulate_allreduce_grads_in_fp32 is fp32_grads
+        assert args.fp8_param_gather is fp8_params
+
+
 def test_megatron_lm_accepts_stages_that_hold_only_the_embedding_or_the_output_layer(monkeypatch):
     from memx_hpc.spec import Plan, Stage
 

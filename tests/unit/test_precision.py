@@ -185,6 +185,43 @@ def test_fp8_runs_only_where_the_gpus_have_it_and_holds_its_weight_copies():
     assert len(space) and {site.partitions[i].name for sk in space.skeletons for i, _ in sk.groups} == {"gpu_a100"}
 
 
+def test_fp8_parameters_replace_the_16_bit_layer_weights_and_bf16_grads_halve_the_buffer():
+    """--fp8-param-gather: the layers' weights are the FP8 tensors (1 byte + transpose), not
+    2 bytes of bf16 beside them; --grad-reduce-in-bf16: a 2-byte gradient buffer per parameter
+    (megatron-core distributed_data_parallel.py); the optimizer shards do not move."""
+    from memx_hpc.model import analytic
+    from memx_hpc.model.compose import predict_plan
+    from memx_hpc.spec import Plan, Stage
+    site = _fp8_site()
+    model = AnalyticCostModel(site)
+    plan = Plan(tp=4, dp=2, micro_batch_size=1, global_batch_size=64,
+                stages=(Stage(partition="gpu_a100", num_layers=32),))
+    base = _fp8_job()
+    fp8w = dataclasses.replace(base, fp8_param_gather=True)
+    bf16g = dataclasses.replace(base, grad_reduce_in_fp32=False)
+    params = analytic.stage_params(base.model, 32, first=True, last=True, tp=4, pp=1)
+    layers = params - analytic.stage_params(base.model, 0, first=True, last=True, tp=4, pp=1)
+    s0, s1, s2 = (predict_plan(plan, site, j, model).stages[0] for j in (base, fp8w, bf16g))
+    assert s0.state_bytes - s1.state_bytes == pytest.approx(2 * layers, rel=1e-6)
+    assert s0.state_bytes - s2.state_bytes == pytest.approx(2 * params, rel=1e-6)
+    assert s1.activation_bytes == s0.activation_bytes == s2.activation_bytes
+    parts = analytic.state_parts(params, precision="bf16", optimizer="adam", distributed_optimizer=True, dp=2,
+                                 grad_reduce_in_fp32=False)
+    assert parts["grads"] == 2 * params and parts["weights"] == 2 * params
+    assert parts["optimizer"] == analytic.state_parts(params, precision="bf16", optimizer="adam",
+                                                      distributed_optimizer=True, dp=2)["optimizer"]
+    # fp16 keeps its fp16 gradient buffer either way
+    assert analytic.state_bytes(params, precision="fp16", optimizer="adam", distributed_optimizer=True, dp=2,
+                                grad_reduce_in_fp32=False) == analytic.state_bytes(
+        params, precision="fp16", optimizer="adam", distributed_optimizer=True, dp=2)
+    # Megatron-LM takes --fp8-param-gather with the distributed optimizer only, and FP8 matmuls
+    with pytest.raises(SpecError) as e:
+        dataclasses.replace(base, fp8_param_gather=True, distributed_optimizer=False)
+    assert e.value.field == "fp8_param_gather"
+    with pytest.raises(SpecError):
+        dataclasses.replace(_fp8_job("none"), fp8_param_gather=True)
+
+
 def test_render_gives_megatron_the_fp8_recipe_and_refuses_where_it_cannot_run():
     from memx_hpc.slurm.render import render
     from memx_hpc.spec import Plan, Stage

@@ -153,3 +153,41 @@ def test_fp8_rows_become_fp8_jobs_once_the_job_has_fp8():
     else:
         with pytest.raises(bench.NotExpressible, match="FP8"):
             bench.build(row)
+
+
+def test_bridge_rows_carry_what_their_recipe_sets_and_nothing_elsewhere():
+    """The performance summary's Llama/Qwen3 recipes reduce gradients in bf16 and their FP8
+    presets keep FP8 weights; the memory-tuning study's FP8 preset keeps FP8 weights but its
+    gradient dtype is not stated; NeMo 24.07 and the CI rows keep Megatron-LM's defaults."""
+    _, _, job = bench.build(_row(r"^bridge-performance-summary-archive/26.06/DGX-GB200/LLAMA3.1_405B/fp8-tensorwise/"))
+    assert (job.grad_reduce_in_fp32, job.fp8_param_gather) == (False, True)
+    _, _, job = bench.build(_row(r"^bridge-skill/memory-tuning/llama3-70b-sft/tp4pp4vp5$"))
+    assert (job.grad_reduce_in_fp32, job.fp8_param_gather) == (True, True)
+    _, _, job = bench.build(_row(r"^nemo-24.07/.*LLAMA3-70B/"))
+    assert (job.grad_reduce_in_fp32, job.fp8_param_gather) == (True, False)
+    _, _, job = bench.build(_row(r"mlm-ci/gpt/gpt3_mcore_te_tp1_pp4_vp1/dgx_h100$"))
+    assert (job.grad_reduce_in_fp32, job.fp8_param_gather) == (True, False)
+
+
+def test_over_capacity_share_and_the_peak_by_term_add_up():
+    """Every row ran, so the share predicted over capacity is a memory error; the printed
+    terms of the largest stage sum to its allocator peak, and a x A + b is its device peak."""
+    from memx_hpc.model.api import AnalyticCostModel
+    from memx_hpc.spec import Partition, Site
+    row = _row(r"^bridge-performance-summary-archive/26.06/DGX-GB200/LLAMA3.1_405B/fp8-tensorwise/")
+    site = Site(name="s", partitions=(Partition(name="p", gpu_type="GB200", nodes=1, gpus_per_node=4),))
+    model = AnalyticCostModel(site)
+    lines: list[str] = []
+    out = bench.run([row], model, out=lines.append)
+    vp = out[(row["split"], "VP")]
+    assert vp["over_capacity_share"] in (0.0, 1.0) and vp["said_over_capacity"] == round(vp["over_capacity_share"])
+    assert any("largest stage's predicted peak by term" in ln for ln in lines)
+    x = bench.predict_row(row, model)["terms"]
+    assert x["weights"] + x["grads"] + x["optimizer"] + x["fp8"] == pytest.approx(x["state"], rel=1e-6)
+    assert x["state"] + x["activations"] == pytest.approx(x["alloc"], rel=1e-6)
+    assert x["a"] * x["alloc"] + x["b"] == pytest.approx(x["device"], rel=1e-6)
+    # interleaved 1F1B on the second stage of 16 with 4 chunks: 2 x 14 + 3 x 16 warm-up chunk
+    # forwards + 1 (megatron-core schedules.get_pp_rank_microbatches)
+    assert x["stage"] == 1 and x["chunks"] == 77 and x["units"] == pytest.approx(77 / 4)
+    # bf16 gradients (2 bytes) beside bf16-sized FP8 weight + transpose (2 bytes)
+    assert x["grads"] == x["weights"] and x["fp8"] == 0
