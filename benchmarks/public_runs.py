@@ -26,6 +26,10 @@ benchmarks/data/extract_public_runs.py (vendor tables: Llama-3-70B and Qwen3-30B
 test; Megatron-LM CI: crc32(case) % 5 == 0), committed before this file produced a number.
 Only dev rows may inform a design choice.
 
+What the Megatron-Bridge recipes set beyond the row's columns is carried where it is read
+(BRIDGE_RECIPE_COMMITS): bf16 gradient reduction (BF16_GRAD_REDUCE_FAMILIES), FP8 weights
+under the FP8 presets (FP8_PARAM_RECIPES) and no hidden dropout (DROPOUT_FREE_FAMILIES).
+
 Assumptions the rows do not state (printed with the results): FP8 rows run bf16 weights
 with FP8 matmuls in Transformer Engine's hybrid format under the row's recipe; Adam; the distributed
 optimizer on for the vendor tables (their recipes) and as the CI arguments say; sequence
@@ -95,6 +99,12 @@ BF16_GRAD_REDUCE_FAMILIES = ("llama3-8b", "llama3-70b", "llama3.1-405b", "qwen3-
 #: bf16_with_mxfp8_mixed -- the presets the performance scripts' get_precision_config /
 #: _perf_precision return, and the FP8 current-scaling preset of the memory-tuning study
 FP8_PARAM_RECIPES = ("delayed", "tensorwise", "mxfp8")
+#: families whose Megatron-Bridge model bridge trains without hidden dropout (hidden_dropout
+#: = 0.0 at 067f987: src/megatron/bridge/models/llama/llama_bridge.py
+#: hf_config_to_model_config_kwargs, qwen/qwen3_bridge.py and qwen/qwen3_moe_bridge.py), for
+#: every Bridge row (the performance tables and the studies)
+DROPOUT_FREE_FAMILIES = ("llama3-8b", "llama3-70b", "llama3-70b-sft", "llama3.1-405b", "qwen3-30b-a3b",
+                         "qwen3-235b-a22b")
 
 
 class NotExpressible(Exception):
@@ -286,6 +296,10 @@ def build(row: dict):
         raise NotExpressible("Megatron-FSDP is not in the planner's space")
     precision = _precision(row["precision"])
     model = model_of(row)
+    from memx_hpc.spec import ModelSpec
+    if (row["id"].startswith("bridge-") and row["family"] in DROPOUT_FREE_FAMILIES
+            and "hidden_dropout" in {f.name for f in dataclasses.fields(ModelSpec)}):
+        model = dataclasses.replace(model, hidden_dropout=0.0)
     gpus, gpn = int(row["gpus"]), int(row["gpus_per_node"])
     tp, pp, cp = int(row["tp"]), int(row["pp"]), _int(row["cp"], 1)
     vp, ep = _int(row["vp"], 1) or 1, _int(row["ep"], 1) or 1
@@ -588,7 +602,8 @@ def main(argv=None) -> int:
           "chunks (the embedding and the loss counted as layers where the CI arguments or the recipe say so: "
           "Llama-3.1-405B); "
           "50 GB/s per GPU between nodes (A100: 25), NVLink inside a GB200/GB300 NVL72 rack; FP8 rows: bf16 weights, "
-          "hybrid format, the row's recipe")
+          "hybrid format, the row's recipe; Megatron-Bridge rows: what their recipes set (bf16 gradient reduction, "
+          "FP8 weights, no hidden dropout; sources in the script)")
     run(rows, model, show_rows=args.rows)
     return 0
 

@@ -79,6 +79,32 @@ GRAD_BYTES_PER_PARAM = {"bf16": 4, "fp16": 2, "fp32": 4}
 Predictions = Mapping[LayerQuery, tuple[float, float]]
 
 
+def dropout_mask_bytes(job: TrainJob, q: LayerQuery) -> float:
+    """The hidden-dropout masks (1 byte per element) the cost model's activation answer for
+    ``q`` holds and ``job`` does not keep: ``2·s·b·h`` per layer (after attention and after the
+    MLP; none under full recompute, whose layer keeps its input alone), ``s·b·h`` on the
+    embedding (Korthikanti et al. 2022, §4.1 and 4.3; divided by TP under sequence
+    parallelism), when the model's ``hidden_dropout`` is 0 -- torch's dropout keeps no mask at
+    p = 0 (torch/_decomp/decompositions.py ``dropout``). Profiles and the analytic formula
+    are taken at Megatron-LM's default dropout (0.1), which keeps them."""
+    if job.model.hidden_dropout > 0 or q.kind == "head" or (q.kind == "layer" and q.recompute == "full"):
+        return 0.0
+    sbh = float(q.shape.seq_length * q.micro_batch_size * q.shape.hidden_size)
+    masks = 2.0 if q.kind == "layer" else 1.0
+    return masks * sbh / (q.tp if q.sequence_parallel else 1)
+
+
+def activations_as_run(job: TrainJob, queries: Sequence[LayerQuery], values) -> np.ndarray:
+    """``values`` (time, activation bytes per query) with what the job does not keep taken
+    out of the activations (:func:`dropout_mask_bytes`), never below zero."""
+    out = np.array(values, dtype=np.float64).reshape(len(queries), 2)
+    if job.model.hidden_dropout > 0:
+        return out
+    masks = np.array([dropout_mask_bytes(job, q) for q in queries])
+    out[:, 1] = np.maximum(out[:, 1] - masks, 0.0)
+    return out
+
+
 def grad_bytes_per_param(job: TrainJob) -> int:
     """Bytes per parameter of the gradients DP synchronises: :data:`GRAD_BYTES_PER_PARAM`,
     bf16 gradients in bf16 where the job reduces them so (``grad_reduce_in_fp32`` off)."""
@@ -917,7 +943,7 @@ class Composer:
                 v = predictions.get(q)
                 if v is None:
                     continue
-                v = tuple(host_bound([q], [v], self._host_us)[0])
+                v = tuple(activations_as_run(self.job, [q], host_bound([q], [v], self._host_us))[0])
                 if j < 3:
                     self._ctx_t[c, j], self._ctx_a[c, j] = v
                 elif j == 3:
@@ -932,7 +958,7 @@ class Composer:
             vals = [predictions[q] for q in qs]
         except KeyError as e:  # pragma: no cover - the engine predicts every context first
             raise RuntimeError(f"no prediction for {e.args[0]}") from None
-        vals = host_bound(qs, vals, self._host_us)
+        vals = activations_as_run(self.job, qs, host_bound(qs, vals, self._host_us))
         t = [v[0] for v in vals]
         a = [v[1] for v in vals]
         return t[0:3] + a[0:3] + [t[3], a[3], t[4], a[4], float(overhead[gpu]),
@@ -1056,7 +1082,8 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
                 queries.append(layer_query(job, r.gpu_type, kind=kind, tp=r.tp, micro_batch_size=mbs,
                                            recompute=mode, sequence_parallel=sp))
             rows.append(row)
-    vals = host_bound(queries, np.asarray(model_predict(queries), dtype=np.float64).reshape(len(queries), 2), host_us)
+    vals = activations_as_run(job, queries, host_bound(
+        queries, np.asarray(model_predict(queries), dtype=np.float64).reshape(len(queries), 2), host_us))
     limit = _limit(site)
     per: list[dict] = []
     j = 0
@@ -1329,7 +1356,7 @@ def _known(site: Site, name: str) -> bool:
 
 
 __all__ = ["Block", "BlockCost", "Composer", "CompositionInputs", "Layout", "CostOptions", "GRAD_BYTES_PER_PARAM",
-           "grad_bytes_per_param", "fp8_param_gather_active",
+           "grad_bytes_per_param", "fp8_param_gather_active", "dropout_mask_bytes", "activations_as_run",
            "StageExtras", "stage_extras", "stage_state", "stage_sync_ms",
            "interleaved_finish", "in_flight_units", "in_flight_heads", "held_activation_bytes",
            "Prediction", "StagePrediction",

@@ -248,6 +248,8 @@ def _extension_args(m) -> list[tuple[str, ...]]:  # noqa: ANN001 - ModelSpec
         a.append(("--add-qkv-bias",))
     if m.qk_layernorm:
         a.append(("--qk-layernorm",))
+    if m.hidden_dropout != 0.1:  # Megatron-LM's default
+        a.append(("--hidden-dropout", repr(float(m.hidden_dropout))))
     if m.rope_scaling == "llama3":
         a += [("--use-rope-scaling",), ("--rope-scaling-factor", repr(float(m.rope_scaling_factor)))]
     elif m.rope_scaling == "yarn":

@@ -430,13 +430,13 @@ def test_search_composes_the_cost_models_host_floor():
 # --------------------------------------------------------------------------- virtual, context and expert parallel
 
 
-def _degrees_space(moe: bool):
+def _degrees_space(moe: bool, hidden_dropout: float = 0.1):
     site = Site(name="hopper", partitions=(Partition(name="pH", gpu_type="H100-SXM", nodes=2, gpus_per_node=4),
                                            Partition(name="pA", gpu_type="A100-80", nodes=1, gpus_per_node=4)),
                 links=(Link(a="pH", b="pA", gbps=10.0),))
     kw = dict(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=1024) if moe else {}
     m = ModelSpec(name="long", num_layers=4, hidden_size=1024, num_attention_heads=8, num_query_groups=8,
-                  ffn_hidden_size=4096, vocab_size=1000, seq_length=16384, **kw)
+                  ffn_hidden_size=4096, vocab_size=1000, seq_length=16384, hidden_dropout=hidden_dropout, **kw)
     job = job_for_model(m, 8, distributed_optimizer_searched=True)  # and with / without the distributed optimizer
     space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=2, tp_degrees=(1, 2),
                                               micro_batch_sizes=(1,)))
@@ -447,12 +447,13 @@ class _Linear(LinearModel):
     T = {"A100-80": 10.0, "V100-32": 25.0, "H100-SXM": 4.0}
 
 
-@pytest.mark.parametrize("moe", [False, True])
-def test_the_search_prices_virtual_context_and_expert_parallel_as_one_plan_is_predicted(moe):
+@pytest.mark.parametrize("moe,dropout", [(False, 0.1), (True, 0.1), (False, 0.0)])
+def test_the_search_prices_virtual_context_and_expert_parallel_as_one_plan_is_predicted(moe, dropout):
     """Every plan of a space with VP, CP (and EP for an MoE model) composed in blocks equals
-    predict_plan on it: one composition for the search and for predict."""
+    predict_plan on it: one composition for the search and for predict (a dropout-free model's
+    masks taken out of the activations on both paths)."""
     from memx_hpc.model.compose import Composer, required_queries
-    space = _degrees_space(moe)
+    space = _degrees_space(moe, dropout)
     kinds = {(s.vp, s.cp, s.ep) for s in space.skeletons}
     assert any(v > 1 for v, _, _ in kinds) and any(c > 1 for _, c, _ in kinds)
     assert any(e > 1 for _, _, e in kinds) == moe

@@ -262,3 +262,34 @@ def test_the_planner_says_where_fp8_runs_and_where_its_times_come_from():
     assert any("MI250X-GCD, V100-32 have no FP8 units" in n for n in notes)
     assert any("FP8 layer times on H100-SXM" in n and "roofline" in n for n in notes)
     assert not any("fp8" in n for n in precision_notes(site, _fp8_job("none")))
+
+
+def test_a_dropout_free_model_keeps_no_dropout_masks():
+    """hidden_dropout 0 (the Llama-family Bridge recipes): each layer not fully recomputed
+    keeps 2·s·b·h mask bytes fewer (divided by TP under sequence parallelism), the embedding
+    s·b·h fewer; a fully recomputed layer and the state do not move; the renderer passes
+    --hidden-dropout to Megatron where it is not Megatron-LM's 0.1."""
+    from memx_hpc.model.compose import predict_plan
+    from memx_hpc.model.compose import in_flight_units
+    from memx_hpc.slurm.render import render
+    from memx_hpc.spec import Plan, Recompute, Stage
+    site = _fp8_site()
+    model = AnalyticCostModel(site)
+    job = _fp8_job("none")
+    free = dataclasses.replace(job, model=dataclasses.replace(job.model, hidden_dropout=0.0))
+    m = job.model
+    for rec, layer_masks in ((Recompute(), 2), (Recompute(mode="full"), 0)):
+        plan = Plan(tp=4, dp=1, micro_batch_size=2, global_batch_size=64, sequence_parallel=True,
+                    stages=(Stage(partition="gpu_a100", num_layers=16, recompute=rec),
+                            Stage(partition="gpu_a100", num_layers=16, recompute=rec)))
+        a, b = predict_plan(plan, site, job, model).stages[0], predict_plan(plan, site, free, model).stages[0]
+        sbh = m.seq_length * 2 * m.hidden_size / 4
+        units = float(in_flight_units(2, 0, 32))
+        # under full recompute the one layer rebuilt during the backward has no masks either
+        want = units * (16 * layer_masks * sbh + sbh) + (2 * sbh if rec.mode == "full" else 0)
+        assert a.activation_bytes - b.activation_bytes == pytest.approx(want, rel=1e-6)
+        assert a.state_bytes == b.state_bytes
+    plan = Plan(tp=4, dp=2, micro_batch_size=1, global_batch_size=64, stages=(Stage(partition="gpu_a100", num_layers=32),))
+    assert "--hidden-dropout 0.0" in render(plan, site, free) and "--hidden-dropout" not in render(plan, site, job)
+    with pytest.raises(SpecError):
+        dataclasses.replace(job.model, hidden_dropout=1.0)
