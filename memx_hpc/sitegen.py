@@ -484,6 +484,8 @@ def _gpu_type_lines(g: GpuType) -> list[str]:
         lines.append(f"    chip: {_q(g.chip)}")
     if g.tdp_w:
         lines.append(f"    tdp_w: {g.tdp_w:g}")
+    if g.form_factor:
+        lines.append(f"    form_factor: {g.form_factor}")
     if tuple(g.precisions) != ("bf16", "fp16", "fp32"):
         lines.append(f"    precisions: [{', '.join(g.precisions)}]")
     if g.measured_at_profile_time:

@@ -640,6 +640,10 @@ class _Reader:
 # --------------------------------------------------------------------------- hardware
 
 
+#: How a part is built into a node (:attr:`GpuType.form_factor`).
+FORM_FACTORS = ("module", "card")
+
+
 @dataclass(frozen=True, kw_only=True)
 class GpuType:
     """One accelerator model. Rates are vendor datasheet numbers (``source`` says which).
@@ -680,6 +684,12 @@ class GpuType:
     usable_fraction: float = 1.0
     #: dense fp8 matrix throughput in TFLOP/s; 0: no fp8 units (or not rated)
     peak_tflops_fp8: float = 0.0
+    #: ``module`` (SXM / OAM mezzanine or superchip: a power and cooling budget sized for
+    #: sustained matrix load) or ``card`` (PCIe add-in board, its power set by the slot and
+    #: the card's cooler: the rated peak assumes boost clocks the cap does not sustain);
+    #: "" not stated (read as a card). Only a card's peak per W says how far below its
+    #: peak it runs (:meth:`memx_hpc.model.anchors.Anchors.datasheet`).
+    form_factor: str = ""
 
     def __post_init__(self) -> None:
         _safe_name(self.name, "name")
@@ -709,6 +719,8 @@ class GpuType:
         _real(self.usable_fraction, "usable_fraction", MIN_USABLE_FRACTION, 1.0)
         if self.peak_tflops_fp8 != 0.0:
             _real(self.peak_tflops_fp8, "peak_tflops_fp8", MIN_RATE, MAX_TFLOPS)
+        if self.form_factor != "":
+            _choice(self.form_factor, "form_factor", FORM_FACTORS)
 
     def native(self, precision: str) -> bool:
         """Whether the part's matrix units run ``precision`` (bf16 on a V100 does not)."""
@@ -756,6 +768,7 @@ class GpuType:
             tdp_w=r.float("tdp_w", 0.0, min=0.0),
             usable_fraction=r.float("usable_fraction", 1.0),
             peak_tflops_fp8=r.float("peak_tflops_fp8", 0.0, min=0.0),
+            form_factor=r.str("form_factor", ""),
         )
         r.finish()
         return g

@@ -33,8 +33,9 @@ query ``q`` gets ``t_q = exp(r(q)) * roofline(q)`` with ``r(q)``:
 
 A chip never measured gets the roofline's own parts with costs learned on every measured
 chip (:meth:`Anchors.datasheet`): ``(a0 + a1 F) * compute + b * memory-bound kernels + c *
-TP collectives + d``, ``F`` the part's rated peak per W of board power -- a part with little
-bandwidth per FLOP, or rated far beyond what its power cap sustains, runs at a lower
+TP collectives + d``, each part at least its roofline time, ``F`` a PCIe card's rated peak
+per W of board power (0 for an SXM/OAM module, :func:`_flops_per_watt`) -- a part with little
+bandwidth per FLOP, or a card rated far beyond what its power cap sustains, runs at a lower
 fraction of its peak; a newer generation is not assumed to reach peak.
 
 Types of one chip (``chip:`` in the GPU catalog: V100-16 and V100-32) share each other's
@@ -374,12 +375,17 @@ class Anchors:
 
     #: Fewest measured chips and points behind a parts fit (else the pooled curve answers).
     MIN_PARTS_CHIPS, MIN_PARTS_POINTS = 2, 8
+    #: The least cost of each part of :func:`_parts_row` (compute, compute x F, memory-bound
+    #: kernels, TP collectives, fixed): its roofline time, once.
+    PARTS_FLOOR = np.array([1.0, 0.0, 1.0, 1.0, 0.0])
 
     def _parts_fit(self, kind: str, pc: str, attention: str) -> tuple[np.ndarray, float] | None:
         """Non-negative ``(a0, a1, b, c, d)`` with ``t ~ (a0 + a1*F)*compute_ms + b*memory_ms +
-        c*comm_ms + d``, ``F`` the part's peak TFLOP/s per W of board power (a part rated far
+        c*comm_ms + d``, ``F`` a card's peak TFLOP/s per W of board power (a card rated far
         beyond what its power cap sustains -- T4, L4, H100-NVL -- runs its matrix units at a
-        lower clock; a part whose power is not known gets the measured parts' median ``F``),
+        lower clock; a card whose power is not known gets the measured cards' median ``F``; a
+        module 0: :func:`_flops_per_watt`), each cost at least 1 for the roofline parts
+        (:attr:`PARTS_FLOOR`),
         over every measured chip's points of this kind and precision class (the query's
         attention kernel where any chip ran it), least squares in relative error with each
         chip weighted equally in total (a chip with many points does not decide for the
@@ -398,7 +404,7 @@ class Anchors:
             cache[key] = None
             return None
         from scipy.optimize import nnls
-        fpws = [r[8] for _, _, r in same if not math.isnan(r[8])]
+        fpws = [r[8] for _, _, r in same if not math.isnan(r[8]) and r[8] > 0]  # the cards'
         fpw_median = float(np.median(fpws)) if fpws else 0.0
         X = np.array([_parts_row(r[5], r[6], r[7], fpw_median if math.isnan(r[8]) else r[8]) for _, _, r in same])
         t = np.exp(np.array([r[1] + r[4] for _, _, r in same]))
@@ -406,14 +412,21 @@ class Anchors:
         for c in chips:
             n[c] += 1
         w = 1.0 / (t * np.sqrt(np.array([n[c] for c in chips], float)))
-        coef, _ = nnls(X * w[:, None], t * w)
+        # every part costs at least its roofline time (no kernel beats the datasheet peak, no
+        # collective the link): the fit is of the costs above those floors, non-negative. A
+        # part the points cannot identify (TP collectives where the chips of this attention
+        # kernel only ran TP 1) then stays at its roofline instead of costing nothing.
+        floor = self.PARTS_FLOOR
+        rest = t - X @ floor
+        coef, _ = nnls(X * w[:, None], rest * w)
         for _ in range(5):
             # iteratively reweighted toward least *absolute* relative error (the APE that is
             # scored), so a cluster whose times do not follow its chip's datasheet (Sailor's
             # RTX-2080 and Titan-RTX run OPT-350 in the same time) does not drag the costs
-            rel = np.abs(X @ coef - t) / t
+            rel = np.abs(X @ (coef + floor) - t) / t
             v = w / np.sqrt(np.maximum(rel, 0.02))
-            coef, _ = nnls(X * v[:, None], t * v)
+            coef, _ = nnls(X * v[:, None], rest * v)
+        coef = coef + floor
         cache[key] = (coef, fpw_median) if np.any(coef[:4] > 0) else None
         return cache[key]
 
@@ -641,7 +654,16 @@ class Anchors:
 
 
 def _flops_per_watt(q: LayerQuery, g: Any) -> float:
-    """Peak TFLOP/s (in ``q``'s precision) per W of board power; NaN when the power is not known."""
+    """Peak TFLOP/s (in ``q``'s precision) per W of board power of a PCIe card (or a part
+    whose form factor is not stated); NaN when the power is not known. 0 for a module (SXM,
+    OAM, superchip): its power budget is sized for sustained matrix load, so its rated peak
+    per W says nothing of a power cap -- a newer process simply does more FLOP/s per W.
+    Fitted on the cards alone (L4, T4, H100-NVL run far below their peaks), the power term
+    would otherwise price an H100-SXM, B200 or GB200 as a power-capped card: Megatron-Bridge's
+    published Llama-3 runs on them (benchmarks/public_runs.py, dev rows) reach about twice
+    the fraction of peak that term gave them."""
+    if getattr(g, "form_factor", "") == "module":
+        return 0.0
     tdp = float(getattr(g, "tdp_w", 0.0) or 0.0)
     return g.peak_tflops(q.precision) / tdp if tdp > 0 else math.nan
 

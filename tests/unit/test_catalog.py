@@ -88,3 +88,19 @@ def test_lower_bound_memory_never_exceeds_the_capacity_the_datasheet_states():
     own GiB table): never above the binary reading of the stated capacity."""
     for name, stated_gb in (("GB300", 288), ("B300", 288), ("MI350X", 288), ("MI355X", 288)):
         assert catalog().get(name).memory_gib <= stated_gb, name
+
+
+def test_every_gpu_states_how_it_is_built_into_a_node():
+    """module (SXM / OAM / superchip) or card (PCIe): the transfer model's power term reads it."""
+    for g in catalog():
+        if g.measured_at_profile_time:
+            continue
+        assert g.form_factor in ("module", "card"), g.name
+    for name in ("V100-16", "A100-80", "H100-SXM", "H200", "GH200", "B200", "GB200", "MI250X-GCD", "MI300X", "MI355X"):
+        assert catalog().get(name).form_factor == "module", name
+    for name in ("V100-PCIE-16", "H100-NVL", "L4", "T4", "L40S", "A10G", "RTX-3090", "MI210"):
+        assert catalog().get(name).form_factor == "card", name
+    with pytest.raises(SpecError, match="form_factor"):
+        GpuType.from_mapping({"vendor": "nvidia", "memory_gib": 80, "peak_tflops_bf16": 989, "peak_tflops_fp32": 67,
+                              "hbm_gbytes_per_s": 3350, "link_gbytes_per_s": 450, "form_factor": "sxm"}, "gpu_types.X",
+                             name="X")

@@ -88,6 +88,52 @@ def test_datasheet_path_gives_a_newer_part_a_plausible_fraction_of_peak(fitted):
         assert fitted.explain([q]) == ["datasheet-only"]
 
 
+def _transfer_ms(fitted, q, g):
+    """The transfer model's time for ``q`` on the (possibly edited) GPU type ``g``."""
+    import math
+
+    from memx_hpc.model.api import roofline_components
+    c = roofline_components(q, g)
+    return math.exp(fitted.anchors_.bind(CAT).datasheet(q, g)) * (c["compute_ms"] + c["memory_ms"] + c["comm_ms"])
+
+
+def _llama8b_query(gpu_type: str, tp: int) -> LayerQuery:
+    from memx_hpc.spec import LayerShape
+    shape = LayerShape(hidden_size=4096, num_attention_heads=32, num_query_groups=8, ffn_hidden_size=14336,
+                       seq_length=8192, vocab_size=128256, activation="swiglu")
+    return LayerQuery(gpu_type=gpu_type, kind="layer", shape=shape, tp=tp, micro_batch_size=1, recompute="none",
+                      precision="bf16", attention="sdpa", sequence_parallel=tp > 1)
+
+
+def test_the_transfer_model_prices_every_part_at_least_at_its_roofline(fitted):
+    """Cephalo's sdpa series are TP 1 only, so nothing there says what a TP collective costs;
+    the transfer model must then price it at the link's datasheet rate, not at nothing: a
+    slower link makes a TP 8 layer slower by at least the roofline's extra transfer time."""
+    from memx_hpc.model.api import roofline_components
+    an = fitted.anchors_.bind(CAT)
+    coef, _ = an._parts_fit("layer", "half", "sdpa")
+    assert (coef >= an.PARTS_FLOOR - 1e-12).all(), coef
+    g = CAT.get("H100-SXM")
+    slow = replace(g, link_gbps=g.link_gbps / 4)
+    q = _llama8b_query("H100-SXM", 8)
+    extra = roofline_components(q, slow)["comm_ms"] - roofline_components(q, g)["comm_ms"]
+    assert extra > 0
+    assert _transfer_ms(fitted, q, slow) - _transfer_ms(fitted, q, g) >= 0.999 * extra
+
+
+def test_the_power_term_prices_a_card_not_a_module(fitted):
+    """A PCIe card's rated peak per W says how far its power cap keeps it below that peak (L4,
+    T4, H100-NVL); a module's (SXM, OAM) does not: the same H100-SXM figures at 350 W instead of
+    700 W are the same module, while as a 350 W card they run slower."""
+    g = CAT.get("H100-SXM")
+    assert g.form_factor == "module"
+    q = _llama8b_query("H100-SXM", 1)
+    t = _transfer_ms(fitted, q, g)
+    assert _transfer_ms(fitted, q, replace(g, tdp_w=350.0)) == pytest.approx(t, rel=1e-9)
+    card = _transfer_ms(fitted, q, replace(g, tdp_w=350.0, form_factor="card"))
+    assert card > 1.1 * t
+
+
 def test_save_load_round_trip_and_refusals(fitted, sailor, tmp_path):
     path = fitted.save(tmp_path / "p.ubj")
     qs = [query_of(s) for s in sailor[:30]]
