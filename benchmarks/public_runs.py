@@ -28,7 +28,8 @@ Only dev rows may inform a design choice.
 
 What the Megatron-Bridge recipes set beyond the row's columns is carried where it is read
 (BRIDGE_RECIPE_COMMITS): bf16 gradient reduction (BF16_GRAD_REDUCE_FAMILIES), FP8 weights
-under the FP8 presets (FP8_PARAM_RECIPES) and no hidden dropout (DROPOUT_FREE_FAMILIES).
+under the FP8 presets (FP8_PARAM_RECIPES) and no hidden dropout (DROPOUT_FREE_FAMILIES; the
+NeMo 24.07 launcher's configs: NEMO_DROPOUT_FREE_FAMILIES).
 
 Assumptions the rows do not state (printed with the results): FP8 rows run bf16 weights
 with FP8 matmuls in Transformer Engine's hybrid format under the row's recipe; Adam; the distributed
@@ -105,6 +106,12 @@ FP8_PARAM_RECIPES = ("delayed", "tensorwise", "mxfp8")
 #: every Bridge row (the performance tables and the studies)
 DROPOUT_FREE_FAMILIES = ("llama3-8b", "llama3-70b", "llama3-70b-sft", "llama3.1-405b", "qwen3-30b-a3b",
                          "qwen3-235b-a22b")
+#: NeMo 24.07 families trained without hidden dropout: hidden_dropout 0.0 in
+#: github.com/NVIDIA/NeMo-Framework-Launcher at tag 24.07 (8325688),
+#: launcher_scripts/conf/training/{llama/llama2_7b,llama2_13b,llama2_70b,llama3_8b,llama3_70b,
+#: nemotron/nemotron_8b,nemotron_22b,nemotron_340b}.yaml (gpt3/*.yaml keep 0.1)
+NEMO_DROPOUT_FREE_FAMILIES = ("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "nemotron-8b",
+                              "nemotron-22b", "nemotron-340b")
 
 
 class NotExpressible(Exception):
@@ -297,8 +304,9 @@ def build(row: dict):
     precision = _precision(row["precision"])
     model = model_of(row)
     from memx_hpc.spec import ModelSpec
-    if (row["id"].startswith("bridge-") and row["family"] in DROPOUT_FREE_FAMILIES
-            and "hidden_dropout" in {f.name for f in dataclasses.fields(ModelSpec)}):
+    dropout_free = ((row["id"].startswith("bridge-") and row["family"] in DROPOUT_FREE_FAMILIES)
+                    or (row["id"].startswith("nemo-24.07/") and row["family"] in NEMO_DROPOUT_FREE_FAMILIES))
+    if dropout_free and "hidden_dropout" in {f.name for f in dataclasses.fields(ModelSpec)}:
         model = dataclasses.replace(model, hidden_dropout=0.0)
     gpus, gpn = int(row["gpus"]), int(row["gpus_per_node"])
     tp, pp, cp = int(row["tp"]), int(row["pp"]), _int(row["cp"], 1)
@@ -603,7 +611,7 @@ def main(argv=None) -> int:
           "Llama-3.1-405B); "
           "50 GB/s per GPU between nodes (A100: 25), NVLink inside a GB200/GB300 NVL72 rack; FP8 rows: bf16 weights, "
           "hybrid format, the row's recipe; Megatron-Bridge rows: what their recipes set (bf16 gradient reduction, "
-          "FP8 weights, no hidden dropout; sources in the script)")
+          "FP8 weights, no hidden dropout); NeMo 24.07 Llama/Nemotron rows: no hidden dropout (sources in the script)")
     run(rows, model, show_rows=args.rows)
     return 0
 

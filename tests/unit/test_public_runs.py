@@ -164,9 +164,11 @@ def test_bridge_rows_carry_what_their_recipe_sets_and_nothing_elsewhere():
     _, _, job = bench.build(_row(r"^bridge-skill/memory-tuning/llama3-70b-sft/tp4pp4vp5$"))
     assert (job.grad_reduce_in_fp32, job.fp8_param_gather) == (True, True)
     _, _, job = bench.build(_row(r"^nemo-24.07/.*LLAMA3-70B/"))
-    assert (job.grad_reduce_in_fp32, job.fp8_param_gather) == (True, False)
+    assert (job.grad_reduce_in_fp32, job.fp8_param_gather, job.model.hidden_dropout) == (True, False, 0.0)
     _, _, job = bench.build(_row(r"mlm-ci/gpt/gpt3_mcore_te_tp1_pp4_vp1/dgx_h100$"))
-    assert (job.grad_reduce_in_fp32, job.fp8_param_gather) == (True, False)
+    assert (job.grad_reduce_in_fp32, job.fp8_param_gather, job.model.hidden_dropout) == (True, False, 0.1)
+    _, _, job = bench.build(_row(r"^bridge-performance-summary-archive/26.06/DGX-GB200/LLAMA3.1_405B/fp8-tensorwise/"))
+    assert job.model.hidden_dropout == 0.0
 
 
 def test_over_capacity_share_and_the_peak_by_term_add_up():
