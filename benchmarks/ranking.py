@@ -22,7 +22,14 @@ memx_hpc.datapaths.SOURCES):
    each: 2 or 4 pipeline stages at the data-parallel width that fills the nodes; the
    OPT-350 run and N2's single plan form no group). Locked split as in end_to_end.py:
    8 and 32 nodes are test (SAILOR_TEST_NODES).
-3. Cephalo (MIT licence): model_memory.json and model_latencies.json hold one
+3. Megatron-LM's functional tests (NVIDIA, BSD-3-Clause; benchmarks/data/public_runs.csv, rows
+   mlm-ci/): the cases of one platform (DGX H100 1 x 8, DGX GB200 2 x 4 and 1 x 4, DGX A100
+   1 x 8), model shape, sequence, global batch and precision that differ in their parallel
+   layout; a layout several cases ran counts once (median time). Small models (12 layers,
+   hidden 512) whose step is dominated by fixed costs, run in deterministic mode: a test of
+   the fixed and communication costs more than of the GEMMs. Locked split: the CSV's, by
+   case family (a group is formed from the cases of one half).
+4. Cephalo (MIT licence): model_memory.json and model_latencies.json hold one
    configuration per (model, GPU set, batch) -- FSDP memory curves and per-layer
    latencies -- with no competing plans of the same GPUs, so they form no ranking group;
    they score the layer times and memory in benchmarks/accuracy.py.
@@ -108,7 +115,9 @@ def _least_direct(model, queries) -> str:
     if not hasattr(model, "explain"):
         return "datasheet-only"
     how = model.explain(queries)
-    return max(how, key=HOW_ORDER.index) if how else "datasheet-only"
+    # a label may carry a suffix (``+fp8-roofline``, an MoE layer's roofline terms)
+    base = [next((h for h in HOW_ORDER if x.startswith(h)), "datasheet-only") for x in how]
+    return max(base, key=HOW_ORDER.index) if base else "datasheet-only"
 
 
 # --------------------------------------------------------------------------- sets
@@ -155,6 +164,49 @@ def sailor_runs():
     return root, "GH200", "multi-node", runs
 
 
+def mlm_ci_runs():
+    """Megatron-LM's functional-test runs (benchmarks/data/public_runs.csv, rows ``mlm-ci/``,
+    BSD-3-Clause) that compete for the same GPUs: one platform, GPU count, model shape,
+    sequence, global batch and precision, different parallel layouts. A layout several cases
+    ran (their other flags differ: deterministic mode, resume, loss variants) counts once, at
+    the median of their times. The CSV's locked split by case family holds: a dev group is
+    formed from dev cases only, a test group from test cases only. A case the planner cannot
+    state (Megatron-FSDP, multi-token prediction, offloading, ...) is left out."""
+    import public_runs as pr
+    shape = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+             "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "seq_length", "global_batch_size",
+             "precision", "vocab_size")
+    cat = catalog()
+    layouts: dict[tuple, list] = defaultdict(list)
+    for row in pr.load_rows(pr.DATA):
+        if not row["id"].startswith("mlm-ci/") or not row["iteration_ms"]:
+            continue
+        try:
+            plan, site, job = pr.build(row)
+        except pr.NotExpressible:
+            continue
+        group = ("mlm-ci", row["gpu_type"], int(row["gpus"])) + tuple(row[c] for c in shape) + (row["split"],)
+        layout = (plan.tp, plan.dp, plan.cp, len(plan.stages), plan.virtual_stages, plan.ep, plan.etp,
+                  plan.micro_batch_size, tuple(st.recompute.label() for st in plan.stages), plan.sequence_parallel,
+                  tuple(st.num_layers for st in plan.stages))
+        layouts[(group, layout)].append((row, plan, site, job))
+    runs = []
+    for (group, layout), members in layouts.items():
+        row, plan, site, job = members[0]
+        nodes = -(-int(row["gpus"]) // int(row["gpus_per_node"]))
+        runs.append(dict(group=group, split=row["split"],
+                         measured=float(np.median([float(m[0]["iteration_ms"]) for m in members])),
+                         dp=plan.dp, tp=plan.tp, mbs=plan.micro_batch_size, pp=len(plan.stages),
+                         nodes_kind="single-node" if nodes == 1 else "multi-node", chip=_chip(cat, row["gpu_type"]),
+                         name=row["family"], layout=layout, cases=len(members),
+                         predict=lambda model, plan=plan, site=site, job=job: predict_plan(plan, site, job, model),
+                         queries=[layer_query(job, row["gpu_type"], kind="layer", tp=plan.tp,
+                                              micro_batch_size=plan.micro_batch_size,
+                                              recompute=plan.stages[0].recompute.mode,
+                                              sequence_parallel=plan.sequence_parallel)]))
+    return pr.DATA, "GA100-SXM4", None, runs
+
+
 # --------------------------------------------------------------------------- scoring
 
 
@@ -192,68 +244,91 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data: {data} ({SOURCES['vtrain']}; {SOURCES['sailor']}; {SOURCES['cephalo']})")
     samples = store_samples(data)
     print(f"store: {len(samples)} per-layer samples (Sailor profiles + Cephalo latencies)")
-    sets = [vtrain_runs(), sailor_runs()]
+    sets = [("vTrain",) + vtrain_runs(), ("Sailor",) + sailor_runs(), ("MLM-CI",) + mlm_ci_runs()]
     rank_rows: list = []
     prov: dict[tuple, list] = defaultdict(list)
     kind_rows, mem_rows = [], []
-    for path, chip, nodes_kind, runs in sets:
-        name = "vTrain" if "vtrain" in str(path) else "Sailor"
+    cat = catalog()
+    stored = {_chip(cat, s.point.gpu_type) for s in samples}
+    fits: dict = {}
+    for name, path, chip, nodes_kind, all_runs in sets:
         for store_kind, drop in (("profiled", None), ("datasheet-only", chip)):
-            model = fit_without(samples, drop)
-            roof = AnalyticCostModel(catalog())
-            for r in runs:
-                pr = r["predict"](model)
-                r["pred"] = pr.iteration_ms
-                r["roof"] = r["predict"](roof).iteration_ms
-                r["peak"] = max(st.peak_bytes for st in pr.stages)
-                how = _least_direct(model, r["queries"])
-                prov[(name, how, r["split"])].append(float(ape(r["pred"], r["measured"])))
-            # what `memx-hpc plan` recommends: the rule among the predictor's top-K where the
-            # shipped table (memx_hpc/data/ranking.yaml) says the rule ranks better there
-            fallback = _fallback_kind(nodes_kind, store_kind)
-            for r in runs:
-                r["plan_pick"] = r["pred"]
-            if fallback:
-                groups = defaultdict(list)
-                for r in runs:
-                    groups[r["group"]].append(r)
-                for g in groups.values():
-                    kept = sorted(g, key=lambda r: r["pred"])[:TOP_K]
-                    pick = max(kept, key=lambda r: rule_key(r["dp"], r["tp"], r["mbs"]))
-                    for r in g:
-                        r["plan_pick"] = 0.0 if r is pick else 1.0 + r["pred"]
-            models = [("pred", "predictor"), ("plan_pick", "plan (fallback)" if fallback else "plan (predictor)")]
-            if store_kind == "profiled":
-                models.append(("roof", "roofline"))
-            for key, label in models:
-                s = score_groups(runs, key)
-                for split in ("dev", "test"):
-                    o = s[split]
-                    if not o["groups"]:
-                        continue
-                    mape = (float(np.mean([ape(r[key], r["measured"]) for r in runs if r["split"] == split]))
-                            if key != "plan_pick" else float("nan"))
-                    rank_rows.append([name, store_kind, split, label, o["groups"],
-                                      f"{o['top1_n']}/{o['groups']} ({o['top1']:.0%})",
-                                      f"{o['rule_n']}/{o['groups']} ({o['rule_top1']:.0%})",
-                                      f"{o['regret']:.1f}", f"{o['rule_regret']:.1f}",
-                                      "-" if mape != mape else f"{mape:.1f}"])
-                    if label == "predictor":
-                        kind_rows.append((nodes_kind, store_kind, split, name, o))
-            if name == "Sailor":
-                for split in ("dev", "test"):
-                    err = [(r["peak"] - r["mem"]) / r["mem"] * 100 for r in runs if r["split"] == split]
-                    mem_rows.append([name, store_kind, split, len(err), f"{np.mean(np.abs(err)):.1f}",
-                                     f"{np.mean(err):+.1f}", f"{max(np.abs(err)):.1f}"])
+            if drop not in fits:
+                fits[drop] = fit_without(samples, drop)
+            model = fits[drop]
+            # a set whose GPU types the store never held (the CI's H100 and GB200 runs) is
+            # datasheet-only in both passes: its "profiled" pass keeps the profiled types only
+            runs = [r for r in all_runs if store_kind == "datasheet-only" or r.get("chip", chip) in stored]
+            for kind in sorted({r.get("nodes_kind", nodes_kind) for r in runs}):
+                sub = [r for r in runs if r.get("nodes_kind", nodes_kind) == kind]
+                label = name if nodes_kind else f"{name} {kind}"
+                _score_pass(label, kind, store_kind, sub, model, prov, rank_rows, kind_rows, mem_rows)
+    _print_tables(rank_rows, prov, kind_rows, mem_rows)
+    return 0
+
+
+def _score_pass(name, nodes_kind, store_kind, runs, model, prov, rank_rows, kind_rows, mem_rows) -> None:
+    """Predict ``runs`` with ``model`` (and the roofline) and append their rows to the tables."""
+    roof = AnalyticCostModel(catalog())
+    for r in runs:
+        pr = r["predict"](model)
+        r["pred"] = pr.iteration_ms
+        r["roof"] = r["predict"](roof).iteration_ms
+        r["peak"] = max(st.peak_bytes for st in pr.stages)
+        how = _least_direct(model, r["queries"])
+        prov[(name, how, r["split"])].append(float(ape(r["pred"], r["measured"])))
+    # what `memx-hpc plan` recommends: the rule among the predictor's top-K where the
+    # shipped table (memx_hpc/data/ranking.yaml) says the rule ranks better there
+    fallback = _fallback_kind(nodes_kind, store_kind)
+    for r in runs:
+        r["plan_pick"] = r["pred"]
+    if fallback:
+        groups = defaultdict(list)
+        for r in runs:
+            groups[r["group"]].append(r)
+        for g in groups.values():
+            kept = sorted(g, key=lambda r: r["pred"])[:TOP_K]
+            pick = max(kept, key=lambda r: rule_key(r["dp"], r["tp"], r["mbs"]))
+            for r in g:
+                r["plan_pick"] = 0.0 if r is pick else 1.0 + r["pred"]
+    models = [("pred", "predictor"), ("plan_pick", "plan (fallback)" if fallback else "plan (predictor)")]
+    if store_kind == "profiled":
+        models.append(("roof", "roofline"))
+    for key, label in models:
+        s = score_groups(runs, key)
+        for split in ("dev", "test"):
+            o = s[split]
+            if not o["groups"]:
+                continue
+            mape = (float(np.mean([ape(r[key], r["measured"]) for r in runs if r["split"] == split]))
+                    if key != "plan_pick" else float("nan"))
+            rank_rows.append([name, store_kind, split, label, o["groups"],
+                              f"{o['top1_n']}/{o['groups']} ({o['top1']:.0%})",
+                              f"{o['rule_n']}/{o['groups']} ({o['rule_top1']:.0%})",
+                              f"{o['regret']:.1f}", f"{o['rule_regret']:.1f}",
+                              "-" if mape != mape else f"{mape:.1f}"])
+            if label == "predictor":
+                kind_rows.append((nodes_kind, store_kind, split, name, o))
+    if name == "Sailor":
+        for split in ("dev", "test"):
+            err = [(r["peak"] - r["mem"]) / r["mem"] * 100 for r in runs if r["split"] == split]
+            mem_rows.append([name, store_kind, split, len(err), f"{np.mean(np.abs(err)):.1f}",
+                             f"{np.mean(err):+.1f}", f"{max(np.abs(err)):.1f}"])
+
+
+def _print_tables(rank_rows, prov, kind_rows, mem_rows) -> None:
     print(f"\nRanking within groups of plans for the same GPUs (test: vTrain {sorted(VTRAIN_TEST_LAYERS)}-layer "
-          f"models, Sailor {sorted(SAILOR_TEST_NODES)} nodes; groups of >= 2 plans):")
+          f"models, Sailor {sorted(SAILOR_TEST_NODES)} nodes, MLM-CI the CSV's test case families; groups of >= 2 "
+          f"plans):")
     table(rank_rows, ["set", "chip in store", "split", "cost model", "groups", "top-1", "rule top-1",
                       "mean regret %", "rule regret %", "time MAPE %"])
     print("regret: measured time of the picked plan over the group's measured fastest, minus 1. 'datasheet-only': "
-          "every sample of the set's chip (vTrain GA100-SXM4, Sailor GH200) removed from the store before the fit.")
+          "every sample of the set's chip (vTrain GA100-SXM4, Sailor GH200, MLM-CI GA100-SXM4) removed from the "
+          "store before the fit; MLM-CI's H100-SXM and GB200 were never profiled, so its 'profiled' rows hold "
+          "its A100 groups only.")
     print("\nTime MAPE of the predictor's plans by the least direct provenance of their layer times:")
     rows = [[name, how, split, len(v), f"{np.mean(v):.1f}", f"{np.median(v):.1f}"]
-            for name in ("vTrain", "Sailor") for how in HOW_ORDER for split in ("dev", "test")
+            for name in dict.fromkeys(k[0] for k in prov) for how in HOW_ORDER for split in ("dev", "test")
             for v in [prov.get((name, how, split), [])] if v]
     table(rows, ["set", "provenance", "split", "plans", "time MAPE %", "median APE %"])
     print("\nMemory: predicted device peak (uncalibrated) against Sailor's recorded max_mem (bias: mean signed "
@@ -269,7 +344,6 @@ def main(argv: list[str] | None = None) -> int:
     rows = [[nk, sk, split, n, f"{t / n:.0%}", f"{r / n:.0%}", "predictor" if t >= r else "rule"]
             for (nk, sk, split), (n, t, r) in sorted(agg.items())]
     table(rows, ["nodes", "chip in store", "split", "groups", "predictor top-1", "rule top-1", "recommends"])
-    return 0
 
 
 if __name__ == "__main__":

@@ -34,3 +34,27 @@ def test_groups_are_scored_against_the_measured_fastest_and_the_rule():
     assert s["dev"]["rule_regret"] == pytest.approx((25.0 + 0.0) / 2)
     assert s["test"]["top1"] == 0.0 and s["test"]["rule_top1"] == 1.0
     assert s["test"]["regret"] == pytest.approx(20.0)
+
+
+def test_megatron_ci_groups_hold_competing_layouts_of_one_half():
+    """The CI set's groups: one platform, GPU count, model and batch; each layout once; the
+    cases of a group all from one half of the CSV's locked split."""
+    from collections import defaultdict
+
+    import public_runs
+    path, chip, nodes_kind, runs = ranking.mlm_ci_runs()
+    assert path == public_runs.DATA and chip == "GA100-SXM4" and nodes_kind is None
+    groups = defaultdict(list)
+    for r in runs:
+        groups[r["group"]].append(r)
+    multi = {k: g for k, g in groups.items() if len(g) >= 2}
+    assert len(multi) >= 6
+    assert {r["split"] for g in multi.values() for r in g} == {"dev", "test"}
+    for key, g in multi.items():
+        assert {r["split"] for r in g} == {key[-1]}
+        gpus = key[2]
+        assert all(r["measured"] > 0 and r["nodes_kind"] in ("single-node", "multi-node") for r in g)
+        assert all(r["dp"] * r["tp"] * r["pp"] <= gpus for r in g)
+        # a layout counts once: no two runs of a group predict the same plan
+        assert len({r["layout"] for r in g}) == len(g)
+    assert any(r["cases"] > 1 for r in runs)  # several cases of one layout: one run, their median
