@@ -49,6 +49,7 @@ def site_summary(site) -> dict:
 
 
 def _job_dict(job) -> dict:
+    from ..search.space import CP_MIN_TOKENS, DEFAULT_VIRTUAL_STAGES
     m = job.model
     d = {"job": job.name, "file": job.source_file, "model": m.name, "num_layers": m.num_layers,
          "hidden_size": m.hidden_size, "num_attention_heads": m.num_attention_heads,
@@ -57,8 +58,17 @@ def _job_dict(job) -> dict:
          "global_batch_size": job.global_batch_size, "precision": job.precision,
          "distributed_optimizer": job.distributed_optimizer,
          "micro_batch_sizes": list(job.micro_batch_sizes) or "divisors of the global batch up to 16",
-         "recompute_modes": list(job.recompute_modes)}
+         "recompute_modes": list(job.recompute_modes),
+         # the degree lists the search takes (empty: its own candidates, memx_hpc/search/space.py)
+         "virtual_stages": list(job.virtual_stages) or f"searched {list(DEFAULT_VIRTUAL_STAGES)}",
+         "context_parallel_sizes": list(job.context_parallel_sizes) or (
+             f"searched: 1 and powers of two leaving >= {CP_MIN_TOKENS} tokens per rank"),
+         "distributed_optimizer_searched": job.distributed_optimizer_searched,
+         "attention": job.attention, "fp8": job.fp8 or None, "fp8_recipe": job.fp8_recipe if job.fp8 else None,
+         "grad_reduce_in_fp32": job.grad_reduce_in_fp32, "fp8_param_gather": job.fp8_param_gather}
     if m.is_moe:
+        d.update(expert_parallel_sizes=list(job.expert_parallel_sizes) or "searched: divisors of the experts",
+                 expert_tensor_parallel_sizes=list(job.expert_tensor_parallel_sizes) or "searched")
         d.update(num_experts=m.num_experts, moe_router_topk=m.moe_router_topk,
                  moe_ffn_hidden_size=m.expert_ffn_hidden_size, moe_layers=sum(m.moe_layers),
                  moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size)
@@ -110,6 +120,20 @@ def run(args: argparse.Namespace) -> int:
               f"{j['num_attention_heads']} heads / {j['num_query_groups']} query groups, ffn {j['ffn_hidden_size']}, "
               f"{j['activation']}, vocab {j['vocab_size']}, seq {j['seq_length']}{params}); "
               f"global batch {j['global_batch_size']}, {j['precision']}, micro-batches {j['micro_batch_sizes']}")
+        dist = "searched (on and off)" if j["distributed_optimizer_searched"] else (
+            "on" if j["distributed_optimizer"] else "off")
+        extra = [f"virtual stages {j['virtual_stages']}", f"context parallel {j['context_parallel_sizes']}"]
+        if j["attention"] == "core":
+            extra[-1] = "context parallel 1 (core attention)"
+        if "expert_parallel_sizes" in j:
+            extra += [f"expert parallel {j['expert_parallel_sizes']}",
+                      f"expert tensor parallel {j['expert_tensor_parallel_sizes']}"]
+        extra += [f"recompute {j['recompute_modes']}", f"distributed optimizer {dist}", f"attention {j['attention']}",
+                  f"fp8 {j['fp8']} ({j['fp8_recipe']})" if j["fp8"] else "fp8 off",
+                  "gradients reduced in " + ("fp32" if j["grad_reduce_in_fp32"] else j["precision"])]
+        if j["fp8_param_gather"]:
+            extra.append("FP8 weights gathered (--fp8-param-gather)")
+        print("  search: " + "; ".join(extra))
     print("ok")
     return 0
 
@@ -117,16 +141,17 @@ def run(args: argparse.Namespace) -> int:
 def _lists(args: argparse.Namespace) -> int:
     from ..catalog import catalog, model_presets
     if args.list_gpus:
-        rows = [(g.name, g.vendor, g.memory_gib, g.peak_tflops_bf16, g.peak_tflops_fp32, g.hbm_gbps, g.link_gbps,
-                 ",".join(g.aliases)) for g in catalog()]
+        rows = [(g.name, g.vendor, g.memory_gib, g.peak_tflops_bf16, g.peak_tflops_fp8 or "-", g.peak_tflops_fp32,
+                 g.hbm_gbps, g.link_gbps, g.tdp_w or "-", g.form_factor or "-", ",".join(g.aliases)) for g in catalog()]
         if args.json:
             emit_json([{"name": g.name, "vendor": g.vendor, "memory_gib": g.memory_gib,
                         "peak_tflops_bf16": g.peak_tflops_bf16, "peak_tflops_fp32": g.peak_tflops_fp32,
                         "hbm_gbps": g.hbm_gbps, "link_gbps": g.link_gbps, "aliases": list(g.aliases),
+                        "peak_tflops_fp8": g.peak_tflops_fp8, "tdp_w": g.tdp_w, "form_factor": g.form_factor,
                         "source": g.source} for g in catalog()])
         else:
-            table(rows, ["gpu", "vendor", "mem GiB", "bf16 TFLOP/s", "fp32 TFLOP/s", "HBM GB/s", "link GB/s",
-                         "aliases"])
+            table(rows, ["gpu", "vendor", "mem GiB", "bf16 TFLOP/s", "fp8 TFLOP/s", "fp32 TFLOP/s", "HBM GB/s",
+                         "link GB/s", "power W", "form", "aliases"])
     if args.list_models:
         ms = model_presets()
         if args.json:

@@ -190,6 +190,26 @@ def test_validate_prints_summary(capsys):
     assert out["site"]["total_gpus"] == 20 and set(out["site"]["vendors"]) == {"amd", "nvidia"}
 
 
+def test_validate_prints_the_degrees_the_search_takes(tmp_path, capsys):
+    """A job's VP / CP / EP lists, FP8 and gradient settings are what validate prints back."""
+    import json
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump({"name": "moe", "model": {"preset": "Mixtral-8x7B", "seq_length": 8192},
+                                 "global_batch_size": 64, "virtual_stages": [1, 2], "context_parallel_sizes": [1, 2],
+                                 "expert_parallel_sizes": [2, 8], "distributed_optimizer": "both",
+                                 "grad_reduce_in_fp32": False}))
+    assert main(["validate", "--job", str(f)]) == 0
+    text = capsys.readouterr().out
+    assert "virtual stages [1, 2]; context parallel [1, 2]; expert parallel [2, 8]" in text
+    assert "distributed optimizer searched (on and off)" in text and "gradients reduced in bf16" in text
+    assert main(["validate", "--job", str(ROOT / "jobs/tiny-gpt.yaml"), "--json"]) == 0
+    j = json.loads(capsys.readouterr().out)["job"]
+    assert j["virtual_stages"].startswith("searched [1, 2, 4]") and j["fp8"] is None
+    assert main(["validate", "--list-gpus", "--json"]) == 0
+    gpus = {g["name"]: g for g in json.loads(capsys.readouterr().out)}
+    assert gpus["H100-SXM"]["form_factor"] == "module" and gpus["H100-SXM"]["peak_tflops_fp8"] > 0
+
+
 def test_site_objective_weights_are_the_search_default():
     import dataclasses
     from memx_hpc.planner import PlanRequest, search_options
