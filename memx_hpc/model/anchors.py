@@ -31,6 +31,14 @@ query ``q`` gets ``t_q = exp(r(q)) * roofline(q)`` with ``r(q)``:
   (:meth:`Anchors._tp_physical`): small shares run less efficiently. A chip that never
   ran the kernel gets the pooled curve plus its offset from it (``r = f(x) + offset[chip]``, fitted by backfitting).
 
+An efficiency is the device's: a layer measured within :data:`HOST_BOUND_MARGIN` of its
+host-dispatch floor (:mod:`memx_hpc.model.host`; the composition takes ``max(device, host)``)
+says only that the device took no longer, so the curves over work (``work``, the TP scaling,
+the pooled curve) are learned from the device-bound points, and each point at its floor caps
+them from above: its time for less work (time is monotone in the work), its ratio to the
+roofline for more (the curves never fall with the work). A chip measured only at its floor
+keeps those points.
+
 A chip never measured gets the roofline's own parts with costs learned on every measured
 chip (:meth:`Anchors.datasheet`): ``(a0 + a1 F) * compute + b * memory-bound kernels + c *
 TP collectives + d``, each part at least its roofline time, ``F`` a PCIe card's rated peak
@@ -66,6 +74,7 @@ import numpy as np
 from ..spec import DENSE_SHAPE_FIELDS, LayerShape, LayerSample
 from .analytic import ATTENTION_KINDS
 from .api import LayerQuery, analytic_activation_bytes, resolve_gpu, roofline_components
+from .host import layer_host_ms
 
 #: How an answer was obtained, from most to least direct.
 HOW = ("measured", "interpolated", "extrapolated")
@@ -331,8 +340,9 @@ class Anchors:
 
     def _row_entry(self, row: dict[str, Any], gpus: Any, shapes: dict, gpu_of: dict) -> Any:
         """``(query, GPU type, series key, [mbs, r_time, r_mem, log flops, log roofline ms,
-        compute ms, memory ms, comm ms, flops per W])`` of a stored row through ``gpus``;
-        False for a row this binding cannot use."""
+        compute ms, memory ms, comm ms, flops per W, host floor ms])`` of a stored row through
+        ``gpus`` (the host floor: :func:`memx_hpc.model.host.layer_host_ms` of a layer, 0 for
+        the embedding and head); False for a row this binding cannot use."""
         try:
             q = self._query(row["q"], shapes)
             g = gpu_of.get(q.gpu_type)
@@ -345,8 +355,9 @@ class Anchors:
         rt = math.log(row["t"] / roof) if row["t"] else math.nan
         rm = math.log(row["m"] / max(analytic_activation_bytes(q), 1)) if row["m"] else math.nan
         key = (g.name, q.kind, _cfg(q), _shape_key(row["q"]["shape"], q.kind))
+        host = layer_host_ms(q.recompute, q.tp) if q.kind == "layer" else 0.0
         return q, g, key, (float(q.micro_batch_size), rt, rm, math.log(max(c["flops"], 1.0)), math.log(roof),
-                           c["compute_ms"], c["memory_ms"], c["comm_ms"], _flops_per_watt(q, g))
+                           c["compute_ms"], c["memory_ms"], c["comm_ms"], _flops_per_watt(q, g), host)
 
     def datasheet(self, q: LayerQuery, g: Any) -> float:
         """Log ratio to the roofline for a chip with no measurement, from the roofline's own
@@ -449,7 +460,8 @@ class Anchors:
         if key in cache:
             return cache[key]
         pts = [(r[4], r[1], s.cfg[1], chip) for (chip, k), sers in self.by_chip.items() if k == kind
-               for s in sers if _PRECISION_CLASS[s.cfg[0]] == pc for _, r in s.points() if not math.isnan(r[1])]
+               for s in sers if _PRECISION_CLASS[s.cfg[0]] == pc
+               for r in device_bound([r for _, r in s.points() if not math.isnan(r[1])])]
         same = [p for p in pts if p[2] == attention] or pts
         if not same:
             cache[key] = None
@@ -602,13 +614,16 @@ class Anchors:
             pts = [r for tp, r in own if tp == near]
             if near != q.tp:
                 return self._tp_physical(pts, q, g, pc)
-            xs, ys = efficiency_curve(np.array([r[4] for r in pts]), np.array([r[1] for r in pts]))
+            # the efficiency is the device's: a point at its host floor only bounds it from above
+            dev = device_bound(pts)
+            bounds = [(r[4], r[1]) for r in pts if near_host_floor(r)] if len(dev) < len(pts) else []
+            xs, ys = efficiency_curve(np.array([r[4] for r in dev]), np.array([r[1] for r in dev]))
             if xs[0] <= x <= xs[-1]:
-                y = _interp(list(xs), list(ys), x)[0]
+                y = _below_bounds(_interp(list(xs), list(ys), x)[0], x, bounds)
                 return max(y, 0.0), math.nan, "interpolated"
             edge, yedge = (xs[0], ys[0]) if x < xs[0] else (xs[-1], ys[-1])
             trend = self._pool(q.kind, pc, q.attention, x) - self._pool(q.kind, pc, q.attention, edge)
-            y = yedge + (0.0 if math.isnan(trend) else trend)
+            y = _below_bounds(yedge + (0.0 if math.isnan(trend) else trend), x, bounds)
             return max(y, 0.0), math.nan, "extrapolated"
         fit = self._pool_fit(q.kind, pc, q.attention)
         if fit is not None and chip in fit[2]:
@@ -635,10 +650,17 @@ class Anchors:
         smaller per-rank share runs less efficiently, the time is monotone in the work,
         never below the roofline, and more TP is slower only where the collectives outweigh
         the work they split."""
-        work = np.array([r[5] + r[6] for r in pts])
-        meas = np.exp(np.array([r[1] + r[4] for r in pts]))
-        own_work = np.maximum(meas - np.array([r[7] for r in pts]), work)
-        xs, ys = efficiency_curve(np.log(work), np.log(own_work / work))
+        def own(rows: list) -> tuple[np.ndarray, np.ndarray]:
+            # log per-rank work and log ratio of the measured time less its collectives to it
+            work = np.array([r[5] + r[6] for r in rows])
+            meas = np.exp(np.array([r[1] + r[4] for r in rows]))
+            return np.log(work), np.log(np.maximum(meas - np.array([r[7] for r in rows]), work) / work)
+
+        # the device's efficiency from the device-bound points; those at their host floor
+        # only bound it from above (_below_bounds)
+        dev = device_bound(pts)
+        bounds = list(zip(*own([r for r in pts if near_host_floor(r)]))) if len(dev) < len(pts) else []
+        xs, ys = efficiency_curve(*own(dev))
         c = roofline_components(q, g)
         w = c["compute_ms"] + c["memory_ms"]
         roof = w + c["comm_ms"]
@@ -649,8 +671,43 @@ class Anchors:
             edge, yedge = (xs[0], ys[0]) if xw < xs[0] else (xs[-1], ys[-1])
             trend = self._pool(q.kind, pc, q.attention, xw) - self._pool(q.kind, pc, q.attention, edge)
             y = yedge + (0.0 if math.isnan(trend) else trend)
+        y = _below_bounds(y, xw, bounds)
         t = math.exp(max(y, 0.0)) * w + c["comm_ms"]
         return max(math.log(t / roof), 0.0), math.nan, "extrapolated"
+
+
+#: A layer measured within this factor of its host-dispatch floor may be host-bound (its
+#: time then says only that the device took no longer): Megatron's eager layers on A100
+#: run at 3.3-3.6 ms per micro-batch against the 3.2-3.3 ms the prior cost per operator
+#: gives (memx_hpc.model.host), and the host's launch queue hides the device only where
+#: the device work clearly exceeds the dispatch.
+HOST_BOUND_MARGIN = 1.5
+
+
+def near_host_floor(r: Sequence[float]) -> bool:
+    """Whether a bound point (a row of :meth:`Anchors._row_entry`) took less than
+    :data:`HOST_BOUND_MARGIN` times its host floor: its device time is then known only to be
+    at most the measurement."""
+    return len(r) > 9 and r[9] > 0 and not math.isnan(r[1]) and math.exp(r[1] + r[4]) < HOST_BOUND_MARGIN * r[9]
+
+
+def device_bound(rows: list) -> list:
+    """The rows of ``rows`` whose measured time is the device's (:func:`near_host_floor` is
+    false): what a device efficiency is learned from. All of them when none is (a chip
+    measured only at its floor keeps what it has: an upper bound of its device times)."""
+    keep = [r for r in rows if not near_host_floor(r)]
+    return keep or list(rows)
+
+
+def _below_bounds(y: float, x: float, bounds: Sequence[tuple[float, float]]) -> float:
+    """``y`` (log ratio at log work ``x``) no higher than the upper bounds ``(x_p, r_p)``
+    allow: a point at its host floor says the device took at most its time, so at most that
+    time for any smaller work (time is monotone in the work) and at most its ratio for any
+    larger work (the efficiency curves never fall with the work):
+    ``y <= r_p + max(0, x_p - x)``."""
+    for xp, rp in bounds:
+        y = min(y, rp + max(0.0, xp - x))
+    return y
 
 
 def _flops_per_watt(q: LayerQuery, g: Any) -> float:
