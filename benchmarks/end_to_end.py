@@ -462,7 +462,62 @@ def vtrain_ranking(predictor, settled=None) -> dict[str, dict[str, float]]:
             rows.append([f"h{h} tp{tp}", *cells])
     print("dev, one-stage runs: measured ms per layer per micro-batch (iteration / (m x L)) / predicted layer ms:")
     table(rows, ["shape", *[f"mbs {b}" for b in mbss]])
+    anchor_evidence(predictor, per_layer)
     return res
+
+
+def anchor_evidence(predictor, per_layer) -> None:
+    """What the A100 layer answers at vTrain's shapes are built from (micro-batch 8, full
+    recompute, sdpa): the chip's measured points of that kernel, how many lie within
+    HOST_BOUND_MARGIN of their host floor, the device-bound points nearest in work (log
+    per-rank work at TP > 1) with their ratio to the roofline; the predicted layer beside the
+    dev one-stage runs' (measured ms per layer, an upper bound: it carries the embedding and
+    head), each less its TP collectives over the per-rank work."""
+    import math
+    from collections import Counter
+
+    from memx_hpc.model.anchors import HOST_BOUND_MARGIN, near_host_floor
+    from memx_hpc.model.api import LayerQuery, resolve_gpu, roofline_components
+    from memx_hpc.spec import LayerShape
+    anchors = predictor.anchors_.bind(predictor.gpus)
+    g = resolve_gpu(predictor.gpus, VTRAIN_SITE.partitions[0].gpu_type)
+    # the series Anchors._work answers from: this GPU type's own, of the sdpa kernel, 16-bit
+    pts = [(s, r) for s in anchors.by_chip.get((g.chip_id, "layer"), ()) if s.gpu == g.name and s.cfg[1] == "sdpa"
+           and s.cfg[0] in ("fp16", "bf16") for _, r in s.points() if not math.isnan(r[1])]
+    near = sum(1 for _, r in pts if near_host_floor(r))
+    print(f"\nanchors behind the A100 layers at vTrain's shapes: {len(pts)} measured {g.name} sdpa points "
+          f"(TP {sorted({tp for s, _ in pts for tp in s.by_tp})}), {near} within {HOST_BOUND_MARGIN}x of their host "
+          f"floor (those only bound the device time), the rest {min(math.exp(r[1] + r[4]) / r[9] for _, r in pts if not near_host_floor(r)):.1f}"
+          f"-{max(math.exp(r[1] + r[4]) / r[9] for _, r in pts):.0f}x above it:")
+    rows = []
+    for h in (1024, 2048):
+        shape = LayerShape(hidden_size=h, num_attention_heads=16, num_query_groups=16, ffn_hidden_size=4 * h,
+                           vocab_size=50257, seq_length=1024)
+        for tp in (1, 2, 4, 8):
+            q = LayerQuery(gpu_type=g.name, kind="layer", shape=shape, tp=tp, micro_batch_size=8, recompute="full",
+                           precision="fp16", attention="sdpa")
+            c = roofline_components(q, g)
+            work = c["compute_ms"] + c["memory_ms"]
+            rt, _, how = anchors.answer(q, g)
+            roof = work + c["comm_ms"]
+            near3 = sorted((r for _, r in pts if not near_host_floor(r)),
+                           key=lambda r: abs(math.log(r[5] + r[6]) - math.log(work)))[:3]
+            v = per_layer.get((h, tp, 8))
+            meas = float(np.median([x[0] for x in v])) if v else float("nan")
+            pred = math.exp(rt) * roof
+            rows.append([f"h{h} tp{tp} mbs8", how, f"{work:.2f}", f"{c['comm_ms']:.2f}", f"{pred:.2f}",
+                         f"{meas:.2f}" if v else "-",
+                         f"{(pred - c['comm_ms']) / work:.2f} / " + (f"{(meas - c['comm_ms']) / work:.2f}" if v else "-"),
+                         "; ".join(f"{s.shape.hidden_size}/{s.shape.seq_length} b{int(r[0])}: work {r[5] + r[6]:.1f}, "
+                                   f"{math.exp(r[1] + r[4]) / (r[5] + r[6] + r[7]):.2f}, {math.exp(r[1] + r[4]) / r[9]:.0f}x"
+                                   for s, r in ((next(s for s, rr in pts if rr is r), r) for r in near3))])
+    table(rows, ["query", "how", "work ms/rank", "TP comm ms", "predicted ms", "measured ms (dev)",
+                 "(ms - comm) / work, predicted / measured",
+                 "nearest device-bound anchors (hidden/seq micro-batch: work ms, ratio to roofline, x host floor)"])
+    print("measured: the dev one-stage runs' iteration / (m x L), an upper bound of the layer (it carries the "
+          "embedding and head); the anchors' activations: "
+          + ", ".join(f"{a} {n}" for a, n in sorted(Counter(s.shape.activation for s, _ in pts).items()))
+          + f"; vTrain's layers: {shape.activation}.")
 
 
 def goals(sailor: dict, vtrain: dict) -> None:
