@@ -65,6 +65,23 @@ LINK_CURVE_CLUSTERS = ("sailor",)
 #: InfiniBand HDR"), the rate HPE Slingshot-11's Cassini NIC also states (200 Gb/s, HPE
 #: Slingshot interconnect datasheet). Only a stand-in: a site states its own figure.
 GENERIC_INTER_NODE_GBPS = 25.0
+#: Fabrics a partition may name (``fabric:``) when the site file states no inter-node figure:
+#: the adapter's line rate in Gb/s (gigabits) per direction and where it is stated. The
+#: generic figure is that rate / 8 per adapter, shared by the GPUs of a node when it has
+#: fewer adapters than GPUs (``nics_per_node``; default one per GPU, as DGX/HGX nodes are
+#: built), labelled ``generic`` wherever it is used.
+FABRICS = {
+    "ib-edr": (100.0, "InfiniBand EDR, 100 Gb/s per port (NVIDIA ConnectX-5 adapter product brief)"),
+    "ib-hdr": (200.0, "InfiniBand HDR, 200 Gb/s per port (NVIDIA ConnectX-6 VPI adapter product brief)"),
+    "ib-ndr": (400.0, "InfiniBand NDR, 400 Gb/s per port (NVIDIA ConnectX-7 adapter product brief)"),
+    "ib-xdr": (800.0, "InfiniBand XDR, 800 Gb/s per port (NVIDIA ConnectX-8 SuperNIC product brief)"),
+    "slingshot-11": (200.0, "HPE Slingshot-11, 200 Gb/s per Cassini NIC (HPE Slingshot interconnect datasheet)"),
+    "roce-100": (100.0, "RoCE over 100 Gb/s Ethernet (the port's line rate)"),
+    "roce-200": (200.0, "RoCE over 200 Gb/s Ethernet (the port's line rate)"),
+    "roce-400": (400.0, "RoCE over 400 Gb/s Ethernet (the port's line rate)"),
+    "opa-100": (100.0, "Intel Omni-Path 100 Series, 100 Gb/s per port (Intel OPA host fabric adapter brief)"),
+    "ethernet-25": (25.0, "TCP over 25 Gb/s Ethernet (the port's line rate; NCCL's socket transport)"),
+}
 BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -808,10 +825,14 @@ class Partition:
     nodes: int
     gpus_per_node: int
     intra_node_gbps: float | None = None  # None: the GPU type's link_gbps (catalog, labelled generic)
-    inter_node_gbps: float | None = None  # None: GENERIC_INTER_NODE_GBPS (labelled generic)
+    inter_node_gbps: float | None = None  # None: the fabric's figure, else GENERIC_INTER_NODE_GBPS (generic)
     #: the cluster (one of LINK_CURVE_CLUSTERS) whose imported network curves are this
     #: partition's own: its nodes are that cluster's. None: imported curves are not used.
     link_curves_from: str | None = None
+    #: the fabric between its nodes (one of FABRICS; "" not stated) and the adapters a node has
+    #: for it (None: one per GPU): the generic inter-node figure where the site file states none
+    fabric: str = ""
+    nics_per_node: int | None = None
     gres_type: str | None = None  # Slurm GRES type name (gpu:<type>:N); None: untyped
     account: str | None = None
     qos: str | None = None
@@ -839,6 +860,13 @@ class Partition:
         _whole(self.gpus_per_node, "gpus_per_node", 1, MAX_GPUS_PER_NODE)
         _real(self.intra_node_gbps, "intra_node_gbps", MIN_RATE, MAX_GBPS, optional=True)
         _real(self.inter_node_gbps, "inter_node_gbps", MIN_RATE, MAX_GBPS, optional=True)
+        if self.fabric != "":
+            _choice(self.fabric, "fabric", tuple(FABRICS))
+        if self.nics_per_node is not None:
+            _whole(self.nics_per_node, "nics_per_node", 1, 64)
+            if not self.fabric:
+                raise SpecError("nics_per_node says how a fabric's adapters are shared: name the fabric too",
+                                field="nics_per_node", found=self.nics_per_node, allowed=", ".join(FABRICS))
         if self.link_curves_from is not None and self.link_curves_from not in LINK_CURVE_CLUSTERS:
             raise SpecError("names no cluster whose network curves can be imported", field="link_curves_from",
                             found=_short(self.link_curves_from), allowed=", ".join(LINK_CURVE_CLUSTERS))
@@ -1069,6 +1097,14 @@ class Site:
         p = self.partition(partition)
         if p.inter_node_gbps is not None:
             return p.inter_node_gbps, "site-figure", f"site partition {p.name} inter_node_gbytes_per_s"
+        if p.fabric:
+            gbit, what = FABRICS[p.fabric]
+            nics = p.gpus_per_node if p.nics_per_node is None else min(p.nics_per_node, p.gpus_per_node)
+            share = nics / p.gpus_per_node
+            shared = "" if share == 1 else f", {nics} adapter(s) shared by {p.gpus_per_node} GPUs"
+            return (gbit / 8.0 * share, "generic",
+                    f"generic: partition {p.name} fabric {p.fabric}, {what}{shared}; no inter_node_gbytes_per_s "
+                    f"in the site file")
         return (GENERIC_INTER_NODE_GBPS, "generic",
                 "generic: no inter_node_gbytes_per_s in the site file, one HDR InfiniBand adapter (200 Gb/s)")
 
@@ -2230,7 +2266,7 @@ PARTITION_KEYS = ("name", "gpu_type", "nodes", "gpus_per_node", "intra_node_gbyt
                   "intra_node_gbps", "inter_node_gbps",
                   "gres_type", "account", "qos", "time_limit_min", "exclusive", "cpus_per_task", "mem_per_node_gib",
                   "setup", "env", "python", "container", "megatron_entry", "module_purge", "transformer_impl",
-                  "stand_in_for", "link_curves_from")
+                  "stand_in_for", "link_curves_from", "fabric", "nics_per_node")
 
 
 def _wrap_file(fn: Callable[[], Any], file: str) -> Any:
@@ -2257,6 +2293,8 @@ def _partition_from(pr: _Reader) -> Partition:
         intra_node_gbps=pr.rate("intra_node_gbytes_per_s", None),
         inter_node_gbps=pr.rate("inter_node_gbytes_per_s", None),
         link_curves_from=pr.str("link_curves_from", None),
+        fabric=pr.str("fabric", ""),
+        nics_per_node=pr.int("nics_per_node", None),
         gres_type=pr.str("gres_type", None),
         account=pr.str("account", None),
         qos=pr.str("qos", None),

@@ -105,6 +105,32 @@ def test_another_clusters_curves_only_where_the_site_says_it_is_that_cluster():
     assert any(n.startswith("links from a generic figure") for n in link_notes(LinkModel(bare)))
 
 
+def test_a_named_fabric_gives_the_generic_figure_of_that_fabric():
+    """fabric: its adapters' line rate / 8 per GPU (one adapter per GPU unless nics_per_node
+    says fewer), labelled generic and named; a stated inter_node_gbytes_per_s still wins."""
+    doc = {"name": "s", "partitions": [
+        {"name": "ndr", "gpu_type": "H100-SXM", "nodes": 4, "gpus_per_node": 8, "fabric": "ib-ndr"},
+        {"name": "one", "gpu_type": "H100-SXM", "nodes": 4, "gpus_per_node": 8, "fabric": "ib-ndr",
+         "nics_per_node": 2},
+        {"name": "own", "gpu_type": "H100-SXM", "nodes": 4, "gpus_per_node": 8, "fabric": "ib-hdr",
+         "inter_node_gbytes_per_s": 40}]}
+    site = site_from_mapping(doc)
+    gbps, prov, what = site.inter_figure("ndr")
+    assert gbps == pytest.approx(50.0) and prov == "generic" and "ib-ndr" in what and "400 Gb/s" in what
+    gbps, prov, what = site.inter_figure("one")
+    assert gbps == pytest.approx(12.5) and "2 adapter(s) shared by 8 GPUs" in what
+    assert site.inter_figure("own")[:2] == (40.0, "site-figure")
+    p2p = LinkModel(site).p2p(1e8, "ndr", "ndr")
+    assert p2p.provenance == "generic" and "ib-ndr" in p2p.source
+    slow = LinkModel(site).p2p(1e8, "one", "one")
+    assert slow.ms > 3 * p2p.ms
+    for bad, field in (({"fabric": "infiniband"}, "fabric"), ({"nics_per_node": 2}, "nics_per_node")):
+        d = {"name": "s", "partitions": [{"name": "g", "gpu_type": "H100-SXM", "nodes": 1, "gpus_per_node": 8, **bad}]}
+        with pytest.raises(SpecError) as e:
+            site_from_mapping(d)
+        assert e.value.field.endswith(field) and "ib-ndr" in str(e.value)
+
+
 def test_link_curves_from_is_validated():
     with pytest.raises(SpecError) as e:
         Partition(name="g", gpu_type="GH200", nodes=1, gpus_per_node=4, link_curves_from="clariden")
