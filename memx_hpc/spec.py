@@ -704,8 +704,8 @@ class GpuType:
     #: ``module`` (SXM / OAM mezzanine or superchip: a power and cooling budget sized for
     #: sustained matrix load) or ``card`` (PCIe add-in board, its power set by the slot and
     #: the card's cooler: the rated peak assumes boost clocks the cap does not sustain);
-    #: "" not stated (read as a card). Only a card's peak per W says how far below its
-    #: peak it runs (:meth:`memx_hpc.model.anchors.Anchors.datasheet`).
+    #: "" not stated (read as a card). A module's peak per W counts at most as the smallest
+    #: of a measured module's (:meth:`memx_hpc.model.anchors.Anchors.datasheet`).
     form_factor: str = ""
 
     def __post_init__(self) -> None:

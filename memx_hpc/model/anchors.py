@@ -41,10 +41,13 @@ keeps those points.
 
 A chip never measured gets the roofline's own parts with costs learned on every measured
 chip (:meth:`Anchors.datasheet`): ``(a0 + a1 F) * compute + b * memory-bound kernels + c *
-TP collectives + d``, each part at least its roofline time, ``F`` a PCIe card's rated peak
-per W of board power (0 for an SXM/OAM module, :func:`_flops_per_watt`) -- a part with little
-bandwidth per FLOP, or a card rated far beyond what its power cap sustains, runs at a lower
-fraction of its peak; a newer generation is not assumed to reach peak.
+TP collectives + d``, each part at least its roofline time, ``F`` the rated peak per W of
+board power (:func:`_flops_per_watt`) -- a part with little bandwidth per FLOP, or a card
+rated far beyond what its power cap sustains, runs at a lower fraction of its peak; a newer
+generation is not assumed to reach peak. A module (SXM, OAM, superchip) has a power budget
+sized for sustained matrix load: its ``F`` counts at most as the least-bound measured module's
+(the smallest ``F`` of a measured module behind the fit), so a newer process's FLOP/s per W
+is not read as a power cap.
 
 Types of one chip (``chip:`` in the GPU catalog: V100-16 and V100-32) share each other's
 points when a type has none of its own; the ratio to each type's own roofline carries the
@@ -266,7 +269,7 @@ class Anchors:
             for pc in sorted(set(_PRECISION_CLASS.values())):
                 for attention in ATTENTION_KINDS:
                     fit = self._parts_fit(kind, pc, attention)
-                    fits.append([kind, pc, attention, None if fit is None else [fit[0].tolist(), fit[1]]])
+                    fits.append([kind, pc, attention, None if fit is None else [fit[0].tolist(), fit[1], fit[2]]])
         return {"binding": self._binding, "fits": fits}
 
     @staticmethod
@@ -293,6 +296,8 @@ class Anchors:
         self.by_shape: dict[tuple, list[_Series]] = defaultdict(list)
         self.gpu_names: set[str] = set()
         self.chip_of: dict[str, str] = {}
+        #: the measured GPU types that are modules (SXM / OAM): :meth:`datasheet`'s power term
+        self.module_names: set[str] = set()
         shapes: dict[tuple, LayerShape] = {}
         gpu_of: dict[str, Any] = {}
         done = self._row_values.setdefault(id(gpus), (gpus, {}))[1]
@@ -312,6 +317,7 @@ class Anchors:
             ser.by_tp.setdefault(q.tp, []).append(list(values))  # a copy: the running maximum below edits it
             self.gpu_names.add(g.name)
             self.chip_of[g.name] = g.chip_id
+            self.module_names.update([g.name] if getattr(g, "form_factor", "") == "module" else [])
         for ser in series.values():
             ser.finish()
             if ser.kind != "layer":
@@ -332,10 +338,11 @@ class Anchors:
         self._binding = hashlib.sha256(repr(sorted(
             (n, repr(g)) for n, g in gpu_of.items())).encode()).hexdigest()
         saved = self._saved_parts
-        if saved and saved.get("binding") == self._binding:
+        if saved and saved.get("binding") == self._binding and all(
+                fit is None or len(fit) == 3 for *_, fit in saved["fits"]):
             for kind, pc, attention, fit in saved["fits"]:
                 self._curves[("parts", kind, pc, attention)] = (
-                    None if fit is None else (np.asarray(fit[0], dtype=np.float64), float(fit[1])))
+                    None if fit is None else (np.asarray(fit[0], dtype=np.float64), float(fit[1]), float(fit[2])))
         return self
 
     def _row_entry(self, row: dict[str, Any], gpus: Any, shapes: dict, gpu_of: dict) -> Any:
@@ -367,17 +374,26 @@ class Anchors:
         per W of board power (``F``) lies far beyond what its power cap sustains; ``b`` the
         cost of the memory-bound kernels per analytic byte-time (unfused elementwise
         kernels move several times the bytes the formula counts, at below-peak bandwidth);
-        ``d`` the fixed per-layer cost (kernel launches). A part with little bandwidth per FLOP (L4, T4) so runs a layer at a
+        ``d`` the fixed per-layer cost (kernel launches). A module's ``F`` is at most the
+        smallest of the measured modules behind the fit, the module least bound by its power
+        (an H100-SXM, B200 or GB200 is not a power-capped card because its newer process does
+        more FLOP/s per W: Megatron-Bridge's published runs on them, benchmarks/public_runs.py
+        dev rows, reach about twice the fraction of peak the unbounded term gave them), so
+        the power term is never extrapolated for a module. A part with little bandwidth per FLOP (L4, T4) so runs a layer at a
         lower fraction of its matrix peak than one with much (V100, A100) -- the pooled
         ratio-to-roofline curve it replaces could not tell them apart. Falls back to that
         curve where too few points were measured. Never below the roofline (``r >= 0``);
         NaN when nothing of this kind was measured."""
         fit = self._parts_fit(q.kind, _PRECISION_CLASS[q.precision], q.attention)
         if fit is not None:
-            coef, fpw_median = fit
+            coef, fpw_median, fpw_module = fit
             c = roofline_components(q, g)
             roof = c["compute_ms"] + c["memory_ms"] + c["comm_ms"]
             fpw = _flops_per_watt(q, g)
+            if getattr(g, "form_factor", "") == "module":
+                # a module's power budget is sized for sustained matrix load: its peak per W
+                # beyond the measured modules' is a newer process, not a power cap
+                fpw = min(fpw_module if math.isnan(fpw) else fpw, fpw_module)
             t = float(coef @ _parts_row(c["compute_ms"], c["memory_ms"], c["comm_ms"],
                                         fpw_median if math.isnan(fpw) else fpw))
             return max(math.log(t / roof), 0.0) if t > 0 and roof > 0 else 0.0
@@ -390,33 +406,39 @@ class Anchors:
     #: kernels, TP collectives, fixed): its roofline time, once.
     PARTS_FLOOR = np.array([1.0, 0.0, 1.0, 1.0, 0.0])
 
-    def _parts_fit(self, kind: str, pc: str, attention: str) -> tuple[np.ndarray, float] | None:
+    def _parts_fit(self, kind: str, pc: str, attention: str) -> tuple[np.ndarray, float, float] | None:
         """Non-negative ``(a0, a1, b, c, d)`` with ``t ~ (a0 + a1*F)*compute_ms + b*memory_ms +
-        c*comm_ms + d``, ``F`` a card's peak TFLOP/s per W of board power (a card rated far
+        c*comm_ms + d``, ``F`` a part's peak TFLOP/s per W of board power (a card rated far
         beyond what its power cap sustains -- T4, L4, H100-NVL -- runs its matrix units at a
-        lower clock; a card whose power is not known gets the measured cards' median ``F``; a
-        module 0: :func:`_flops_per_watt`), each cost at least 1 for the roofline parts
+        lower clock; a part whose power is not known gets the measured parts' median ``F``:
+        :func:`_flops_per_watt`), each cost at least 1 for the roofline parts
         (:attr:`PARTS_FLOOR`),
         over every measured chip's points of this kind and precision class (the query's
         attention kernel where any chip ran it), least squares in relative error with each
         chip weighted equally in total (a chip with many points does not decide for the
         others; reweighted to least absolute relative error). Non-negative costs keep the time
-        monotone in every part of the work. None
+        monotone in every part of the work. Returned with the median ``F`` and the smallest
+        ``F`` of a measured module (of any measured part where no module was measured): the
+        most a module's ``F`` counts in :meth:`datasheet`. None
         when fewer than :attr:`MIN_PARTS_CHIPS` chips / :attr:`MIN_PARTS_POINTS` points."""
         key = ("parts", kind, pc, attention)
         cache = self.__dict__.setdefault("_curves", {})
         if key in cache:
             return cache[key]
-        pts = [(chip, s.cfg[1], r) for (chip, k), sers in self.by_chip.items() if k == kind
+        pts = [(chip, s.cfg[1], r, s.gpu) for (chip, k), sers in self.by_chip.items() if k == kind
                for s in sers if _PRECISION_CLASS[s.cfg[0]] == pc for _, r in s.points() if not math.isnan(r[1])]
         same = [p for p in pts if p[1] == attention] or pts
+        module_pts = [(p[3], p[2]) for p in same if p[3] in self.module_names]
+        same = [p[:3] for p in same]
         chips = [p[0] for p in same]
         if len(set(chips)) < self.MIN_PARTS_CHIPS or len(same) < self.MIN_PARTS_POINTS:
             cache[key] = None
             return None
         from scipy.optimize import nnls
-        fpws = [r[8] for _, _, r in same if not math.isnan(r[8]) and r[8] > 0]  # the cards'
+        fpws = [r[8] for _, _, r in same if not math.isnan(r[8]) and r[8] > 0]
         fpw_median = float(np.median(fpws)) if fpws else 0.0
+        modules = [r[8] for s, r in module_pts if not math.isnan(r[8]) and r[8] > 0]
+        fpw_module = min(modules or fpws) if fpws else 0.0
         X = np.array([_parts_row(r[5], r[6], r[7], fpw_median if math.isnan(r[8]) else r[8]) for _, _, r in same])
         t = np.exp(np.array([r[1] + r[4] for _, _, r in same]))
         n = defaultdict(int)
@@ -438,7 +460,7 @@ class Anchors:
             v = w / np.sqrt(np.maximum(rel, 0.02))
             coef, _ = nnls(X * v[:, None], rest * v)
         coef = coef + floor
-        cache[key] = (coef, fpw_median) if np.any(coef[:4] > 0) else None
+        cache[key] = (coef, fpw_median, fpw_module) if np.any(coef[:4] > 0) else None
         return cache[key]
 
     @staticmethod
@@ -711,16 +733,8 @@ def _below_bounds(y: float, x: float, bounds: Sequence[tuple[float, float]]) -> 
 
 
 def _flops_per_watt(q: LayerQuery, g: Any) -> float:
-    """Peak TFLOP/s (in ``q``'s precision) per W of board power of a PCIe card (or a part
-    whose form factor is not stated); NaN when the power is not known. 0 for a module (SXM,
-    OAM, superchip): its power budget is sized for sustained matrix load, so its rated peak
-    per W says nothing of a power cap -- a newer process simply does more FLOP/s per W.
-    Fitted on the cards alone (L4, T4, H100-NVL run far below their peaks), the power term
-    would otherwise price an H100-SXM, B200 or GB200 as a power-capped card: Megatron-Bridge's
-    published Llama-3 runs on them (benchmarks/public_runs.py, dev rows) reach about twice
-    the fraction of peak that term gave them."""
-    if getattr(g, "form_factor", "") == "module":
-        return 0.0
+    """Peak TFLOP/s (in ``q``'s precision) per W of board (or module) power; NaN when the
+    power is not known. :meth:`Anchors.datasheet` bounds a module's."""
     tdp = float(getattr(g, "tdp_w", 0.0) or 0.0)
     return g.peak_tflops(q.precision) / tdp if tdp > 0 else math.nan
 

@@ -111,7 +111,7 @@ def test_the_transfer_model_prices_every_part_at_least_at_its_roofline(fitted):
     slower link makes a TP 8 layer slower by at least the roofline's extra transfer time."""
     from memx_hpc.model.api import roofline_components
     an = fitted.anchors_.bind(CAT)
-    coef, _ = an._parts_fit("layer", "half", "sdpa")
+    coef, *_ = an._parts_fit("layer", "half", "sdpa")
     assert (coef >= an.PARTS_FLOOR - 1e-12).all(), coef
     g = CAT.get("H100-SXM")
     slow = replace(g, link_gbps=g.link_gbps / 4)
@@ -132,6 +132,17 @@ def test_the_power_term_prices_a_card_not_a_module(fitted):
     assert _transfer_ms(fitted, q, replace(g, tdp_w=350.0)) == pytest.approx(t, rel=1e-9)
     card = _transfer_ms(fitted, q, replace(g, tdp_w=350.0, form_factor="card"))
     assert card > 1.1 * t
+    # a module's peak per W counts up to the smallest of a measured module's, not beyond
+    coef, fpw_median, fpw_module = fitted.anchors_.bind(CAT)._parts_fit("layer", "half", q.attention)
+    assert 0 < fpw_module < g.peak_tflops(q.precision) / g.tdp_w
+    at_max = replace(g, tdp_w=g.peak_tflops(q.precision) / fpw_module)
+    assert _transfer_ms(fitted, q, at_max) == pytest.approx(t, rel=1e-9)
+    # below it a module is priced by its own figure, as a card with that figure is
+    low = replace(g, tdp_w=4 * at_max.tdp_w)
+    assert _transfer_ms(fitted, q, low) == pytest.approx(_transfer_ms(fitted, q, replace(low, form_factor="card")),
+                                                         rel=1e-9)
+    if coef[1] > 0:
+        assert _transfer_ms(fitted, q, low) < t
 
 
 def test_save_load_round_trip_and_refusals(fitted, sailor, tmp_path):
