@@ -47,7 +47,12 @@ rated far beyond what its power cap sustains, runs at a lower fraction of its pe
 generation is not assumed to reach peak. A module (SXM, OAM, superchip) has a power budget
 sized for sustained matrix load: its ``F`` counts at most as the least-bound measured module's
 (the smallest ``F`` of a measured module behind the fit), so a newer process's FLOP/s per W
-is not read as a power cap.
+is not read as a power cap. ``b`` is learned apart for the two kinds of layer code the
+measured points come from (:data:`memx_hpc.model.api.KERNELS`): Megatron's, which fuses its
+memory-bound steps, and plain PyTorch (Cephalo's Hugging Face layers), whose unfused
+elementwise kernels move several times the bytes the formula counts; a query is priced by
+its own kind (a plan's layers are Megatron's), at the roofline where no point of that kind
+was measured.
 
 Types of one chip (``chip:`` in the GPU catalog: V100-16 and V100-32) share each other's
 points when a type has none of its own; the ratio to each type's own roofline carries the
@@ -76,7 +81,7 @@ import numpy as np
 
 from ..spec import DENSE_SHAPE_FIELDS, LayerShape, LayerSample
 from .analytic import ATTENTION_KINDS
-from .api import LayerQuery, analytic_activation_bytes, resolve_gpu, roofline_components
+from .api import LayerQuery, analytic_activation_bytes, kernels_of, resolve_gpu, roofline_components
 from .host import layer_host_ms
 
 #: How an answer was obtained, from most to least direct.
@@ -232,7 +237,7 @@ class Anchors:
                 continue
             q = {"gpu_type": p.gpu_type, "kind": p.kind, "shape": plain_dict(p.shape), "tp": p.tp,
                  "micro_batch_size": p.micro_batch_size, "recompute": p.recompute, "precision": p.precision,
-                 "attention": p.attention}
+                 "attention": p.attention, "kernels": kernels_of(s)}
             k = repr(sorted((k, repr(v)) for k, v in q.items()))
             groups[k].append(s)
             qs[k] = q
@@ -284,7 +289,8 @@ class Anchors:
                 shapes[items] = shape
         return LayerQuery(gpu_type=d["gpu_type"], kind=d["kind"], shape=shape, tp=int(d["tp"]),
                           micro_batch_size=int(d["micro_batch_size"]), recompute=d["recompute"],
-                          precision=d["precision"], attention=d["attention"])
+                          precision=d["precision"], attention=d["attention"],
+                          kernels=d.get("kernels", "megatron"))
 
     def bind(self, gpus: Any) -> "Anchors":
         """Resolve GPU names and compute each point's log ratios through ``gpus``."""
@@ -339,7 +345,7 @@ class Anchors:
             (n, repr(g)) for n, g in gpu_of.items())).encode()).hexdigest()
         saved = self._saved_parts
         if saved and saved.get("binding") == self._binding and all(
-                fit is None or len(fit) == 3 for *_, fit in saved["fits"]):
+                fit is None or (len(fit) == 3 and len(fit[0]) == len(self.PARTS_FLOOR)) for *_, fit in saved["fits"]):
             for kind, pc, attention, fit in saved["fits"]:
                 self._curves[("parts", kind, pc, attention)] = (
                     None if fit is None else (np.asarray(fit[0], dtype=np.float64), float(fit[1]), float(fit[2])))
@@ -347,7 +353,7 @@ class Anchors:
 
     def _row_entry(self, row: dict[str, Any], gpus: Any, shapes: dict, gpu_of: dict) -> Any:
         """``(query, GPU type, series key, [mbs, r_time, r_mem, log flops, log roofline ms,
-        compute ms, memory ms, comm ms, flops per W, host floor ms])`` of a stored row through
+        compute ms, memory ms, comm ms, flops per W, host floor ms, eager])`` of a stored row through
         ``gpus`` (the host floor: :func:`memx_hpc.model.host.layer_host_ms` of a layer, 0 for
         the embedding and head); False for a row this binding cannot use."""
         try:
@@ -364,16 +370,18 @@ class Anchors:
         key = (g.name, q.kind, _cfg(q), _shape_key(row["q"]["shape"], q.kind))
         host = layer_host_ms(q.recompute, q.tp) if q.kind == "layer" else 0.0
         return q, g, key, (float(q.micro_batch_size), rt, rm, math.log(max(c["flops"], 1.0)), math.log(roof),
-                           c["compute_ms"], c["memory_ms"], c["comm_ms"], _flops_per_watt(q, g), host)
+                           c["compute_ms"], c["memory_ms"], c["comm_ms"], _flops_per_watt(q, g), host,
+                           float(q.kernels == "eager"))
 
     def datasheet(self, q: LayerQuery, g: Any) -> float:
         """Log ratio to the roofline for a chip with no measurement, from the roofline's own
         parts with costs learned on every measured chip (:meth:`_parts_fit`): ``t = (a0 + a1
-        * F) * compute_ms + b * memory_ms + c * comm_ms + d``. ``a0 + a1 * F`` is the inverse
+        * F) * compute_ms + b[kernels] * memory_ms + c * comm_ms + d``. ``a0 + a1 * F`` is the inverse
         achieved fraction of the datasheet matrix rate, larger on a part whose rated peak
         per W of board power (``F``) lies far beyond what its power cap sustains; ``b`` the
-        cost of the memory-bound kernels per analytic byte-time (unfused elementwise
-        kernels move several times the bytes the formula counts, at below-peak bandwidth);
+        cost of the memory-bound kernels per analytic byte-time, of the query's kind of
+        layer code (``q.kernels``: Cephalo's unfused PyTorch layers move several times the
+        bytes the formula counts, at below-peak bandwidth; Megatron fuses those steps);
         ``d`` the fixed per-layer cost (kernel launches). A module's ``F`` is at most the
         smallest of the measured modules behind the fit, the module least bound by its power
         (an H100-SXM, B200 or GB200 is not a power-capped card because its newer process does
@@ -395,20 +403,20 @@ class Anchors:
                 # beyond the measured modules' is a newer process, not a power cap
                 fpw = min(fpw_module if math.isnan(fpw) else fpw, fpw_module)
             t = float(coef @ _parts_row(c["compute_ms"], c["memory_ms"], c["comm_ms"],
-                                        fpw_median if math.isnan(fpw) else fpw))
+                                        fpw_median if math.isnan(fpw) else fpw, q.kernels == "eager"))
             return max(math.log(t / roof), 0.0) if t > 0 and roof > 0 else 0.0
         y = self._pool(q.kind, _PRECISION_CLASS[q.precision], q.attention, self._peak_time(q, g))
         return math.nan if math.isnan(y) else max(y, 0.0)
 
     #: Fewest measured chips and points behind a parts fit (else the pooled curve answers).
     MIN_PARTS_CHIPS, MIN_PARTS_POINTS = 2, 8
-    #: The least cost of each part of :func:`_parts_row` (compute, compute x F, memory-bound
-    #: kernels, TP collectives, fixed): its roofline time, once.
-    PARTS_FLOOR = np.array([1.0, 0.0, 1.0, 1.0, 0.0])
+    #: The least cost of each part of :func:`_parts_row` (compute, compute x F, Megatron's
+    #: memory-bound kernels, eager ones, TP collectives, fixed): its roofline time, once.
+    PARTS_FLOOR = np.array([1.0, 0.0, 1.0, 1.0, 1.0, 0.0])
 
     def _parts_fit(self, kind: str, pc: str, attention: str) -> tuple[np.ndarray, float, float] | None:
-        """Non-negative ``(a0, a1, b, c, d)`` with ``t ~ (a0 + a1*F)*compute_ms + b*memory_ms +
-        c*comm_ms + d``, ``F`` a part's peak TFLOP/s per W of board power (a card rated far
+        """Non-negative ``(a0, a1, b_megatron, b_eager, c, d)`` with ``t ~ (a0 + a1*F)*compute_ms + b*memory_ms +
+        c*comm_ms + d`` (``b`` of the point's kind of layer code), ``F`` a part's peak TFLOP/s per W of board power (a card rated far
         beyond what its power cap sustains -- T4, L4, H100-NVL -- runs its matrix units at a
         lower clock; a part whose power is not known gets the measured parts' median ``F``:
         :func:`_flops_per_watt`), each cost at least 1 for the roofline parts
@@ -439,7 +447,8 @@ class Anchors:
         fpw_median = float(np.median(fpws)) if fpws else 0.0
         modules = [r[8] for s, r in module_pts if not math.isnan(r[8]) and r[8] > 0]
         fpw_module = min(modules or fpws) if fpws else 0.0
-        X = np.array([_parts_row(r[5], r[6], r[7], fpw_median if math.isnan(r[8]) else r[8]) for _, _, r in same])
+        X = np.array([_parts_row(r[5], r[6], r[7], fpw_median if math.isnan(r[8]) else r[8], r[10] > 0)
+                      for _, _, r in same])
         t = np.exp(np.array([r[1] + r[4] for _, _, r in same]))
         n = defaultdict(int)
         for c in chips:
@@ -460,7 +469,7 @@ class Anchors:
             v = w / np.sqrt(np.maximum(rel, 0.02))
             coef, _ = nnls(X * v[:, None], rest * v)
         coef = coef + floor
-        cache[key] = (coef, fpw_median, fpw_module) if np.any(coef[:4] > 0) else None
+        cache[key] = (coef, fpw_median, fpw_module) if np.any(coef[:5] > 0) else None
         return cache[key]
 
     @staticmethod
@@ -739,9 +748,11 @@ def _flops_per_watt(q: LayerQuery, g: Any) -> float:
     return g.peak_tflops(q.precision) / tdp if tdp > 0 else math.nan
 
 
-def _parts_row(compute_ms: float, memory_ms: float, comm_ms: float, fpw: float) -> np.ndarray:
-    """The regressors of :meth:`Anchors._parts_fit` for one point."""
-    return np.array([compute_ms, compute_ms * fpw, memory_ms, comm_ms, 1.0])
+def _parts_row(compute_ms: float, memory_ms: float, comm_ms: float, fpw: float, eager: bool) -> np.ndarray:
+    """The regressors of :meth:`Anchors._parts_fit` for one point: the memory-bound kernels'
+    time in the column of whose kernels ran them (:data:`memx_hpc.model.api.KERNELS`)."""
+    return np.array([compute_ms, compute_ms * fpw, 0.0 if eager else memory_ms, memory_ms if eager else 0.0,
+                     comm_ms, 1.0])
 
 
 class _FlopsOnlyGpu:

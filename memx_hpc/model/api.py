@@ -26,6 +26,24 @@ from ..spec import FP8_FORMATS, PRECISIONS, GpuType, LayerShape, Recompute
 from . import analytic
 
 QUERY_KINDS = ("layer", "embedding", "head")
+
+#: Whose kernels run a layer (:attr:`LayerQuery.kernels`): ``megatron`` -- Megatron-LM,
+#: megatron-core or Megatron-DeepSpeed, whose layer fuses its memory-bound steps (layer norm,
+#: bias + activation, bias + dropout + residual add, masked softmax); what a plan runs -- or
+#: ``eager``, a layer written in plain PyTorch, each elementwise operation its own kernel
+#: reading and writing the whole activation (Cephalo times Hugging Face models that way).
+KERNELS = ("megatron", "eager")
+
+#: Imported sources whose layers are ``eager`` (the prefix of :attr:`LayerSample.source`):
+#: Cephalo's latencies time one Hugging Face layer with PyTorch (its data README). Sailor's
+#: profiles come from Megatron-DeepSpeed (its ``profile.sh``), and the site's own profiles
+#: from megatron-core: both ``megatron``.
+EAGER_SOURCES = ("cephalo:",)
+
+
+def kernels_of(sample: Any) -> str:
+    """:data:`KERNELS` entry of a sample, by its source."""
+    return "eager" if str(getattr(sample, "source", "")).startswith(EAGER_SOURCES) else "megatron"
 PROVENANCES = ("measured", "imported", "augmented", "datasheet-only")
 
 
@@ -77,6 +95,8 @@ class LayerQuery:
     #: token all-to-all over ``ep`` ranks) and expert tensor-parallel degree (None: ``tp``)
     ep: int = 1
     etp: int | None = None
+    #: whose kernels run the layer (:data:`KERNELS`); a plan's layers are Megatron's
+    kernels: str = "megatron"
 
     def __post_init__(self) -> None:
         if self.kind not in QUERY_KINDS:
@@ -85,6 +105,8 @@ class LayerQuery:
         if self.precision not in PRECISIONS:
             raise SpecError("unknown precision", field="precision", found=self.precision,
                             allowed=", ".join(PRECISIONS))
+        if self.kernels not in KERNELS:
+            raise SpecError("unknown kernels", field="kernels", found=self.kernels, allowed=", ".join(KERNELS))
         if self.attention not in analytic.ATTENTION_KINDS:
             raise SpecError("unknown attention kind", field="attention", found=self.attention,
                             allowed=", ".join(analytic.ATTENTION_KINDS))

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..spec import BYTES_PER_ELEMENT, GpuType, LayerSample
 from . import analytic
-from .api import LayerQuery, analytic_activation_bytes, resolve_gpu, roofline_components
+from .api import LayerQuery, analytic_activation_bytes, kernels_of, resolve_gpu, roofline_components
 
 FEATURE_SCHEMA_VERSION = 2
 
@@ -62,7 +62,7 @@ def query_of(sample: LayerSample) -> LayerQuery:
     p = sample.point
     return LayerQuery(gpu_type=p.gpu_type, kind=p.kind, shape=p.shape, tp=p.tp, micro_batch_size=p.micro_batch_size,
                       recompute=p.recompute, precision=p.precision, attention=p.attention,
-                      ep=p.ep if p.kind == "layer" and p.shape.is_moe else 1)
+                      ep=p.ep if p.kind == "layer" and p.shape.is_moe else 1, kernels=kernels_of(sample))
 
 
 def _gpu_row(gpu: GpuType, precision: str) -> list[float]:

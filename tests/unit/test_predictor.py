@@ -412,3 +412,28 @@ def test_an_unprofiled_moe_layer_names_its_roofline_terms(fitted):
     assert "imbalance margin 1.25" in label
     t_ep4, t_ep1 = fitted.predict([q, replace(q, ep=1)])[:, 0]
     assert t_ep4 > t_ep1  # the all-to-all and the most loaded rank's share cost time
+
+
+def test_the_memory_bound_cost_is_that_of_the_query_s_layer_code(fitted, sailor, cephalo_small):
+    """Cephalo times plain-PyTorch layers, Sailor Megatron-DeepSpeed's: each point prices the
+    memory-bound kernels of its own code, and a plan's (Megatron) layer on a GPU never profiled
+    takes the Megatron cost -- the roofline's where no Megatron point ran its attention kernel
+    (Cephalo's sdpa points are all eager) -- not the unfused layers' several-fold cost."""
+    from memx_hpc.model.api import kernels_of
+    assert {kernels_of(s) for s in cephalo_small} == {"eager"}
+    assert {kernels_of(s) for s in sailor} == {"megatron"}
+    assert {query_of(s).kernels for s in cephalo_small[:20]} == {"eager"}
+    with pytest.raises(SpecError, match="kernels"):
+        replace(_llama8b_query("H100-SXM", 1), kernels="fused")
+    an = fitted.anchors_.bind(CAT)
+    coef, *_ = an._parts_fit("layer", "half", "sdpa")
+    assert coef[2] == pytest.approx(an.PARTS_FLOOR[2]) and coef[3] > 2 * coef[2], coef
+    g = CAT.get("H100-SXM")
+    q = _llama8b_query("H100-SXM", 1)
+    eager = replace(q, kernels="eager")
+    from memx_hpc.model.api import roofline_components
+    gap = (coef[3] - coef[2]) * roofline_components(q, g)["memory_ms"]
+    assert _transfer_ms(fitted, eager, g) - _transfer_ms(fitted, q, g) == pytest.approx(gap, rel=1e-6)
+    # Sailor's core-attention points are Megatron's: there the Megatron cost is learned
+    core, *_ = an._parts_fit("layer", "half", "core")
+    assert core[2] >= an.PARTS_FLOOR[2]
