@@ -426,6 +426,7 @@ def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, not
             notes.append(f"{g}: {job.name}'s layer shape ({job.precision}, {job.attention}) was never profiled on "
                          f"this chip: its layer times are the chip's measured efficiency scaled to the work "
                          f"(extrapolated; profile it for measured times)")
+    notes.extend(eager_layer_notes(site, job, samples, covered))
     if transfer:
         notes.append(f"no samples for {', '.join(missing)} in {store_path}: the predictor estimates those "
                      f"GPU types from their datasheet figures and the {len(layer_types)} profiled types")
@@ -437,6 +438,27 @@ def _uncalibrated_cost_model(site, job, store_path: Path, *, analytic: bool, not
         routed = RoutedCostModel(_routes(site, covered, predictor), fallback)
     routed.sources = sources
     return routed
+
+
+def eager_layer_notes(site: Site, job: TrainJob, samples, covered) -> list[str]:
+    """A note per site GPU type whose layer samples of the job's attention kernel all come
+    from plain-PyTorch layers (:data:`memx_hpc.model.api.EAGER_SOURCES`: Cephalo's Hugging Face
+    layers): its layer times are those layers' as measured, while the plan runs Megatron's
+    fused ones, and an unprofiled type beside it is priced as Megatron's."""
+    from .model.api import kernels_of
+    kinds: dict[str, set[str]] = {}
+    for s in samples:
+        if s.point.kind != "layer" or s.point.attention != job.attention or s.origin == "augmented":
+            continue
+        try:
+            chip = site.gpu(s.point.gpu_type).chip_id
+        except Exception:
+            continue
+        kinds.setdefault(chip, set()).add(kernels_of(s))
+    return [f"{g}: its layer times are plain-PyTorch layers as measured (Cephalo's, unfused elementwise kernels), "
+            f"not Megatron's fused ones, so they run high (about 1.3-1.5x at large work on vTrain's A100 runs, "
+            f"benchmarks/end_to_end.py); profile this partition for Megatron's own times"
+            for g in covered if kinds.get(site.gpu(g).chip_id) == {"eager"}]
 
 
 def consistent_sources(samples, gpus, site, store, notes: list[str]):

@@ -121,3 +121,30 @@ def test_a_site_of_only_unprofiled_types_gets_the_numbers_it_gets_beside_a_profi
     roof = AnalyticCostModel(alone).predict(queries)
     layer = [i for i, q in enumerate(queries) if q.kind == "layer"]
     assert (p0[layer, 0] > roof[layer, 0]).all()
+
+
+def test_a_type_known_only_from_eager_layers_is_named(tmp_path):
+    """Cephalo times Hugging Face layers in plain PyTorch; a plan runs Megatron's fused ones.
+    A site type whose layer samples of the job's attention are all Cephalo's says so; the same
+    type measured by Megatron-DeepSpeed (Sailor's profiles) does not."""
+    import dataclasses
+
+    from memx_hpc.datapaths import shared_data
+    from memx_hpc.planner import eager_layer_notes
+    from memx_hpc.profile.importers import import_cephalo
+    site = load_site(ROOT / "site_configs/example-cross-vendor.yaml")  # A100-80 among its types
+    job = load_job(ROOT / "jobs/llama2-7b.yaml")
+    cephalo = [s for s in import_cephalo(shared_data() / "cephalo" / "model_latencies.json")
+               if s.point.gpu_type == "A100-80"]
+    assert cephalo and {s.point.attention for s in cephalo} == {job.attention}
+    notes = eager_layer_notes(site, job, cephalo, ["A100-80"])
+    assert len(notes) == 1 and notes[0].startswith("A100-80: ") and "plain-PyTorch" in notes[0], notes
+    megatron = [dataclasses.replace(s, source="slurm:1234") for s in cephalo]
+    assert eager_layer_notes(site, job, megatron, ["A100-80"]) == []
+    assert eager_layer_notes(site, job, cephalo + megatron, ["A100-80"]) == []
+    # through the planner's own loading: the shipped store's A100 sdpa layers are Cephalo's
+    path = tmp_path / "c.h5"
+    ProfileStore(path).append(cephalo + import_sailor(sailor_dir()))
+    out: list[str] = []
+    load_cost_model(site, job, path, analytic=False, notes=out)
+    assert any(n.startswith("A100-80: its layer times are plain-PyTorch") for n in out), out
