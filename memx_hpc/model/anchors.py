@@ -323,7 +323,8 @@ class Anchors:
             ser.by_tp.setdefault(q.tp, []).append(list(values))  # a copy: the running maximum below edits it
             self.gpu_names.add(g.name)
             self.chip_of[g.name] = g.chip_id
-            self.module_names.update([g.name] if getattr(g, "form_factor", "") == "module" else [])
+            if getattr(g, "form_factor", "") == "module":
+                self.module_names.add(g.name)
         for ser in series.values():
             ser.finish()
             if ser.kind != "layer":
@@ -401,7 +402,7 @@ class Anchors:
             if getattr(g, "form_factor", "") == "module":
                 # a module's power budget is sized for sustained matrix load: its peak per W
                 # beyond the measured modules' is a newer process, not a power cap
-                fpw = min(fpw_module if math.isnan(fpw) else fpw, fpw_module)
+                fpw = fpw_module if math.isnan(fpw) else min(fpw, fpw_module)
             t = float(coef @ _parts_row(c["compute_ms"], c["memory_ms"], c["comm_ms"],
                                         fpw_median if math.isnan(fpw) else fpw, q.kernels == "eager"))
             return max(math.log(t / roof), 0.0) if t > 0 and roof > 0 else 0.0

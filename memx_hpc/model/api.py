@@ -44,6 +44,8 @@ EAGER_SOURCES = ("cephalo:",)
 def kernels_of(sample: Any) -> str:
     """:data:`KERNELS` entry of a sample, by its source."""
     return "eager" if str(getattr(sample, "source", "")).startswith(EAGER_SOURCES) else "megatron"
+
+
 PROVENANCES = ("measured", "imported", "augmented", "datasheet-only")
 
 
