@@ -2,7 +2,9 @@
 
 Every fenced block under a ``<!-- readme-check: NAME -->`` marker is compared line by line
 with what the command of that name prints, so the README and the code cannot drift apart:
-a change that moves a number fails here until the README shows the new one.
+a change that moves a number fails here until the README shows the new one. The README stays
+short (the rest is one page per topic under docs/), and every relative link of the README and
+of docs/*.md reaches an existing file and heading.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from memx_hpc.profile.reference import reference_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+#: the README is a few screens; topics go to docs/
+README_MAX_BYTES = 20 * 1024
 
 
 def _blocks() -> dict[str, list[str]]:
@@ -113,3 +118,63 @@ def test_site_field_reference_data_is_checked(tmp_path):
     good = tmp_path / "site2.yaml"
     good.write_text(text + "\nreference_data: false\n")
     assert load_site(good).reference_data is False
+
+
+
+def _pages() -> list[Path]:
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def _without_fences(text: str) -> str:
+    """The text with fenced code blocks blanked, so a `# comment` in a shell block is no heading."""
+    return re.sub(r"^```.*?^```[^\n]*$", "", text, flags=re.S | re.M)
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading ids: lower case, punctuation but '-' and '_' dropped (backticks too),
+    spaces to '-', a repeated heading numbered -1, -2, ..."""
+    seen: dict[str, int] = {}
+    out = set()
+    for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*$", _without_fences(path.read_text(encoding="utf-8")), re.M):
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def _broken_links(page: Path) -> list[str]:
+    """Relative links of a Markdown page that reach no file, or no heading of that file."""
+    text = re.sub(r"`[^`\n]*`", "", _without_fences(page.read_text(encoding="utf-8")))
+    bad = []
+    for m in re.finditer(r"\]\(([^)\s]+)\)", text):
+        target = m.group(1)
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        file_part, _, anchor = target.partition("#")
+        dest = (page.parent / file_part).resolve() if file_part else page
+        if not dest.exists():
+            bad.append(f"{target}: no file {dest}")
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            bad.append(f"{target}: no heading #{anchor} in {dest.name}")
+    return bad
+
+
+def test_readme_is_short():
+    size = len(README.read_bytes())
+    assert size < README_MAX_BYTES, f"README.md is {size} bytes; move topics to docs/"
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page):
+    """Every relative link reaches a file of the repository, and its #anchor a heading there."""
+    assert _broken_links(page) == [], page.relative_to(ROOT)
+
+
+def test_link_check_finds_what_is_broken(tmp_path):
+    page = tmp_path / "a.md"
+    page.write_text("# What `plan` reports\n\n```bash\n# not a heading\n```\n\n"
+                    "[ok](#what-plan-reports) [gone](b.md) [no heading](a.md#nowhere) "
+                    "[web](https://example.org/x) `[code](c.md)`\n")
+    assert _anchors(page) == {"what-plan-reports"}
+    assert _broken_links(page) == [f"b.md: no file {tmp_path / 'b.md'}", "a.md#nowhere: no heading #nowhere in a.md"]
