@@ -2,7 +2,7 @@
 through the command line memx-hpc renders, on the local Slurm; its measured iteration time and
 peak memory beside the plan's prediction.
 
-Steps (each a memx-hpc command a user runs): the corpus and tokenizer of the README's training
+Steps (each a memx-hpc command a user runs): the corpus and tokenizer of docs/training.md's
 walk-through (scripts/tiny_corpus.py, ``memx-hpc data prepare``) when memx-local/ lacks them;
 ``memx-hpc plan`` of jobs/tiny-moe.yaml on site_configs/local.yaml (the search's recommended
 plan, which must have EP 2); ``memx-hpc render``; ``sbatch --wait``; the log read with
