@@ -1,5 +1,5 @@
 """A tiny corpus and a byte-level BPE tokenizer trained on it, for trying 'memx-hpc data
-prepare' and a real training run on this machine (README, "Training for real").
+prepare' and a real training run on this machine (docs/training.md).
 
     .venv/bin/python scripts/tiny_corpus.py memx-local
 
