@@ -207,6 +207,209 @@ def mlm_ci_runs():
     return pr.DATA, "GA100-SXM4", None, runs
 
 
+#: ultrascale-dev's locked split, fixed before any of its results were looked at: the panels
+#: of 2, 8 and 32 nodes (every other power of two from 2) are test, those of 1, 4, 16 and 64 dev
+ULTRASCALE_TEST_NODES = frozenset({2, 8, 32})
+#: EFA on the playbook's nodes: 3,200 Gb/s a node of 8 GPUs = 400 Gb/s = 50 GB/s a GPU
+ULTRASCALE_EFA_GBPS = 50.0
+ULTRASCALE_GPU = "H100-SXM"
+
+
+def split_of_ultrascale(nodes: int) -> str:
+    return "test" if int(nodes) in ULTRASCALE_TEST_NODES else "dev"
+
+
+def ultrascale_site(nodes: int) -> Site:
+    """``nodes`` x 8 H100-SXM; NVLink inside a node (the catalog's figure), EFA's 50 GB/s a
+    GPU between nodes, stated as the site file would state it."""
+    return Site(name=f"ultrascale-n{nodes}", partitions=(Partition(
+        name="h100", gpu_type=ULTRASCALE_GPU, nodes=int(nodes), gpus_per_node=8,
+        inter_node_gbps=ULTRASCALE_EFA_GBPS),))
+
+
+def ultrascale_job(row: dict, distributed_optimizer: bool):
+    """The row's Llama-style model (SwiGLU, RMSNorm, RoPE, MHA, tied embeddings, no biases,
+    no dropout: nanotron's Llama has none) at sequence 4,096, global batch 256, bf16 with fp32
+    gradient accumulation and reduction (nanotron's ``accumulate_grad_in_fp32``)."""
+    heads = int(row["num_heads"])
+    m = ModelSpec(name=f"ultrascale-{row['model']}", num_layers=int(row["num_layers"]),
+                  hidden_size=int(row["hidden_size"]), num_attention_heads=heads,
+                  num_query_groups=int(row["num_kv_heads"] or heads), ffn_hidden_size=int(row["ffn_hidden_size"]),
+                  vocab_size=int(row["vocab_size"]), seq_length=int(row["seq_len"]), activation="swiglu",
+                  tied_embeddings=row["tie_word_embeddings"] == "1", position_embedding="rope",
+                  normalization="rmsnorm", add_bias_linear=False, hidden_dropout=0.0)
+    return job_for_model(m, int(row["gbs_seqs"]), precision="bf16", optimizer="adam",
+                         distributed_optimizer=distributed_optimizer, recompute_modes=("none",))
+
+
+def ultrascale_layers(num_layers: int, pp: int) -> list[int]:
+    """Layers per stage: an even split, the remainder on the first stages (the last one
+    carries the 131k-vocabulary head; nanotron balances its blocks by cost)."""
+    base, rem = divmod(num_layers, pp)
+    return [base + (i < rem) for i in range(pp)]
+
+
+def ultrascale_case(row: dict):
+    """(plan, site, job) of a row, or None where the planner cannot state it (more stages
+    than layers)."""
+    nodes, tp, pp, dp, mbs = (int(row[k]) for k in ("nodes", "tp", "pp", "dp", "mbs"))
+    if pp > int(row["num_layers"]):
+        return None
+    site = ultrascale_site(nodes)
+    job = ultrascale_job(row, distributed_optimizer=row["zero_stage"] == "1")
+    plan = Plan(tp=tp, dp=dp, micro_batch_size=mbs, global_batch_size=int(row["gbs_seqs"]),
+                stages=tuple(Stage(partition="h100", num_layers=n, recompute=Recompute(mode="none"))
+                             for n in ultrascale_layers(int(row["num_layers"]), pp)),
+                sequence_parallel=tp > 1)
+    return plan, site, job
+
+
+def ultrascale_runs(path: Path | None = None, panels=None):
+    """The ultrascale-dev set (../shared/data/ultrascale-dev/runs.csv, Apache-2.0): a group is
+    one (model, nodes) panel. Returns ``(path, timed, untimed, left_out)``:
+
+    * ``timed``: one run per layout that ran (``ok``) at the stated global batch of 256; a
+      layout measured twice counts once, at the median of its times. Rows whose dp·mbs·gas
+      is not 256 (``gbs_consistent`` 0) are left out (their implied-batch time would be a
+      rescaling, not a measurement of the plan);
+    * ``untimed``: layouts that never ran (``crashed_or_oom``, and ``crashed_or_oom_with_metrics``:
+      slow runs killed), one per layout; a crashed repeat of a layout that also ran is not one;
+    * ``left_out``: reason -> count.
+
+    ``panels``: an iterable of (model, nodes) to keep (None: all)."""
+    path = path or shared_data() / "ultrascale-dev" / "runs.csv"
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    keep = None if panels is None else {(str(m), int(n)) for m, n in panels}
+    left: dict[str, int] = defaultdict(int)
+    layouts: dict[tuple, list] = defaultdict(list)
+    for row in rows:
+        if keep is not None and (row["model"], int(row["nodes"])) not in keep:
+            continue
+        key = tuple(row[k] for k in ("model", "nodes", "dp", "tp", "pp", "mbs", "gas", "zero_stage"))
+        layouts[key].append(row)
+    timed, untimed = [], []
+    for key, members in layouts.items():
+        ok = [r for r in members if r["status"] == "ok"]
+        if ok and all(r["gbs_consistent"] == "0" for r in ok):
+            left["ok, gbs_consistent 0 (dp*mbs*gas != 256)"] += len(ok)
+            continue
+        ok = [r for r in ok if r["gbs_consistent"] == "1"]
+        row = (ok or members)[0]
+        case = ultrascale_case(row)
+        if case is None:
+            left[f"{'ok' if ok else 'not run'}, more stages than layers"] += 1
+            continue
+        plan, site, job = case
+        nodes = int(row["nodes"])
+        run = dict(group=(row["model"], nodes), split=split_of_ultrascale(nodes), model=row["model"], nodes=nodes,
+                   dp=plan.dp, tp=plan.tp, pp=plan.pp, mbs=plan.micro_batch_size, gas=int(row["gas"]),
+                   zero=int(row["zero_stage"]), plan=plan, site=site, job=job, cases=len(ok),
+                   predict=lambda model, options=None, plan=plan, site=site, job=job:
+                   predict_plan(plan, site, job, model, options=options))
+        if ok:
+            run["measured"] = float(np.median([float(r["iter_time_s"]) for r in ok])) * 1e3
+            run["mem_gib"] = float(np.median([float(r["gpu_mem_gib"]) for r in ok]))
+            timed.append(run)
+        else:
+            run["status"] = ("crashed_or_oom_with_metrics"
+                             if any(r["status"] == "crashed_or_oom_with_metrics" for r in members)
+                             else "crashed_or_oom")
+            untimed.append(run)
+    return path, timed, untimed, dict(left)
+
+
+def ultrascale_family(r) -> str:
+    """The layout family a time error is reported by."""
+    if r["tp"] > 8:
+        return "TP across nodes (tp > 8)"
+    return "pp = 1" if r["pp"] == 1 else "pp > 1"
+
+
+ULTRASCALE_FAMILIES = ("pp = 1", "pp > 1", "TP across nodes (tp > 8)")
+
+
+def ultrascale_predict(timed, untimed, model, options) -> None:
+    """Fill ``pred`` (iteration ms), ``feasible`` and ``pred_fit`` (the predicted time of a
+    plan predicted to fit, else far behind every one that does) under ``options``."""
+    for r in list(timed) + list(untimed):
+        p = r["predict"](model, options)
+        r["pred"], r["feasible"], r["prediction"] = p.iteration_ms, p.feasible, p
+        r["pred_fit"] = p.iteration_ms if p.feasible else 1e12 + p.iteration_ms
+
+
+def score_ultrascale(timed, untimed, model, roof=None) -> list[list]:
+    """Rows of the ultrascale table: per CostOptions pass and split, the ranking of the
+    predictor (all plans that ran; and only those it predicts fit), time MAPE overall and by
+    family, and the false-OOM calls."""
+    from memx_hpc.model.compose import CostOptions
+    rows = []
+    passes = [("predictor", model, CostOptions(overlap_grad_reduce=False)),
+              ("predictor", model, CostOptions(overlap_grad_reduce=True))]
+    if roof is not None:
+        passes.append(("roofline", roof, CostOptions(overlap_grad_reduce=False)))
+    for label, m, opts in passes:
+        ultrascale_predict(timed, untimed, m, opts)
+        s_all, s_fit = score_groups(timed, "pred"), score_groups(timed, "pred_fit")
+        for split in ("dev", "test"):
+            half = [r for r in timed if r["split"] == split]
+            crashed = [r for r in untimed if r["split"] == split]
+            if not half:
+                continue
+            fam = {f: [ape(r["pred"], r["measured"]) for r in half if ultrascale_family(r) == f]
+                   for f in ULTRASCALE_FAMILIES}
+            for which, s in (("all that ran", s_all), ("predicted to fit", s_fit)):
+                o = s[split]
+                rows.append([label, "on" if opts.overlap_grad_reduce else "off", split, which, o["groups"],
+                             f"{o['top1_n']}/{o['groups']}", f"{o['rule_n']}/{o['groups']}",
+                             f"{o['regret']:.1f} / {o['regret_median']:.1f}",
+                             f"{o['rule_regret']:.1f} / {o['rule_regret_median']:.1f}",
+                             f"{np.mean([ape(r['pred'], r['measured']) for r in half]):.1f}",
+                             *(f"{np.mean(v):.1f} ({len(v)})" if v else "-" for v in fam.values()),
+                             f"{sum(not r['feasible'] for r in half)}/{len(half)}",
+                             f"{sum(not r['feasible'] for r in crashed)}/{len(crashed)}"])
+    return rows
+
+
+ULTRASCALE_HEADERS = ["cost model", "overlap grad reduce", "split", "predictor picks among", "groups", "top-1",
+                      "rule top-1", "regret % mean / median", "rule regret % mean / median", "time MAPE %",
+                      "MAPE pp = 1 (n)", "MAPE pp > 1 (n)", "MAPE tp > 8 (n)", "false OOM (ran, predicted not to fit)",
+                      "never ran, predicted not to fit"]
+
+
+def ultrascale_section(model=None, panels=None) -> int:
+    """Print the ultrascale-dev tables; ``model``: the predictor (None: fitted here on the store)."""
+    path, timed, untimed, left = ultrascale_runs(panels=panels)
+    if model is None:
+        model = fit_without(store_samples(shared_data()), None)
+    print(f"\nultrascale-dev: {path} (Hugging Face's Ultra-Scale Playbook, nanotron, Apache-2.0): "
+          f"{len(timed)} layouts that ran, {len(untimed)} that never ran "
+          f"({sum(r['status'] == 'crashed_or_oom_with_metrics' for r in untimed)} of them slow runs killed after "
+          f"logging); left out: " + (", ".join(f"{k}: {v}" for k, v in sorted(left.items())) or "none"))
+    print(f"site: nodes x 8 {ULTRASCALE_GPU} (NVLink: the catalog's {catalog().get(ULTRASCALE_GPU).link_gbps:g} GB/s; "
+          f"EFA {ULTRASCALE_EFA_GBPS:g} GB/s a GPU between nodes); chip in store: "
+          f"{'no (datasheet-only: the transfer model answers H100)' if not _profiled(model) else 'yes'}")
+    rows = score_ultrascale(timed, untimed, model, AnalyticCostModel(catalog()))
+    print(f"\nRanking within (model, nodes) panels (test: {sorted(ULTRASCALE_TEST_NODES)} nodes, locked; groups of "
+          f">= 2 layouts that ran; 'predicted to fit': plans the tool predicts do not fit are ranked behind every "
+          f"plan it predicts fit, as the search drops them):")
+    table(rows, ULTRASCALE_HEADERS)
+    print("regret: measured time of the pick over the panel's measured fastest, minus 1. The rule picks among the "
+          "layouts that ran (ties between ZeRO-0 and ZeRO-1 of one layout go to the first row of the file). "
+          "false OOM: layouts that ran that the tool predicts do not fit.")
+    return 0
+
+
+def _profiled(model) -> bool:
+    if not hasattr(model, "explain"):
+        return False
+    q = layer_query(ultrascale_job({"num_heads": "32", "num_kv_heads": "32", "model": "1B", "num_layers": "16",
+                                    "hidden_size": "2048", "ffn_hidden_size": "8192", "vocab_size": "131072",
+                                    "seq_len": "4096", "tie_word_embeddings": "1", "gbs_seqs": "256"}, True),
+                    ULTRASCALE_GPU, kind="layer", tp=1, micro_batch_size=1, recompute="none", sequence_parallel=False)
+    return not _least_direct(model, [q]).startswith("datasheet")
+
+
 # --------------------------------------------------------------------------- scoring
 
 
@@ -232,6 +435,8 @@ def score_groups(runs, key: str) -> dict[str, dict[str, float]]:
         out[split] = dict(groups=n, top1=top1 / n if n else float("nan"), rule_top1=rule1 / n if n else float("nan"),
                           regret=float(np.mean(regret)) * 100 if n else float("nan"),
                           rule_regret=float(np.mean(rule_regret)) * 100 if n else float("nan"),
+                          regret_median=float(np.median(regret)) * 100 if n else float("nan"),
+                          rule_regret_median=float(np.median(rule_regret)) * 100 if n else float("nan"),
                           top1_n=top1, rule_n=rule1)
     return out
 
@@ -239,7 +444,16 @@ def score_groups(runs, key: str) -> dict[str, dict[str, float]]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.parse_args(argv)
+    ap.add_argument("--only", choices=("ultrascale",), help="score only this set")
+    ap.add_argument("--explain", choices=("ultrascale",),
+                    help="print the predicted iteration of representative layouts term by term against the "
+                         "measured time (benchmarks/ultrascale_terms.py)")
+    args = ap.parse_args(argv)
+    if args.explain:
+        import ultrascale_terms
+        return ultrascale_terms.main([])
+    if args.only == "ultrascale":
+        return ultrascale_section()
     data = shared_data()
     print(f"data: {data} ({SOURCES['vtrain']}; {SOURCES['sailor']}; {SOURCES['cephalo']})")
     samples = store_samples(data)
@@ -264,7 +478,9 @@ def main(argv: list[str] | None = None) -> int:
                 label = name if nodes_kind else f"{name} {kind}"
                 _score_pass(label, kind, store_kind, sub, model, prov, rank_rows, kind_rows, mem_rows)
     _print_tables(rank_rows, prov, kind_rows, mem_rows)
-    return 0
+    # its own tables after the others' (which it leaves as they were): H100 is not in the
+    # store, so the predictor fitted on all of it is the one that answers
+    return ultrascale_section(fits[None])
 
 
 def _score_pass(name, nodes_kind, store_kind, runs, model, prov, rank_rows, kind_rows, mem_rows) -> None:

@@ -58,3 +58,38 @@ def test_megatron_ci_groups_hold_competing_layouts_of_one_half():
         # a layout counts once: no two runs of a group predict the same plan
         assert len({r["layout"] for r in g}) == len(g)
     assert any(r["cases"] > 1 for r in runs)  # several cases of one layout: one run, their median
+
+
+def test_ultrascale_panels_form_groups_with_the_locked_split_and_one_pick_each():
+    """ultrascale-dev: a group is one (model, nodes) panel, 2, 8 and 32 nodes are test; the
+    rule and the predictor each pick one layout that ran per panel."""
+    from collections import defaultdict
+
+    from memx_hpc.model.api import AnalyticCostModel
+    from memx_hpc.model.compose import CostOptions
+    from memx_hpc.search.rule import rule_key
+    assert ranking.ULTRASCALE_TEST_NODES == {2, 8, 32}
+    assert [ranking.split_of_ultrascale(n) for n in (1, 2, 4, 8)] == ["dev", "test", "dev", "test"]
+    path, timed, untimed, left = ranking.ultrascale_runs(panels=[("1B", 1), ("1B", 2)])
+    assert path.name == "runs.csv"
+    groups = defaultdict(list)
+    for r in timed:
+        groups[r["group"]].append(r)
+    assert set(groups) == {("1B", 1), ("1B", 2)}
+    assert {r["split"] for r in groups[("1B", 1)]} == {"dev"} and {r["split"] for r in groups[("1B", 2)]} == {"test"}
+    for (model, nodes), g in groups.items():
+        assert len(g) >= 2
+        assert all(r["dp"] * r["tp"] * r["pp"] == 8 * nodes and r["measured"] > 0 for r in g)
+        assert all(r["plan"].sequence_parallel == (r["tp"] > 1) for r in g)
+        # a layout counts once
+        assert len({(r["dp"], r["tp"], r["pp"], r["mbs"], r["zero"]) for r in g}) == len(g)
+    assert untimed and all(r["status"].startswith("crashed_or_oom") for r in untimed)
+    # the roofline keeps it quick: the pick is the same code path whatever the cost model
+    ranking.ultrascale_predict(timed, untimed[:3], AnalyticCostModel(ranking.catalog()), CostOptions())
+    for g in groups.values():
+        pick = min(g, key=lambda r: r["pred"])
+        rule = max(g, key=lambda r: rule_key(r["dp"], r["tp"], r["mbs"]))
+        assert pick in g and rule in g
+    s = ranking.score_groups(timed, "pred")
+    assert s["dev"]["groups"] == 1 and s["test"]["groups"] == 1
+    assert 0 <= s["dev"]["top1_n"] <= 1 and s["test"]["regret_median"] >= 0
