@@ -29,7 +29,7 @@ from typing import Iterable, Mapping
 
 from .catalog import catalog
 from .errors import SpecError
-from .spec import SAFE_NAME_RULE, GpuType, Site, _SAFE_NAME, _suggest, parse_yaml, site_from_mapping
+from .spec import MAX_GPUS_PER_NODE, SAFE_NAME_RULE, GpuType, Site, _SAFE_NAME, _suggest, parse_yaml, site_from_mapping
 from .slurm.discover import ClusterView, SlurmNode
 
 __all__ = ["GpuMatch", "DiscoveredPartition", "Discovery", "discover", "match_gpu", "parse_map",
@@ -293,6 +293,11 @@ def discover(view: ClusterView, *, mapping: Mapping[str, str] | None = None,
         nodes = view.nodes_of(sp.name)
         for n in nodes:
             gres_seen.update(g.type for g in n.gpus if g.type)
+        odd = next((n for n in nodes if n.bad_gpus), None)
+        if odd is not None:
+            skipped.append((sp.name, f"node {odd.name} reports GPU GRES {', '.join(odd.bad_gpus)[:80]!r}, not a "
+                                     f"count up to {MAX_GPUS_PER_NODE}"))
+            continue
         if not _SAFE_NAME.fullmatch(sp.name):
             skipped.append((sp.name, f"its name is not one a site file takes ({SAFE_NAME_RULE})"))
             continue

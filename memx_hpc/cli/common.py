@@ -23,8 +23,39 @@ def add_json(p: argparse.ArgumentParser) -> None:
 
 
 def emit_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
+    """``obj`` as JSON on stdout. A closed stdout (the caller's pipe, or no stdout at all) is
+    a SystemFailure (exit 2, one line on stderr): the report the caller asked for is lost."""
+    from ..errors import SystemFailure
+
+    out = sys.stdout
+    if out is None:
+        raise SystemFailure("standard output is closed: nowhere to print the --json report")
+    try:
+        json.dump(obj, out, indent=2, default=str)
+        out.write("\n")
+        out.flush()
+    except (BrokenPipeError, ValueError) as e:  # ValueError: a closed file object
+        _quiet_stdout()
+        raise SystemFailure(f"standard output is closed: the --json report could not be written ({e})") from None
+
+
+def _quiet_stdout() -> None:
+    """Point fd 1 at /dev/null, so that Python's flush at exit does not fail on the closed
+    pipe a second time ("Exception ignored ... BrokenPipeError")."""
+    import os
+
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def shown(path: object) -> str:
+    """A path as text that any terminal or log can take: bytes of a file name that are not
+    UTF-8 (held by Python as surrogates) are shown as U+FFFD, never a UnicodeEncodeError."""
+    return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 from ..tables import TABLE_WIDTH, table  # noqa: E402,F401 (the subcommands print with these)

@@ -20,7 +20,10 @@ The tokenizer comes from local files (nothing is downloaded):
   --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt
   --tokenizer-type GPTSentencePieceTokenizer|Llama2Tokenizer --tokenizer-model spm.model
 
-It prints the data: section to put into the job file.
+It prints the data: section to put into the job file. The dataset is written under a
+temporary name and moved into place when complete, so a failed or interrupted run
+leaves an existing dataset as it was; replacing one needs --overwrite. A document (a
+JSON line or a text file) holds at most 8 MiB of text.
 
 examples:
   memx-hpc data prepare --input corpus.jsonl --output-prefix data/corpus \\
@@ -45,6 +48,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     q.add_argument("--vocab-file", metavar="PATH", help="GPT-2 BPE vocab.json")
     q.add_argument("--merge-file", metavar="PATH", help="GPT-2 BPE merges.txt")
     q.add_argument("--json-key", default="text", help="the key of a JSON line that holds the text (default: text)")
+    q.add_argument("--overwrite", action="store_true",
+                   help="replace the dataset already at PREFIX_text_document (kept whole until the new one is "
+                        "complete)")
     q.add_argument("--no-append-eod", action="store_true", help="do not end each document with the EOD token")
     add_json(q)
     return p
@@ -59,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("name a data subcommand", field="data", allowed="prepare")
     tok = load_tokenizer(args.tokenizer_type, model=args.tokenizer_model, vocab_file=args.vocab_file,
                          merge_file=args.merge_file)
-    out = prepare(args.input, args.output_prefix, tok, json_key=args.json_key, append_eod=not args.no_append_eod)
+    out = prepare(args.input, args.output_prefix, tok, json_key=args.json_key, append_eod=not args.no_append_eod,
+                  overwrite=args.overwrite)
     tokenizer = {"type": args.tokenizer_type}
     for key, value in (("model", args.tokenizer_model), ("vocab_file", args.vocab_file),
                        ("merge_file", args.merge_file)):

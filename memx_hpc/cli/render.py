@@ -7,7 +7,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import add_job, add_json, add_site, emit_json
+from .common import add_job, add_json, add_site, emit_json, shown
+
+# the fields of a plan file: an error about one of them names the plan file
+_PLAN_FIELDS = ("stages", "tp", "dp", "pp", "cp", "ep", "etp", "micro_batch_size", "global_batch_size",
+                "sequence_parallel", "virtual_stages", "layout")
 
 HELP = "write the heterogeneous sbatch script that launches a plan with Megatron-LM"
 
@@ -68,7 +72,11 @@ def run(args: argparse.Namespace) -> int:
     job = load_job(args.job)
     if args.resume:
         from ..planner import resume_job
+        from ..shellsafe import check_path
 
+        # the folder is loaded on the cluster's nodes through the script: refused here, by its
+        # option's name, before the checkpoint is read
+        check_path(args.resume, "--resume")
         job, note = resume_job(job, args.resume)
         print(f"memx-hpc render: {note}", file=sys.stderr)
     plan, origin = load_plan_with_origin(args.plan)
@@ -76,8 +84,16 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(plan, GeneralPlan):
         raise SpecError("a general plan (per-replica GPU types or TP) can be predicted but Megatron-LM cannot "
                         "run it; render needs uniform tp and dp with one partition per stage", file=args.plan)
-    request = r.describe(plan, site, job, iters=args.iters, extra=args.extra, log_dir=args.log_dir,
-                         workdir=args.chdir)
+    try:
+        request = r.describe(plan, site, job, iters=args.iters, extra=args.extra, log_dir=args.log_dir,
+                             workdir=args.chdir)
+    except SpecError as e:
+        # a field of the plan (its stages, degrees, batch) that does not fit the model or the
+        # site: the plan file is what to fix, so it is named
+        head = (e.field or "").split("[")[0].split(".")[0]
+        if e.file is None and head in _PLAN_FIELDS:
+            raise e.with_file(str(args.plan)) from None
+        raise
     script = r.render_request(request)
     if args.out == "-":
         return _to_stdout(args, script, request)
@@ -86,14 +102,14 @@ def run(args: argparse.Namespace) -> int:
         # the default is the plan's name with .sbatch: for a plan file named *.sbatch that
         # is the plan itself, which the script would replace
         raise SpecError("the script would replace the plan file it is rendered from; name another file",
-                        field="--out", found=str(out))
+                        field="--out", found=shown(out))
     # written, checked with bash -n, its log folder made (Slurm does not), asked, submitted
     done = launch(script, out, test_only_when="never" if args.no_test_only else "auto", submit_job=args.submit)
     verdict, job_id = done.test_only, done.job_id
 
     if args.json:
         emit_json({
-            "script": str(out), "bash_n": "ok", "megatron_version": request.megatron_version,
+            "script": shown(out), "bash_n": "ok", "megatron_version": request.megatron_version,
             "world_size": request.world_size, "layout": request.layout,
             "components": [{"index": c.index, "partition": c.partition, "stages": list(c.stages),
                             "ranks": [c.first_rank, c.first_rank + c.num_ranks - 1], "nodes": c.nodes,
@@ -103,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             "job_id": job_id,
         })
     else:
-        print(f"wrote {out}: {len(request.components)} hetjob component(s), {request.world_size} rank(s)")
+        print(f"wrote {shown(out)}: {len(request.components)} hetjob component(s), {request.world_size} rank(s)")
         for c in request.components:
             print(f"  component {c.index}: {c.partition}, stages {c.stages_label}, ranks {c.ranks_label}, "
                   f"{c.nodes} node(s) x {c.tasks_per_node} task(s), layers {c.layers_label}, "

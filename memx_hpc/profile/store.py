@@ -70,7 +70,7 @@ from ..spec import (SAMPLE_KINDS, SAMPLE_ORIGINS, LayerSample, LayerShape, NotAR
                     Provenance, read_regular_file)
 
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "COLUMNS", "E2E_COLUMNS", "E2ERecord", "ProfileStore",
-           "StoreDamaged", "StoreFull", "StoreLocked", "sample_to_row", "row_to_sample", "record_to_row", "row_to_record", "records_hash"]
+           "StoreDamaged", "StoreFull", "StoreLocked", "check_store_path", "sample_to_row", "row_to_sample", "record_to_row", "row_to_record", "records_hash"]
 
 SCHEMA_VERSION = 5
 #: Versions this code reads: 1 (layer samples only), 2 (adds ``/e2e``), 3 (appendable tables),
@@ -651,6 +651,30 @@ class _Snapshot:
     e2e: tuple[dict[str, Any], ...]
 
 
+def check_store_path(path: str | os.PathLike) -> bool:
+    """Whether a profile store is at ``path``: False when nothing is there (a store not made
+    yet), True for a regular file; SystemFailure (exit 2, naming the path) for anything else
+    there (a folder, ``/dev/null`` or another device, a FIFO, a link to one), which a caller
+    asking ``is_file()`` would take for "no store" and plan from datasheet figures."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        if p.is_symlink():
+            raise SystemFailure(f"{p}: the profile store path is a symbolic link to nothing "
+                                f"({os.readlink(p)})") from None
+        return False
+    except OSError as e:
+        raise SystemFailure(f"{p}: cannot read the profile store path: {e.strerror or e}") from None
+    if stat.S_ISREG(st.st_mode):
+        return True
+    kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode) else
+            "a block device" if stat.S_ISBLK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else
+            "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+    via = f" (a link to {os.path.realpath(p)})" if p.is_symlink() else ""
+    raise SystemFailure(f"{p}: the profile store path is {kind}{via}, not a file; name an HDF5 file")
+
+
 class ProfileStore:
     """An HDF5 profile store at ``path`` (created on the first write).
 
@@ -677,10 +701,9 @@ class ProfileStore:
         return self.path.exists()
 
     def _read(self) -> _Snapshot:
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
+        if not check_store_path(self.path):
             return _Snapshot(rows={}, figures={}, e2e=())
+        st = self.path.stat()
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if key == self._cache_key and self._cache is not None:
             return self._cache

@@ -21,11 +21,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ..errors import SystemFailure
+from ..spec import MAX_GPUS_PER_NODE, MAX_NODES
 from .local_cluster import parse_gres
 
 __all__ = ["GresItem", "SlurmNode", "SlurmPartition", "Reservation", "ClusterView", "NodeVerdict",
            "parse_records", "parse_nodes", "parse_partitions", "parse_reservations", "parse_cluster_name",
-           "parse_minutes", "parse_time", "expand_hostlist", "read_cluster"]
+           "parse_minutes", "parse_time", "expand_hostlist", "HostlistError", "read_cluster", "MAX_OUTPUT_BYTES"]
+
+#: The most a Slurm client's answer may hold. ``scontrol show node --oneliner`` prints about
+#: 1 KiB a node, so 64 MiB is some 60,000 nodes, past the largest clusters; a client that
+#: prints more (or never stops) is stopped there, exit 2, rather than filling memory.
+MAX_OUTPUT_BYTES = 64 * 2**20
+#: The most node names one node list may expand to (counted before expanding it).
+MAX_HOSTLIST_NAMES = MAX_NODES
 
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_]*)=")
 _NULL = ("", "(null)", "N/A", "n/a", "NONE", "None")
@@ -120,13 +128,22 @@ def parse_time(value: str | None) -> datetime | None:
         return None
 
 
+class HostlistError(SystemFailure, ValueError):
+    """A node list that is not Slurm's syntax, or names more nodes than :data:`MAX_HOSTLIST_NAMES`.
+    :func:`read_cluster` adds which client's answer held it."""
+
+
 def expand_hostlist(expr: str) -> tuple[str, ...]:
     """Slurm's hostlist syntax: ``gpu[001-003,7],login1`` -> ``gpu001 gpu002 gpu003 gpu7 login1``;
-    several bracket groups in one name expand as a product (``r[1-2]n[1-2]``)."""
+    several bracket groups in one name expand as a product (``r[1-2]n[1-2]``).
+
+    HostlistError for a range that is not numbers (``[x-y]``) or a list that would expand past
+    :data:`MAX_HOSTLIST_NAMES` names (counted first: ``n[0-99][0-99][0-99][0-99][0-99]`` is
+    refused without building its 10^10 names)."""
     expr = (expr or "").strip()
     if _null(expr):
         return ()
-    names: list[str] = []
+    words: list[str] = []
     depth, start = 0, 0
     for i, c in enumerate(expr + ","):
         if c == "[":
@@ -136,26 +153,64 @@ def expand_hostlist(expr: str) -> tuple[str, ...]:
         elif c == "," and depth == 0:
             word = expr[start:i].strip()
             if word:
-                names.extend(_expand_one(word))
+                words.append(word)
             start = i + 1
+    total = 0
+    for word in words:
+        total += _count_one(word, expr)
+        if total > MAX_HOSTLIST_NAMES:
+            raise HostlistError(f"node list {_short(expr)} names more than {MAX_HOSTLIST_NAMES:,} nodes")
+    names: list[str] = []
+    for word in words:
+        names.extend(_expand_one(word, expr))
     return tuple(dict.fromkeys(names))
 
 
-def _expand_one(word: str) -> list[str]:
+def _short(expr: str) -> str:
+    return repr(expr if len(expr) <= 80 else expr[:77] + "...")
+
+
+def _ranges(group: str, expr: str) -> list[tuple[str, int, int] | str]:
+    """The parts of one bracket group: ``(first, lo, hi)`` for a range, the text otherwise."""
+    out: list[tuple[str, int, int] | str] = []
+    for part in group.split(","):
+        part = part.strip()
+        if "-" in part:
+            a, _, b = part.partition("-")
+            if not (a.isdigit() and b.isdigit()) or len(a) > 18 or len(b) > 18:
+                raise HostlistError(f"node list {_short(expr)}: {part!r} is not a range of numbers")
+            lo, hi = int(a), int(b)
+            if hi < lo:
+                raise HostlistError(f"node list {_short(expr)}: the range {part!r} runs backwards")
+            out.append((a, lo, hi))
+        elif part:
+            out.append(part)
+    return out
+
+
+def _count_one(word: str, expr: str) -> int:
+    n = 1
+    for group in re.findall(r"\[([^\]]*)\]", word):
+        n *= sum(p[2] - p[1] + 1 if isinstance(p, tuple) else 1 for p in _ranges(group, expr))
+        if n > MAX_HOSTLIST_NAMES:
+            return n
+    return n
+
+
+def _expand_one(word: str, expr: str) -> list[str]:
     m = re.search(r"\[([^\]]*)\]", word)
     if m is None:
         return [word]
     head, tail = word[:m.start()], word[m.end():]
     out = []
-    for part in m.group(1).split(","):
-        part = part.strip()
-        if "-" in part:
-            a, _, b = part.partition("-")
+    for part in _ranges(m.group(1), expr):
+        if isinstance(part, tuple):
+            a, lo, hi = part
             width = len(a) if a.startswith("0") else 0
-            for k in range(int(a), int(b) + 1):
-                out.extend(_expand_one(f"{head}{k:0{width}d}{tail}"))
-        elif part:
-            out.extend(_expand_one(f"{head}{part}{tail}"))
+            for k in range(lo, hi + 1):
+                out.extend(_expand_one(f"{head}{k:0{width}d}{tail}", expr))
+        else:
+            out.extend(_expand_one(f"{head}{part}{tail}", expr))
     return out
 
 
@@ -214,6 +269,8 @@ class SlurmNode:
     gres: tuple[GresItem, ...] = ()
     features: tuple[str, ...] = ()
     reason: str = ""
+    #: ``gpu`` GRES items whose count is not a whole number up to MAX_GPUS_PER_NODE, as Slurm printed them
+    bad_gpus: tuple[str, ...] = ()
 
     @property
     def gpus(self) -> tuple[GresItem, ...]:
@@ -267,12 +324,17 @@ def parse_nodes(text: str) -> tuple[SlurmNode, ...]:
     out = []
     for r in parse_records(text, "NodeName"):
         state, flags = _state(r.get("State", ""))
-        gres = tuple(g for g in (GresItem.parse(i) for i in parse_gres(r.get("Gres", ""))) if g is not None)
+        items = parse_gres(r.get("Gres", ""))
+        parsed = [GresItem.parse(i) for i in items]
+        bad = tuple(i for i, g in zip(items, parsed) if i.split(":")[0] == "gpu" and
+                    (g is None or g.count > MAX_GPUS_PER_NODE))
+        gres = tuple(g for i, g in zip(items, parsed) if g is not None and i not in bad)
         cpus = _int(r.get("CPUEfctv"), 0) or _int(r.get("CPUTot"), 0)
         out.append(SlurmNode(
             name=r["NodeName"], partitions=_words(r.get("Partitions")), state=state, flags=flags, cpus=cpus,
             real_memory_mib=_int(r.get("RealMemory"), 0), gres=gres,
-            features=_words(r.get("AvailableFeatures")), reason="" if _null(r.get("Reason")) else r["Reason"]))
+            features=_words(r.get("AvailableFeatures")), reason="" if _null(r.get("Reason")) else r["Reason"],
+            bad_gpus=bad))
     return tuple(out)
 
 
@@ -391,31 +453,83 @@ class ClusterView:
         return tuple(n for n, v in self.verdicts(partition) if v.usable)
 
 
+def _bounded_run(argv: list[str], timeout_s: float, cap_bytes: int) -> tuple[int, bytes, bytes]:
+    """Run ``argv``; its exit status, stdout and stderr, each read up to ``cap_bytes``.
+    SystemFailure (the process killed) when it prints more or outlives ``timeout_s``."""
+    import os
+    import selectors
+    import time
+
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    name = " ".join(os.path.basename(argv[0]).split() + argv[1:])
+    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    deadline = time.monotonic() + timeout_s
+    try:
+        with selectors.DefaultSelector() as sel:
+            for f in bufs:
+                sel.register(f, selectors.EVENT_READ)
+            while sel.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SystemFailure(f"{name} did not answer within {timeout_s:g} s (is slurmctld running?)")
+                for key, _ in sel.select(timeout=left):
+                    chunk = os.read(key.fd, 1 << 16)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        continue
+                    buf = bufs[key.fileobj]
+                    buf += chunk
+                    if len(buf) > cap_bytes:
+                        raise SystemFailure(f"{name} printed more than {cap_bytes / 2**20:g} MiB; stopped reading "
+                                            "it (a Slurm client answers far less)")
+        left = max(0.1, deadline - time.monotonic())
+        try:
+            rc = proc.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            raise SystemFailure(f"{name} did not exit within {timeout_s:g} s") from None
+        return rc, bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for f in bufs:
+            f.close()
+
+
 def _scontrol(args: list[str], timeout_s: float) -> str:
     exe = shutil.which("scontrol")
     if exe is None:
         raise SystemFailure("scontrol is not on PATH: reading the cluster needs Slurm's client commands")
     try:
-        r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout_s,
-                           stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
-        raise SystemFailure(f"scontrol {' '.join(args)} did not answer within {timeout_s:g} s "
-                            "(is slurmctld running?)") from None
+        rc, out, err = _bounded_run([exe, *args], timeout_s, MAX_OUTPUT_BYTES)
     except OSError as e:
         raise SystemFailure(f"could not run scontrol: {e}") from None
-    if r.returncode != 0:
-        raise SystemFailure(f"scontrol {' '.join(args)} failed (exit {r.returncode}): "
-                            f"{(r.stderr or r.stdout).strip()}")
-    return r.stdout
+    # Slurm passes node Reasons and comments through as the admin typed them (Latin-1
+    # and all): a byte that is not UTF-8 becomes U+FFFD rather than a failure
+    stdout, stderr = out.decode("utf-8", errors="replace"), err.decode("utf-8", errors="replace")
+    if rc != 0:
+        raise SystemFailure(f"scontrol {' '.join(args)} failed (exit {rc}): {(stderr or stdout).strip()[:2000]}")
+    return stdout
+
+
+def _read(parse, args: list[str], timeout_s: float):
+    """``parse`` of ``scontrol ARGS``'s answer; a node list in it that cannot be read names
+    the command it came from."""
+    text = _scontrol(args, timeout_s)
+    try:
+        return parse(text)
+    except HostlistError as e:
+        raise SystemFailure(f"{e} (in the answer of scontrol {' '.join(args)})") from None
 
 
 def read_cluster(*, timeout_s: float = 20.0) -> ClusterView:
     """Ask Slurm (``scontrol``) for its partitions, nodes, reservations and cluster name.
-    SystemFailure (exit 2) when the client is missing, fails or does not answer."""
+    SystemFailure (exit 2) when the client is missing, fails, does not answer, answers more
+    than :data:`MAX_OUTPUT_BYTES` or with a node list that cannot be read."""
     read_at = datetime.now().astimezone()
-    nodes = parse_nodes(_scontrol(["show", "node", "--oneliner"], timeout_s))
-    parts = parse_partitions(_scontrol(["show", "partition", "--oneliner"], timeout_s))
-    res = parse_reservations(_scontrol(["show", "reservation", "--oneliner"], timeout_s))
+    nodes = _read(parse_nodes, ["show", "node", "--oneliner"], timeout_s)
+    parts = _read(parse_partitions, ["show", "partition", "--oneliner"], timeout_s)
+    res = _read(parse_reservations, ["show", "reservation", "--oneliner"], timeout_s)
     name = parse_cluster_name(_scontrol(["show", "config"], timeout_s)) or "slurm"
     if not parts:
         raise SystemFailure("scontrol show partition lists no partitions")

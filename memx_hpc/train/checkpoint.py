@@ -24,9 +24,14 @@ from argparse import Namespace
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import SystemFailure
+
 __all__ = ["TRACKER", "checkpoint_dir", "read_tracker", "CheckpointInfo", "read_info", "save", "load"]
 
 TRACKER = "latest_checkpointed_iteration.txt"
+# Megatron-LM writes the iteration as decimal digits (or "release"); 20 digits hold any
+# int64, and a little room is left for surrounding whitespace
+_TRACKER_MAX_BYTES = 32
 
 
 def checkpoint_dir(base: str, iteration: int) -> str:
@@ -39,10 +44,19 @@ def read_tracker(base: str) -> int | None:
     path = os.path.join(base, TRACKER)
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        text = f.read().strip()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_TRACKER_MAX_BYTES + 1)  # never more: the file is one number
+    except OSError as e:
+        raise SystemFailure(f"{path}: cannot read the checkpoint tracker: {e.strerror or e}") from None
+    text = raw.decode("ascii", errors="replace").strip()
     if text == "release":
         return 0
+    if len(raw) > _TRACKER_MAX_BYTES or not text.isdigit():
+        shown = text[:40] + ("..." if len(text) > 40 else "")
+        raise SystemFailure(f"{path}: the checkpoint tracker holds no iteration number (found {shown!r}"
+                            f"{', and it is over ' + str(_TRACKER_MAX_BYTES) + ' bytes' if len(raw) > _TRACKER_MAX_BYTES else ''}); "
+                            "it is damaged or not Megatron-LM's")
     return int(text)
 
 

@@ -55,6 +55,40 @@ class LocalTokenizer:
         return {"class": self.kind, "vocab_size": self.vocab_size, "eod": self.eod}
 
 
+#: The largest tokenizer file read (the largest published tokenizer.json files are ~20 MB)
+MAX_TOKENIZER_FILE_BYTES = 256 * 2**20
+
+
+def _read_text(path: str, field: str, what: str) -> str:
+    """The UTF-8 text of a tokenizer file, read no further than :data:`MAX_TOKENIZER_FILE_BYTES`;
+    SpecError naming the file otherwise."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TOKENIZER_FILE_BYTES + 1)
+    except OSError as e:
+        raise SpecError(f"cannot read {what}: {e.strerror or e}", field=field, found=path) from None
+    if len(raw) > MAX_TOKENIZER_FILE_BYTES:
+        raise SpecError(f"{what} is over {MAX_TOKENIZER_FILE_BYTES // 2**20} MiB: not a tokenizer file", field=field,
+                        found=path)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{what} is not UTF-8 text ({e.reason} at byte {e.start})", field=field,
+                        found=path) from None
+
+
+def _read_json_object(path: str, field: str, what: str) -> dict:
+    """A tokenizer JSON file that must hold an object; SpecError naming the file otherwise."""
+    text = _read_text(path, field, what)
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise SpecError(f"{what} is not JSON ({e})", field=field, found=path) from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{what} should hold a JSON object, not a {type(data).__name__}", field=field, found=path)
+    return data
+
+
 def _need(value: str | None, field: str, what: str) -> str:
     if not value:
         raise SpecError(f"this tokenizer needs {what}", field=field)
@@ -98,6 +132,7 @@ def _huggingface(path: str) -> LocalTokenizer:
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise SpecError("the folder holds no tokenizer.json", field="tokenizer.model", found=path)
+    _read_json_object(file, "tokenizer.model", "the Hugging Face tokenizer.json")
     try:
         tok = tokenizers.Tokenizer.from_file(file)
     except Exception as e:  # noqa: BLE001 - the library's parse error, named with the file
@@ -106,8 +141,7 @@ def _huggingface(path: str) -> LocalTokenizer:
     eos = None
     config = os.path.join(folder, "tokenizer_config.json")
     if os.path.isfile(config):
-        with open(config, encoding="utf-8") as f:
-            c = json.load(f)
+        c = _read_json_object(config, "tokenizer.model", "tokenizer_config.json")
         e = c.get("eos_token")
         eos = e.get("content") if isinstance(e, dict) else e
     if eos is None:
@@ -124,16 +158,23 @@ def _gpt2(vocab_file: str, merge_file: str) -> LocalTokenizer:
     tokenizers = _import("tokenizers", "memx-hpc[data]")
     from tokenizers import decoders, models, pre_tokenizers
 
+    encoder = _read_json_object(vocab_file, "tokenizer.vocab_file", "GPT-2's vocab.json")
+    if not all(isinstance(v, int) for v in encoder.values()):
+        raise SpecError("GPT-2's vocab.json should map each token to its id (a whole number)",
+                        field="tokenizer.vocab_file", found=vocab_file)
+    for n, line in enumerate(_read_text(merge_file, "tokenizer.merge_file", "GPT-2's merges.txt").splitlines(), 1):
+        if line.strip() and not line.startswith("#version") and len(line.split()) != 2:
+            raise SpecError(f"line {n} of GPT-2's merges.txt is not two tokens ({line[:60]!r})",
+                            field="tokenizer.merge_file", found=merge_file)
     try:
         bpe = models.BPE.from_file(vocab_file, merge_file)
-    except Exception as e:  # noqa: BLE001
-        raise SpecError(f"not GPT-2 BPE files: {e}", field="tokenizer.vocab_file", found=vocab_file) from None
+    except Exception as e:  # noqa: BLE001 - both files read as JSON and pairs above: the merges name unknown tokens
+        raise SpecError(f"GPT-2's merges.txt does not fit vocab.json {vocab_file}: {e}", field="tokenizer.merge_file",
+                        found=merge_file) from None
     tok = tokenizers.Tokenizer(bpe)
     # GPT-2's byte-to-unicode map and pre-tokenising regex (gpt2_tokenization.py's pattern)
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    with open(vocab_file, encoding="utf-8") as f:
-        encoder = json.load(f)
     if "<|endoftext|>" not in encoder:
         raise SpecError("GPT-2's vocabulary has no <|endoftext|> token", field="tokenizer.vocab_file",
                         found=vocab_file)

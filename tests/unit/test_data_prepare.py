@@ -128,3 +128,107 @@ def test_missing_or_remote_tokenizers_are_user_errors(tmp_path: Path, capsys: py
                "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(hf_tokenizer(tmp_path))])
     err = capsys.readouterr().err
     assert rc == 1 and "line 2" in err and "bad.jsonl" in err
+
+
+# --------------------------------------------------------------------------- nothing a user owns is lost
+
+
+def _prepare(tmp: Path, tok: Path, src: Path, *extra: str) -> int:
+    return main(["data", "prepare", "--input", str(src), "--output-prefix", str(tmp / "out" / "corpus"),
+                 "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tok), *extra])
+
+
+def _dataset(tmp: Path) -> dict[str, bytes]:
+    out = tmp / "out"
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.suffix in (".bin", ".idx")}
+
+
+def test_a_failure_mid_way_leaves_the_existing_dataset_whole(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    tok = hf_tokenizer(tmp_path)
+    assert _prepare(tmp_path, tok, corpus(tmp_path)) == 0
+    before = _dataset(tmp_path)
+    assert set(before) == {"corpus_text_document.bin", "corpus_text_document.idx"}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(30)) + "not json\n")
+    capsys.readouterr()
+    assert _prepare(tmp_path, tok, bad, "--overwrite") == 1
+    assert "line 31" in capsys.readouterr().err
+    assert _dataset(tmp_path) == before  # no temporary left, the old pair untouched
+
+
+def test_an_existing_dataset_is_replaced_only_with_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    tok = hf_tokenizer(tmp_path)
+    assert _prepare(tmp_path, tok, corpus(tmp_path, n=40)) == 0
+    before = _dataset(tmp_path)
+    capsys.readouterr()
+    assert _prepare(tmp_path, tok, corpus(tmp_path, n=7)) == 1
+    err = capsys.readouterr().err
+    assert "--overwrite" in err and "corpus_text_document" in err and "Traceback" not in err
+    assert _dataset(tmp_path) == before
+    assert _prepare(tmp_path, tok, corpus(tmp_path, n=7), "--overwrite") == 0
+    assert len(IndexedDataset(str(tmp_path / "out" / "corpus_text_document"))) == 7  # replaced whole
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "corpus_text_document.bin", "corpus_text_document.idx", "corpus_text_document.lock"]
+
+
+def test_a_second_prepare_into_one_prefix_is_refused_at_once(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    import fcntl
+    import os
+
+    tok = hf_tokenizer(tmp_path)
+    (tmp_path / "out").mkdir()
+    lock = tmp_path / "out" / "corpus_text_document.lock"
+    with lock.open("w") as held:  # another prepare holds the prefix
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        capsys.readouterr()
+        assert _prepare(tmp_path, tok, corpus(tmp_path), "--overwrite") == 2
+    err = capsys.readouterr().err
+    assert str(lock) in err and "another data prepare" in err
+    assert not any(p.suffix in (".bin", ".idx") for p in (tmp_path / "out").iterdir())
+    # a temporary of a killed prepare (kill -9) is no dataset, and the next prepare removes it
+    stale = tmp_path / "out" / f".corpus_text_document.tmp-{os.getpid() + 99999}.bin"
+    stale.write_bytes(b"half")
+    assert _prepare(tmp_path, tok, corpus(tmp_path)) == 0
+    assert not stale.exists()
+
+
+def test_a_document_over_the_limit_is_named_without_reading_it_whole(tmp_path: Path, monkeypatch,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    from memx_hpc.train import prepare
+
+    monkeypatch.setattr(prepare, "MAX_DOCUMENT_BYTES", 64)
+    tok = hf_tokenizer(tmp_path)
+    src = tmp_path / "long.jsonl"
+    src.write_text(json.dumps({"text": "short"}) + "\n" + json.dumps({"text": "x" * 200}) + "\n")
+    assert _prepare(tmp_path, tok, src) == 1
+    err = capsys.readouterr().err
+    assert "long.jsonl: line 2" in err and "64 bytes" in err
+    text = tmp_path / "book.txt"
+    text.write_text("y" * 100)
+    assert _prepare(tmp_path, tok, text) == 1
+    assert "book.txt" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "corpus_text_document.bin").exists()
+
+
+def test_blank_text_files_are_no_documents(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    tok = hf_tokenizer(tmp_path)
+    (tmp_path / "empty.txt").write_text("")
+    assert _prepare(tmp_path, tok, tmp_path / "empty.txt") == 1
+    assert "holds no text" in capsys.readouterr().err
+
+
+def test_import_prints_no_megatron_warnings(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    tok = hf_tokenizer(tmp_path)
+    src = corpus(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "memx_hpc", "data", "prepare", "--input", str(src), "--output-prefix",
+                        str(tmp_path / "o" / "c"), "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                        str(tok)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    assert "Transformer Engine" not in r.stderr and "UserWarning" not in r.stderr

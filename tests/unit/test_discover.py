@@ -10,6 +10,7 @@ partition --oneliner`` and ``scontrol show reservation --oneliner``.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -245,3 +246,20 @@ def test_gpu_types_of_ones_own_are_written_into_the_site(tmp_path):
     site = load_site(path)
     assert site.gpu_of("pvc") == own
     assert parse_map(["xpu9000=XPU-9000"], (own,)) == {"xpu9000": "XPU-9000"}
+
+
+def test_hostlists_are_bounded_before_they_expand(monkeypatch):
+    from memx_hpc.slurm import discover as d
+
+    monkeypatch.setattr(d, "MAX_HOSTLIST_NAMES", 100)
+    assert len(expand_hostlist("n[1-100]")) == 100
+    for bad, words in (("n[1-101]", "more than 100"), ("n[0-9][0-9][0-9]", "more than 100"),
+                       ("a100n[x-y]", "'x-y'"), ("n[5-1]", "backwards")):
+        with pytest.raises(d.HostlistError, match=re.escape(words)):
+            expand_hostlist(bad)
+
+
+def test_impossible_gpu_counts_are_kept_aside_by_node():
+    line = text("nodes-idle.txt").splitlines()[0].replace("Gres=gpu:a100:2", "Gres=gpu:a100:10^20")
+    node = parse_nodes(line)[0]
+    assert node.gpus == () and node.bad_gpus == ("gpu:a100:10^20",)

@@ -723,3 +723,230 @@ def test_search_at_global_batch_65536_with_micro_batch_1_is_bounded(tmp_path: Pa
                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "out" / "latest" / "plan-01.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# data and outside reads: data prepare never loses an existing dataset; tokenizer files, the
+# checkpoint tracker, Slurm's answers, --json's stdout and render's paths are read or written
+# within bounds and named when wrong. Rows run with small limits (MAX_DOCUMENT_BYTES 4 KiB,
+# MAX_OUTPUT_BYTES 1 MiB) and with fake Slurm clients (scontrol, sinfo, sbatch) on PATH that
+# print the case folder's nodes.txt / partitions.txt.
+
+_HELD: list = []  # lock files a row holds open while memx-hpc runs
+
+
+def _tok(t: Path) -> str:
+    from test_data_prepare import hf_tokenizer
+
+    return str(hf_tokenizer(t))
+
+
+def _prep(t: Path, *inputs: str, prefix: str = "out/corpus", tok: str | None = None, extra: tuple = ()) -> list[str]:
+    args = ["data", "prepare", "--output-prefix", str(t / prefix), "--tokenizer-type", "HuggingFaceTokenizer",
+            "--tokenizer-model", tok or _tok(t), *extra]
+    for i in inputs:
+        args += ["--input", i]
+    return args
+
+
+def _with_dataset(t: Path) -> str:
+    """An existing dataset at out/corpus_text_document (its bytes kept in t/before.json); the tokenizer."""
+    from memx_hpc.train.prepare import prepare
+    from memx_hpc.train.tokenizer import load_tokenizer
+
+    tok = _tok(t)
+    src = w(t, "good.jsonl", "".join(json.dumps({"text": f"document {i} of the corpus"}) + "\n" for i in range(50)))
+    prepare([src], str(t / "out" / "corpus"), load_tokenizer("HuggingFaceTokenizer", model=tok))
+    (t / "before.json").write_text(json.dumps(_dataset_bytes(t)))
+    return tok
+
+
+def _dataset_bytes(t: Path) -> dict[str, str]:
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((t / "out").iterdir())
+            if p.suffix in (".bin", ".idx")}
+
+
+def dataset_unchanged(t: Path) -> None:
+    assert _dataset_bytes(t) == json.loads((t / "before.json").read_text())
+
+
+def _held_lock(t: Path) -> str:
+    import fcntl
+
+    f = (t / "out" / "corpus_text_document.lock").open("w")
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    _HELD.append(f)
+    return str(t / "out" / "corpus_text_document.lock")
+
+
+def _second_writer(t: Path) -> list[str]:
+    """A prepare into a prefix whose lock another prepare holds."""
+    tok = _with_dataset(t)
+    _held_lock(t)
+    return _prep(t, w(t, "new.jsonl", '{"text": "new"}\n'), tok=tok, extra=("--overwrite",))
+
+
+def _tracker(t: Path, text: str) -> str:
+    d = t / "ckpt"
+    d.mkdir()
+    (d / "latest_checkpointed_iteration.txt").write_text(text)
+    return str(d)
+
+
+def _slurm(t: Path, nodes: str | None = None, partitions: str | None = None) -> list[str]:
+    """``site discover --out -`` against the captured local cluster, with nodes/partitions text replaced."""
+    out = Path(__file__).parent / "slurm_output"
+    w(t, "nodes.txt", nodes if nodes is not None else (out / "nodes-idle.txt").read_text())
+    w(t, "partitions.txt", partitions if partitions is not None else (out / "partitions.txt").read_text())
+    return ["site", "discover", "--out", "-"]
+
+
+def _nodes_bytes(t: Path, old: bytes, new: bytes) -> list[str]:
+    raw = (Path(__file__).parent / "slurm_output" / "nodes-idle.txt").read_bytes().replace(old, new, 1)
+    argv = _slurm(t)
+    (t / "nodes.txt").write_bytes(raw)
+    return argv
+
+
+_FAKE_SCONTROL = """#!/bin/sh
+d=$(dirname "$0")/..
+case "$2" in
+  node) if [ -f "$d/endless" ]; then exec yes "NodeName=x State=IDLE"; fi; cat "$d/nodes.txt" ;;
+  partition) cat "$d/partitions.txt" ;;
+  reservation) echo "No reservations in the system" ;;
+  config) echo "ClusterName = fake" ;;
+esac
+"""
+
+
+def _fake_slurm(tmp: Path) -> str:
+    b = tmp / "fakebin"
+    b.mkdir()
+    for name, text in (("scontrol", _FAKE_SCONTROL), ("sinfo", "#!/bin/sh\necho debug\n"),
+                       ("sbatch", "#!/bin/sh\nexit 1\n")):
+        (b / name).write_text(text)
+        (b / name).chmod(0o755)
+    return str(b)
+
+
+def _plan5(t: Path) -> str:
+    return plan(t, json.dumps({**PLAN, "stages": [{"partition": "a", "num_layers": 5, "recompute": "none"}]}))
+
+
+def _bad_merges(t: Path) -> list[str]:
+    from test_data_prepare import gpt2_files
+
+    vocab, merges = gpt2_files(t)
+    merges.write_text("#version: 0.2\nthree tokens here\n")
+    return ["data", "prepare", "--input", w(t, "c.jsonl", '{"text": "hi"}\n'), "--output-prefix", str(t / "o"),
+            "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(vocab), "--merge-file", str(merges)]
+
+
+def _hf_file(t: Path, data: bytes) -> list[str]:
+    return _prep(t, w(t, "c.jsonl", '{"text": "hi"}\n'), tok=w(t, "tok.json", data))
+
+
+OUTSIDE_CASES = [
+    # ---------------------------------------------------------------- data prepare keeps what is there
+    Case("data-prepare-fails-on-line-2-keeps-the-dataset",
+         lambda t: _prep(t, w(t, "bad.jsonl", '{"text": "ok"}\nnot json\n'), tok=_with_dataset(t),
+                         extra=("--overwrite",)), 1, ("bad.jsonl", "line 2"), check=dataset_unchanged),
+    Case("data-prepare-needs-overwrite", lambda t: _prep(t, w(t, "new.jsonl", '{"text": "new"}\n'),
+                                                         tok=_with_dataset(t)),
+         1, ("{tmp}/out/corpus_text_document", "--overwrite"), check=dataset_unchanged),
+    Case("data-prepare-second-writer-refused", lambda t: _second_writer(t),
+         2, ("{tmp}/out/corpus_text_document.lock", "another data prepare"), check=dataset_unchanged),
+    Case("data-prepare-output-inside-input", lambda t: _prep(t, str((t / "corpus").mkdir() or t / "corpus"),
+                                                             prefix="corpus/out/c"),
+         1, ("--output-prefix", "{tmp}/corpus", "inside the input folder")),
+    Case("data-prepare-empty-text-file", lambda t: _prep(t, w(t, "empty.txt", "")), 1,
+         ("empty.txt", "holds no text")),
+    Case("data-prepare-line-over-the-limit", lambda t: _prep(t, w(t, "long.jsonl", '{"text": "ok"}\n' + json.dumps(
+        {"text": "x" * 5000}) + "\n")), 1, ("long.jsonl", "line 2", "4,096 bytes")),
+    Case("data-prepare-text-file-over-the-limit", lambda t: _prep(t, w(t, "book.txt", "y" * 5000)), 1,
+         ("book.txt", "split it")),
+    # ---------------------------------------------------------------- tokenizer files
+    Case("tokenizer-not-json", lambda t: _hf_file(t, b"{not json"), 1, ("tokenizer.model", "tok.json", "not JSON")),
+    Case("tokenizer-a-json-list", lambda t: _hf_file(t, b"[1, 2]"), 1, ("tokenizer.model", "tok.json", "list")),
+    Case("tokenizer-latin-1", lambda t: _hf_file(t, '{"a": "caf\u00e9"}'.encode("latin-1")), 1,
+         ("tokenizer.model", "tok.json", "UTF-8")),
+    Case("tokenizer-bad-merges-named", _bad_merges, 1, ("tokenizer.merge_file", "merges.txt", "line 2")),
+    # ---------------------------------------------------------------- the checkpoint tracker
+    Case("tracker-a-kilobyte-of-digits", lambda t: ["render", "--site", site(t), "--job", job(t), "--no-test-only",
+                                                    "--plan", plan(t, json.dumps(PLAN)), "--resume",
+                                                    _tracker(t, "9" * 1024)],
+         1, ("--resume", "latest_checkpointed_iteration.txt", "no iteration number")),
+    Case("tracker-text", lambda t: ["render", "--site", site(t), "--job", job(t), "--no-test-only", "--plan",
+                                    plan(t, json.dumps(PLAN)), "--resume", _tracker(t, "twelve\n")],
+         1, ("--resume", "latest_checkpointed_iteration.txt", "twelve")),
+    # ---------------------------------------------------------------- Slurm's answers
+    Case("hostlist-10^10-nodes", lambda t: _slurm(t, partitions=(
+        Path(__file__).parent / "slurm_output" / "partitions.txt").read_text().replace(
+        "Nodes=a100n0 ", "Nodes=n[0-99][0-99][0-99][0-99][0-99] ", 1)),
+         2, ("n[0-99][0-99][0-99][0-99][0-99]", "more than 1,000,000", "scontrol show partition")),
+    Case("hostlist-letters-in-a-range", lambda t: _slurm(t, partitions=(
+        Path(__file__).parent / "slurm_output" / "partitions.txt").read_text().replace(
+        "Nodes=a100n0 ", "Nodes=a100n[x-y] ", 1)), 2, ("a100n[x-y]", "'x-y'", "scontrol show partition")),
+    Case("scontrol-never-stops", lambda t: (w(t, "endless", "") and _slurm(t)), 2,
+         ("scontrol show node --oneliner", "more than 1 MiB")),
+    Case("node-reason-latin-1", lambda t: _nodes_bytes(t, b"State=IDLE", b"State=IDLE+DRAIN Reason=caf\xe9"), 0,
+         ("nvidia_a100", "1 drained")),
+    Case("gres-count-10^20", lambda t: _nodes_bytes(t, b"Gres=gpu:a100:2", b"Gres=gpu:a100:" + b"1" + b"0" * 20), 0,
+         ("left out nvidia_a100", "node a100n0", "gpu:a100:1" + "0" * 20)),
+    # ---------------------------------------------------------------- render's paths and plan
+    Case("render-out-not-utf8", lambda t: ["render", "--site", site(t), "--job", job(t), "--no-test-only", "--plan",
+                                           plan(t, json.dumps(PLAN)), "--out",
+                                           str(t / os.fsdecode(b"bad\xff") / "x.sbatch")],
+         0, (), check=lambda t: (t / os.fsdecode(b"bad\xff") / "x.sbatch").is_file() or pytest.fail("not written")),
+    Case("render-resume-shell-unsafe", lambda t: ["render", "--site", site(t), "--job", job(t), "--no-test-only",
+                                                  "--plan", plan(t, json.dumps(PLAN)), "--resume",
+                                                  str((t / "ck$(touch x)").mkdir() or t / "ck$(touch x)")],
+         1, ("--resume", "not a plain path"), check=lambda t: not (t / "x").exists() or pytest.fail("ran")),
+    Case("render-plan-5-of-4-layers", lambda t: ["render", "--site", site(t), "--job", job(t), "--no-test-only",
+                                                 "--plan", _plan5(t)], 1, ("{tmp}/plan.json", "stages", "5 layers")),
+    # ---------------------------------------------------------------- the profile store
+    Case("store-links-to-dev-null-ls", lambda t: ["profile", "--store", link(t, "null.h5", "/dev/null"), "ls"], 2,
+         ("{tmp}/null.h5", "character device")),
+]
+
+
+@pytest.mark.parametrize("case", OUTSIDE_CASES, ids=[c.id for c in OUTSIDE_CASES])
+def test_outside_reads_and_data(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    from memx_hpc.slurm import discover
+    from memx_hpc.train import prepare
+
+    monkeypatch.setattr(prepare, "MAX_DOCUMENT_BYTES", 4096)
+    monkeypatch.setattr(discover, "MAX_OUTPUT_BYTES", 2**20)
+    monkeypatch.setenv("PATH", _fake_slurm(tmp_path) + os.pathsep + os.environ.get("PATH", ""))
+    try:
+        test_hostile_input_or_fault(case, tmp_path, capsys, monkeypatch)
+    finally:
+        while _HELD:
+            _HELD.pop().close()
+
+
+def test_json_into_a_closed_stdout_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setattr(sys, "stdout", None)
+    code = main(["validate", "--site", site(tmp_path), "--json"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and err.strip().splitlines() == [
+        "memx-hpc validate: error: standard output is closed: nowhere to print the --json report"]
+
+
+@pytest.mark.xfail(strict=True, reason="planner.py takes a store path that is not a regular file for 'no store' "
+                                       "(Path.is_file); it needs profile.store.check_store_path")
+@pytest.mark.parametrize("command", ["plan", "predict", "search"])
+def test_store_linked_to_dev_null_is_refused_by_planning(command: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    link(tmp_path, "store.h5", "/dev/null")
+    argv = {"plan": ["plan", "--no-profile", "--allow-datasheet", "--out", str(tmp_path / "out")],
+            "predict": ["predict", "--plan", plan(tmp_path, json.dumps(PLAN))],
+            "search": ["search", "--out", str(tmp_path / "out")]}[command]
+    code = main([*argv, "--site", site(tmp_path), "--job", job(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{tmp_path}/store.h5" in err and "Traceback" not in err

@@ -469,3 +469,20 @@ def test_a_schema_4_file_reads_as_dense_layers_and_keeps_its_hash(tmp_path):
     with h5py.File(path, "r") as f:
         assert int(f.attrs["schema_version"]) == SCHEMA_VERSION == 5 and "num_experts" in f["gpu/cpu-4g"]
     assert len(ProfileStore(path).samples()) == 4
+
+
+def test_a_store_path_that_is_no_file_is_named(tmp_path) -> None:
+    import pytest as _pytest
+
+    from memx_hpc.errors import SystemFailure
+    from memx_hpc.profile.store import check_store_path
+
+    assert check_store_path(tmp_path / "none.h5") is False
+    (tmp_path / "real.h5").write_bytes(b"")
+    assert check_store_path(tmp_path / "real.h5") is True
+    (tmp_path / "null.h5").symlink_to("/dev/null")
+    with _pytest.raises(SystemFailure, match="character device.*not a file"):
+        check_store_path(tmp_path / "null.h5")
+    (tmp_path / "gone.h5").symlink_to(tmp_path / "nowhere")
+    with _pytest.raises(SystemFailure, match="symbolic link to nothing"):
+        check_store_path(tmp_path / "gone.h5")
