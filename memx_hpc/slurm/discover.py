@@ -22,6 +22,7 @@ from datetime import datetime
 
 from ..errors import SystemFailure
 from ..spec import MAX_GPUS_PER_NODE, MAX_NODES
+from .bounded import bounded_run
 from .local_cluster import parse_gres
 
 __all__ = ["GresItem", "SlurmNode", "SlurmPartition", "Reservation", "ClusterView", "NodeVerdict",
@@ -453,55 +454,12 @@ class ClusterView:
         return tuple(n for n, v in self.verdicts(partition) if v.usable)
 
 
-def _bounded_run(argv: list[str], timeout_s: float, cap_bytes: int) -> tuple[int, bytes, bytes]:
-    """Run ``argv``; its exit status, stdout and stderr, each read up to ``cap_bytes``.
-    SystemFailure (the process killed) when it prints more or outlives ``timeout_s``."""
-    import os
-    import selectors
-    import time
-
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    name = " ".join(os.path.basename(argv[0]).split() + argv[1:])
-    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    deadline = time.monotonic() + timeout_s
-    try:
-        with selectors.DefaultSelector() as sel:
-            for f in bufs:
-                sel.register(f, selectors.EVENT_READ)
-            while sel.get_map():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise SystemFailure(f"{name} did not answer within {timeout_s:g} s (is slurmctld running?)")
-                for key, _ in sel.select(timeout=left):
-                    chunk = os.read(key.fd, 1 << 16)
-                    if not chunk:
-                        sel.unregister(key.fileobj)
-                        continue
-                    buf = bufs[key.fileobj]
-                    buf += chunk
-                    if len(buf) > cap_bytes:
-                        raise SystemFailure(f"{name} printed more than {cap_bytes / 2**20:g} MiB; stopped reading "
-                                            "it (a Slurm client answers far less)")
-        left = max(0.1, deadline - time.monotonic())
-        try:
-            rc = proc.wait(timeout=left)
-        except subprocess.TimeoutExpired:
-            raise SystemFailure(f"{name} did not exit within {timeout_s:g} s") from None
-        return rc, bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr])
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for f in bufs:
-            f.close()
-
-
 def _scontrol(args: list[str], timeout_s: float) -> str:
     exe = shutil.which("scontrol")
     if exe is None:
         raise SystemFailure("scontrol is not on PATH: reading the cluster needs Slurm's client commands")
     try:
-        rc, out, err = _bounded_run([exe, *args], timeout_s, MAX_OUTPUT_BYTES)
+        rc, out, err = bounded_run([exe, *args], timeout_s, MAX_OUTPUT_BYTES)
     except OSError as e:
         raise SystemFailure(f"could not run scontrol: {e}") from None
     # Slurm passes node Reasons and comments through as the admin typed them (Latin-1

@@ -16,6 +16,9 @@ import subprocess
 import time
 from typing import Any
 
+from ..errors import SystemFailure
+from .bounded import bounded_run
+
 __all__ = [
     "slurm_available",
     "partitions",
@@ -31,19 +34,19 @@ START_HINT = "start the local cluster with: scripts/slurm-local.sh start"
 _SEP = "\x1f"  # unit separator: never appears in partition, node or GRES names
 
 
+#: What a Slurm client here may print before it is stopped (an answer about a cluster is
+#: kilobytes; the bound keeps a broken client from running the caller out of memory).
+MAX_ANSWER_BYTES = 64 * 2**20
+
+
 def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str] | None:
-    """Runs a Slurm client; None when it is missing, hangs or cannot start."""
+    """Runs a Slurm client; None when it is missing, hangs, prints more than
+    :data:`MAX_ANSWER_BYTES` or cannot start (these helpers only ask whether Slurm answers)."""
     try:
-        return subprocess.run(
-            args,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        rc, out, err = bounded_run(args, timeout, MAX_ANSWER_BYTES)
+    except (OSError, SystemFailure):
         return None
+    return subprocess.CompletedProcess(args, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
 
 def slurm_available(timeout: float = 5.0) -> bool:

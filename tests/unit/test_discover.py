@@ -263,3 +263,14 @@ def test_impossible_gpu_counts_are_kept_aside_by_node():
     line = text("nodes-idle.txt").splitlines()[0].replace("Gres=gpu:a100:2", "Gres=gpu:a100:10^20")
     node = parse_nodes(line)[0]
     assert node.gpus == () and node.bad_gpus == ("gpu:a100:10^20",)
+
+
+def test_local_cluster_helpers_stop_reading_a_client_that_never_stops(monkeypatch):
+    """sinfo/sacct answers are read with a bound: a client that prints without end reads as
+    "no answer" (None), without running the caller out of memory."""
+    from memx_hpc.slurm import local_cluster
+
+    monkeypatch.setattr(local_cluster, "MAX_ANSWER_BYTES", 2**16)
+    assert local_cluster._run(["yes"], 10.0) is None
+    ok = local_cluster._run(["printf", "a\\xe9b"], 10.0)  # Latin-1 bytes decode, replaced
+    assert ok is not None and ok.returncode == 0 and ok.stdout == "a\ufffdb"
