@@ -38,7 +38,7 @@ from .spec import Partition, Plan, Recompute, Site, Stage, TrainJob, check_plan_
 
 __all__ = ["ComponentPlacement", "Placement", "ProcessGroup", "GROUP_KINDS", "place", "place_groups",
            "group_fits", "node_shape", "PartitionFacts", "site_facts", "shared_recompute", "group_ranks",
-           "group_kinds", "comm_vendor", "tp_fits_nodes", "tp_spans_nodes"]
+           "group_kinds", "comm_vendor", "tp_placeable", "tp_spans_nodes"]
 
 #: The process groups megatron-core communicates over in a dense GPT without context
 #: parallel, in the order every rank creates them: ``tp``, ``dp``, ``pp``, ``mp`` (tp x pp),
@@ -55,7 +55,7 @@ def node_shape(partition: Partition, ranks: int, tp: int) -> tuple[int, int] | s
     the reason it cannot run there (a string). Its node count is not compared with the
     partition's here: components on one partition add up (see :func:`place`)."""
     gpn = partition.gpus_per_node
-    if tp > gpn and tp % gpn:
+    if not tp_placeable(partition, tp):
         return (f"tensor-parallel size {tp} exceeds the {gpn} GPUs per node of partition {partition.name} and is "
                 f"not a multiple of it: a TP group either stays inside a node or spans whole nodes")
     nodes = math.ceil(ranks / gpn)
@@ -71,11 +71,14 @@ def node_shape(partition: Partition, ranks: int, tp: int) -> tuple[int, int] | s
     return nodes, per_node
 
 
-def tp_fits_nodes(partition: Partition, tp: int) -> bool:
-    """Whether a TP group of ``tp`` can run on ``partition`` at all: inside one node, or over
-    whole nodes (``tp`` a multiple of its GPUs per node)."""
+def tp_placeable(partition: Partition, tp: int, *, across_nodes: bool = True) -> bool:
+    """Whether a TP group of ``tp`` can run on ``partition`` at all: inside one node (``tp`` at
+    most its GPUs per node, which need not be a multiple of ``tp``: 6 GPUs a node hold one TP 4
+    group, see :func:`node_shape`), or, where ``across_nodes``, over whole nodes (``tp`` a
+    multiple of its GPUs per node). The one statement of the TP rule: :func:`node_shape`, the
+    search space and its explanations all ask it."""
     gpn = partition.gpus_per_node
-    return tp <= gpn or tp % gpn == 0
+    return tp <= gpn or (across_nodes and tp % gpn == 0)
 
 
 def tp_spans_nodes(partition: Partition, tp: int) -> bool:

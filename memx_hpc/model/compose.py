@@ -1047,6 +1047,152 @@ class _Replica:
     sync_tp: int | None = None  # TP whose shard size the DP synchronisation moves (None: tp)
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Composing:
+    """What the composition of every replica of one plan reads (see :func:`_predict_from`)."""
+
+    site: Site
+    job: TrainJob
+    micro_batch_size: int
+    pp: int
+    microbatches: tuple[int, ...]  # per stage: its micro-batches per iteration
+    most_microbatches: int
+    dp_per_stage: tuple[int, ...]
+    cp: int
+    virtual_stages: int
+    options: CostOptions
+    overhead_of: object
+    memory_scale: object
+    sync_of: object
+    state_of: object
+
+
+def _microbatches(job: TrainJob, mbs: int, dp_per_stage: Sequence[int]) -> list[int]:
+    """Each stage's micro-batches per iteration; SpecError where its replicas do not divide the batch."""
+    gbs = job.global_batch_size
+    ms = []
+    for i, d in enumerate(dp_per_stage):
+        if gbs % (mbs * d):
+            raise SpecError(f"global_batch_size {gbs} is not a multiple of micro_batch_size x replicas "
+                            f"({mbs} x {d}) of stage {i}", field=f"stages[{i}].replicas", found=d)
+        ms.append(gbs // (mbs * d))
+    return ms
+
+
+_ROW_QUERIES = (("base", "layer", None), ("full", "layer", "full"), ("none", "layer", "none"),
+                ("emb", "embedding", "none"), ("head", "head", "none"))
+
+
+def _replica_values(job: TrainJob, stages, mbs: int, sequence_parallel: bool, model_predict,
+                    host_us: float) -> list[dict[str, np.ndarray]]:
+    """Per replica in stage order, the predicted (time, memory) of its base, fully recomputed
+    and plain layers, its embedding and its head, predicted in one call."""
+    queries: list[LayerQuery] = []
+    rows = []
+    for n, base, k, reps in stages:
+        for r in reps:
+            sp = sequence_parallel and r.tp > 1
+            row = {}
+            for name, kind, mode in _ROW_QUERIES:
+                row[name] = len(queries)
+                queries.append(layer_query(job, r.gpu_type, kind=kind, tp=r.tp, micro_batch_size=mbs,
+                                           recompute=base if mode is None else mode, sequence_parallel=sp))
+            rows.append(row)
+    vals = activations_as_run(job, queries, host_bound(
+        queries, np.asarray(model_predict(queries), dtype=np.float64).reshape(len(queries), 2), host_us))
+    return [{name: vals[q] for name, q in row.items()} for row in rows]
+
+
+def _replica_times(c: _Composing, i: int, n: int, base: str, kk: int, v, x: StageExtras,
+                   tpx: float) -> tuple[float, float]:
+    """(forward, forward + backward) ms of a replica of stage ``i`` per iteration's share
+    (``tpx``: its TP collective's inter-node ms, 0 inside a node)."""
+    first, last = i == 0, i == c.pp - 1
+    (tb, _), (tf, _), (te, _), (th, _) = v["base"], v["full"], v["emb"], v["head"]
+    u_base, u_full, u_emb, u_head = TP_COLLECTIVE_UNITS
+    tb, tf, te, th = tb + u_base * tpx, tf + u_full * tpx, te + u_emb * tpx, th + u_head * tpx
+    nb = n - kk
+    ls, es = x.layer_scale, x.ends_scale
+    fwd, total = stage_time_ms(kk, nb, tf * ls, tb * ls, forward_fraction(base), first, last, te * es, th * es)
+    fwd, total = fwd + n * x.extra_fwd_ms, total + n * (x.extra_fwd_ms + x.extra_bwd_ms) + kk * x.extra_fwd_ms
+    # the stage's share of micro-batches differs from m when its replica count does
+    scale = c.microbatches[i] / c.most_microbatches
+    return fwd * scale, total * scale
+
+
+def _replica_state(c: _Composing, i: int, n: int, r: _Replica) -> tuple[float, float, float]:
+    """``(params, expert params, state bytes)`` of replica ``r`` of stage ``i``: the caller's
+    ``state_of``, else the dense rule."""
+    first, last, job, p = i == 0, i == c.pp - 1, c.job, c.pp
+    if c.state_of is not None:
+        return c.state_of(i, n, first, last, r.tp)
+    params = analytic.stage_params(job.model, n, first=first, last=last, tp=r.tp, pp=p)
+    state = analytic.state_bytes(params, precision=job.precision, optimizer=job.optimizer,
+                                 distributed_optimizer=job.distributed_optimizer, dp=c.dp_per_stage[i],
+                                 grad_reduce_in_fp32=job.grad_reduce_in_fp32)
+    if job.fp8:
+        state += float(fp8_state_bytes(job, params - analytic.stage_params(
+            job.model, 0, first=first, last=last, tp=r.tp, pp=p)))
+    return params, 0, state
+
+
+def _replica_prediction(c: _Composing, i: int, ri: int, stage, r: _Replica, v, x: StageExtras,
+                        tpx: float) -> dict:
+    """One replica's stage prediction (the fields of :class:`StagePrediction`, its unrounded
+    peak and time, and ``send_ms`` still 0: the pipeline sets it)."""
+    n, base, kk, _ = stage
+    job, site, p, mbs = c.job, c.site, c.pp, c.micro_batch_size
+    first, last = i == 0, i == p - 1
+    (_, ab), (_, af), (_, an), (_, ae), (_, ah) = v["base"], v["full"], v["none"], v["emb"], v["head"]
+    fwd, total = _replica_times(c, i, n, base, kk, v, x, tpx)
+    act, transient = stage_activation_bytes(kk, n - kk, af, ab, an, first, last, ae, ah,
+                                            logits_transient_bytes(job, r.tp, mbs))
+    act, transient = float(act) * x.act_scale, float(transient) * x.act_scale
+    head = float(last * ah) * x.act_scale
+    heads = float(in_flight_heads(p, i, c.microbatches[i], c.virtual_stages)) if last else 1.0
+    params, experts, state = _replica_state(c, i, n, r)
+    units = float(in_flight_units(p, i, c.microbatches[i], c.virtual_stages))
+    over = int(c.overhead_of(r.gpu_type))
+    scale = float(c.memory_scale(r.gpu_type)) if c.memory_scale else 1.0
+    peak = float(stage_peak_bytes(state, units, act, transient, scale, over, head, heads))
+    sync_params = params if r.sync_tp in (None, r.tp) else analytic.stage_params(
+        job.model, n, first=first, last=last, tp=r.sync_tp, pp=p)
+    synced = c.sync_of(i, float(sync_params), float(experts)) if experts else c.sync_of(i, float(sync_params))
+    sync = float(exposed_sync_ms(synced, total - fwd, c.options))
+    opt = analytic.optimizer_step_ms(params, site.gpu(r.gpu_type), precision=job.precision,
+                                     optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer,
+                                     dp=c.dp_per_stage[i] * c.cp)
+    return dict(stage=i, replica=ri, partition=r.partition, gpu_type=r.gpu_type, tp=r.tp, num_layers=n,
+                recompute=Recompute.of_layers(base, kk, n), forward_ms=float(fwd), backward_ms=float(total - fwd),
+                in_flight=int(math.ceil(units - 1e-9)),
+                activation_bytes=int(round(held_activation_bytes(units, act, transient, head, heads))),
+                state_bytes=int(state), overhead_bytes=over, peak_bytes=int(round(peak)),
+                capacity_bytes=site.gpu(r.gpu_type).capacity_bytes, send_ms=0.0, grad_sync_ms=float(sync),
+                optimizer_ms=float(opt), peak_float=float(peak), total=float(total))
+
+
+def _finish_stages(site: Site, per: list[dict], fin, link_ms: Sequence[float], tied: float, p: int,
+                   limit: float) -> tuple[list[StagePrediction], list[float], bool, str]:
+    """Each replica's finish (pipeline end, gradient sync, optimizer step, tied embedding) and
+    memory check: ``(stage predictions, utilisations, feasible, the first reason it is not)``."""
+    feasible, reason = True, ""
+    out = []
+    utils: list[float] = []  # from the unrounded peaks, as the vectorised path computes them
+    for d in per:
+        i = d["stage"]
+        end = fin[i] + d["grad_sync_ms"] + d["optimizer_ms"] + (tied if i in (0, p - 1) else 0.0)
+        d["send_ms"] = float(link_ms[i]) if i < p - 1 else 0.0
+        d["finish_ms"] = float(end)
+        if feasible and not fits(d["peak_float"], d["capacity_bytes"], site):
+            feasible = False
+            reason = (f"stage {i} ({d['gpu_type']}) needs {d['peak_float'] / 2**30:.2f} GiB, above "
+                      f"{limit:.0%} of its {d['capacity_bytes'] / 2**30:.2f} GiB")
+        utils.append(d.pop("peak_float") / d["capacity_bytes"])
+        d.pop("total")
+        out.append(StagePrediction(**d))
+    return out, utils, feasible, reason
+
+
 def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micro_batch_size: int,
                   stages: Sequence[tuple[int, str, int | None, Sequence[_Replica]]], dp_per_stage: Sequence[int],
                   link_ms: Sequence[float], sync_of, tied_ms: float, sequence_parallel: bool,
@@ -1063,115 +1209,35 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
     p = len(stages)
     mbs = micro_batch_size
     gbs = job.global_batch_size
-    ms = []
-    for i, d in enumerate(dp_per_stage):
-        if gbs % (mbs * d):
-            raise SpecError(f"global_batch_size {gbs} is not a multiple of micro_batch_size x replicas "
-                            f"({mbs} x {d}) of stage {i}", field=f"stages[{i}].replicas", found=d)
-        ms.append(gbs // (mbs * d))
+    ms = _microbatches(job, mbs, dp_per_stage)
     m = max(ms)
-    queries: list[LayerQuery] = []
-    rows = []
-    for i, (n, base, k, reps) in enumerate(stages):
-        for r in reps:
-            sp = sequence_parallel and r.tp > 1
-            row = {}
-            for name, kind, mode in (("base", "layer", base), ("full", "layer", "full"), ("none", "layer", "none"),
-                                     ("emb", "embedding", "none"), ("head", "head", "none")):
-                row[name] = len(queries)
-                queries.append(layer_query(job, r.gpu_type, kind=kind, tp=r.tp, micro_batch_size=mbs,
-                                           recompute=mode, sequence_parallel=sp))
-            rows.append(row)
-    vals = activations_as_run(job, queries, host_bound(
-        queries, np.asarray(model_predict(queries), dtype=np.float64).reshape(len(queries), 2), host_us))
+    values = iter(_replica_values(job, stages, mbs, sequence_parallel, model_predict, host_us))
+    c = _Composing(site=site, job=job, micro_batch_size=mbs, pp=p, microbatches=tuple(ms), most_microbatches=m,
+                   dp_per_stage=tuple(dp_per_stage), cp=cp, virtual_stages=virtual_stages, options=options,
+                   overhead_of=overhead_of, memory_scale=memory_scale, sync_of=sync_of, state_of=state_of)
     limit = _limit(site)
     per: list[dict] = []
-    j = 0
     fwd_stage, bwd_stage = [], []
-    for i, (n, base, kk, reps) in enumerate(stages):
-        first, last = i == 0, i == p - 1
+    for i, stage in enumerate(stages):
         best = None
-        for ri, r in enumerate(reps):
-            row = rows[j]
-            j += 1
-            tb, ab = vals[row["base"]]
-            tf, af = vals[row["full"]]
-            tn, an = vals[row["none"]]
-            te, ae = vals[row["emb"]]
-            th, ah = vals[row["head"]]
-            tpx = tp_internode_ms(links, job, partition=r.partition, gpu_type=r.gpu_type, tp=r.tp,
-                                  micro_batch_size=mbs) if links is not None else 0.0
-            u_base, u_full, u_emb, u_head = TP_COLLECTIVE_UNITS
-            tb, tf, te, th = tb + u_base * tpx, tf + u_full * tpx, te + u_emb * tpx, th + u_head * tpx
-            nb = n - kk
+        for ri, r in enumerate(stage[3]):
+            v = next(values)
+            tn = v["none"][0]
             x = extras[i] if extras is not None else (
                 extras_of(i, float(tn) * forward_fraction("none")) if callable(extras_of) else StageExtras())
-            ls, es = x.layer_scale, x.ends_scale
-            fwd, total = stage_time_ms(kk, nb, tf * ls, tb * ls, forward_fraction(base), first, last, te * es, th * es)
-            fwd, total = fwd + n * x.extra_fwd_ms, total + n * (x.extra_fwd_ms + x.extra_bwd_ms) + kk * x.extra_fwd_ms
-            # the stage's share of micro-batches differs from m when its replica count does
-            scale = ms[i] / m
-            fwd, total = fwd * scale, total * scale
-            act, transient = stage_activation_bytes(kk, nb, af, ab, an, first, last, ae, ah,
-                                                    logits_transient_bytes(job, r.tp, mbs))
-            act, transient = float(act) * x.act_scale, float(transient) * x.act_scale
-            head = float(last * ah) * x.act_scale
-            heads = float(in_flight_heads(p, i, ms[i], virtual_stages)) if last else 1.0
-            if state_of is not None:
-                params, experts, state = state_of(i, n, first, last, r.tp)
-            else:
-                params = analytic.stage_params(job.model, n, first=first, last=last, tp=r.tp, pp=p)
-                experts = 0
-                state = analytic.state_bytes(params, precision=job.precision, optimizer=job.optimizer,
-                                             distributed_optimizer=job.distributed_optimizer, dp=dp_per_stage[i],
-                                             grad_reduce_in_fp32=job.grad_reduce_in_fp32)
-                if job.fp8:
-                    state += float(fp8_state_bytes(job, params - analytic.stage_params(
-                        job.model, 0, first=first, last=last, tp=r.tp, pp=p)))
-            units = float(in_flight_units(p, i, ms[i], virtual_stages))
-            inflight = int(math.ceil(units - 1e-9))
-            over = int(overhead_of(r.gpu_type))
-            scale = float(memory_scale(r.gpu_type)) if memory_scale else 1.0
-            peak = float(stage_peak_bytes(state, units, act, transient, scale, over, head, heads))
-            cap = site.gpu(r.gpu_type).capacity_bytes
-            sync_params = params if r.sync_tp in (None, r.tp) else analytic.stage_params(
-                job.model, n, first=first, last=last, tp=r.sync_tp, pp=p)
-            synced = sync_of(i, float(sync_params), float(experts)) if experts else sync_of(i, float(sync_params))
-            sync = float(exposed_sync_ms(synced, total - fwd, options))
-            opt = analytic.optimizer_step_ms(params, site.gpu(r.gpu_type), precision=job.precision,
-                                             optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer,
-                                             dp=dp_per_stage[i] * cp)
-            recompute = Recompute.of_layers(base, kk, n)
-            d = dict(stage=i, replica=ri, partition=r.partition, gpu_type=r.gpu_type, tp=r.tp, num_layers=n,
-                     recompute=recompute, forward_ms=float(fwd), backward_ms=float(total - fwd), in_flight=inflight,
-                     activation_bytes=int(round(held_activation_bytes(units, act, transient, head, heads))), state_bytes=int(state),
-                     overhead_bytes=over, peak_bytes=int(round(peak)), capacity_bytes=cap,
-                     send_ms=0.0, grad_sync_ms=float(sync), optimizer_ms=float(opt), peak_float=float(peak),
-                     total=float(total))
+            tpx = tp_internode_ms(links, job, partition=r.partition, gpu_type=r.gpu_type, tp=r.tp,
+                                  micro_batch_size=mbs) if links is not None else 0.0
+            d = _replica_prediction(c, i, ri, stage, r, v, x, tpx)
             per.append(d)
+            fwd, total = d["forward_ms"], d["total"]
             if best is None or total > best[1]:
                 best = (fwd, total)
         fwd_stage.append(best[0])
         bwd_stage.append(best[1] - best[0])
-    tied = tied_ms
     link_ms = list(link_ms)
     fin = interleaved_finish(np.array([fwd_stage]), np.array([bwd_stage]), np.array([link_ms]).reshape(1, -1), m,
                              virtual_stages)[0]
-    feasible, reason = True, ""
-    out = []
-    utils: list[float] = []  # from the unrounded peaks, as the vectorised path computes them
-    for d in per:
-        i = d["stage"]
-        end = fin[i] + d["grad_sync_ms"] + d["optimizer_ms"] + (tied if i in (0, p - 1) else 0.0)
-        d["send_ms"] = float(link_ms[i]) if i < p - 1 else 0.0
-        d["finish_ms"] = float(end)
-        if feasible and not fits(d["peak_float"], d["capacity_bytes"], site):
-            feasible = False
-            reason = (f"stage {i} ({d['gpu_type']}) needs {d['peak_float'] / 2**30:.2f} GiB, above "
-                      f"{limit:.0%} of its {d['capacity_bytes'] / 2**30:.2f} GiB")
-        utils.append(d.pop("peak_float") / d["capacity_bytes"])
-        d.pop("total")
-        out.append(StagePrediction(**d))
+    out, utils, feasible, reason = _finish_stages(site, per, fin, link_ms, tied_ms, p, limit)
     iteration = max(s.finish_ms for s in out)
     umax = max(utils)
     # balance over all GPUs of the plan: weight each entry by the GPUs it stands for

@@ -76,7 +76,8 @@ import numpy as np
 
 from ..errors import SpecError
 from ..model.compose import Block, CompositionInputs, Layout
-from ..placement import comm_vendor, group_fits, place_groups, site_facts, tp_fits_nodes
+from .. import placement
+from ..placement import comm_vendor, group_fits, place_groups, site_facts
 from ..spec import Plan, Recompute, Site, Stage, TrainJob
 
 #: The fewest tokens per rank at which context parallel is searched by default: below it
@@ -297,26 +298,60 @@ class PlanSpace:
             asked_mbs = o.micro_batch_sizes or self.job.micro_batch_sizes
             return ("--micro-batch-sizes" if o.micro_batch_sizes else "micro_batch_sizes",
                     f"no micro-batch size {list(asked_mbs)} divides the global batch {self.job.global_batch_size}")
-        placed = [t for t in tps if any(p.gpus_per_node % t == 0 or (o.tp_across_nodes and t % p.gpus_per_node == 0)
-                                        for p in self.partitions)]
+        placed = [t for t in tps if any(self.tp_placeable(p, t) for p in self.partitions)]
         if not placed:
             per_node = sorted({p.gpus_per_node for p in self.partitions})
-            if not o.tp_across_nodes and any(t % g == 0 for t in tps for g in per_node):
+            if not o.tp_across_nodes and any(placement.tp_placeable(p, t) for t in tps for p in self.partitions):
                 return ("--tp-across-nodes",
-                        f"no partition's GPUs per node ({', '.join(map(str, per_node))}) is a multiple of TP "
-                        f"{', '.join(map(str, tps))}; a TP group over whole nodes is searched only with "
+                        f"TP {', '.join(map(str, tps))} exceeds every partition's GPUs per node "
+                        f"({', '.join(map(str, per_node))}); a TP group over whole nodes is searched only with "
                         f"--tp-across-nodes")
             return ("--tp" if asked else "partitions",
-                    f"no partition's GPUs per node ({', '.join(map(str, per_node))}) is a multiple or a divisor of "
-                    f"TP {', '.join(map(str, tps))} (a TP group stays inside a node or spans whole nodes)")
+                    f"TP {', '.join(map(str, tps))} exceeds every partition's GPUs per node "
+                    f"({', '.join(map(str, per_node))}) and is not a multiple of them (a TP group stays inside a "
+                    f"node or spans whole nodes)")
         big = max(p.total_gpus for p in self.partitions)
         if all(t > big for t in placed):
             return ("--tp" if asked else "partitions",
                     f"TP {', '.join(map(str, placed))} needs that many GPUs of one partition; the largest has {big}")
+        degree = self._why_no_degree()
+        if degree is not None:
+            return degree
         return ("--max-stages",
                 f"no pipeline layout: with at most {self.max_stages} stages, layer grid {self.granularity} and "
                 f"{len(self.partitions)} partition(s), no split of the {m.num_layers} layers fits the GPUs "
                 f"(TP {', '.join(map(str, placed))}, micro-batch {', '.join(map(str, mbs))})")
+
+    def _why_no_degree(self) -> tuple[str, str] | None:
+        """The context- or expert-parallel constraint that left no layout (``why_empty``'s
+        form), or None when neither did."""
+        for name in ("context_parallel_sizes", "expert_parallel_sizes", "expert_tensor_parallel_sizes"):
+            site_v, job_v = getattr(self.site, name), getattr(self.job, name)
+            if site_v and job_v and not set(site_v) & set(job_v):
+                if name != "context_parallel_sizes" and not self.job.model.is_moe:
+                    continue
+                return name, (f"the job's {name} {list(job_v)} and the site's {list(site_v)} share no value: "
+                              f"the search takes the degrees both allow")
+        cps = self.cp_candidates()
+        whose = "job's" if self.job.context_parallel_sizes else "site's"
+        if not cps:
+            given = list(self._allowed("context_parallel_sizes", ()))
+            s = self.job.model.seq_length
+            if self.job.attention == "core":
+                return "context_parallel_sizes", (f"the {whose} context_parallel_sizes {given} leave out 1, and "
+                                                  f"context parallel needs fused attention (the job's attention is "
+                                                  f"core)")
+            return "context_parallel_sizes", (f"the {whose} context_parallel_sizes {given} leave out 1, and "
+                                              f"seq_length {s} is not a multiple of 2 x any of them (ring "
+                                              f"attention splits the sequence into 2 x CP chunks)")
+        if 1 not in cps and not self._te_partitions():
+            names = " or ".join(p.name for p in self.partitions)
+            impls = ", ".join(f"{p.name}: {p.transformer_impl_for(self.site.gpu(p.gpu_type).vendor)}"
+                              for p in self.partitions)
+            return "context_parallel_sizes", (f"the {whose} context_parallel_sizes {cps} need transformer_impl "
+                                              f"transformer_engine on partition {names} (it trains with {impls}; "
+                                              f"megatron-core's local attention has no context parallel)")
+        return None
 
     # ------------------------------------------------------------------ candidates
 
@@ -418,7 +453,7 @@ class PlanSpace:
         runs only on partitions whose GPU has FP8 units."""
         if self.job.fp8 and self.site.gpu(partition.gpu_type).peak_tflops_fp8 <= 0:
             return False
-        return tp <= partition.gpus_per_node or (self.options.tp_across_nodes and tp_fits_nodes(partition, tp))
+        return placement.tp_placeable(partition, tp, across_nodes=self.options.tp_across_nodes)
 
     def distributed_optimizer_choices(self, shards: int) -> tuple[bool | None, ...]:
         """With and without Megatron-LM's distributed optimizer where the job says ``both`` and
@@ -452,43 +487,45 @@ class PlanSpace:
             return (False,)
         return (True,) if o else (False, True)
 
-    def _enumerate_skeletons(self) -> list[Skeleton]:
-        out: list[Skeleton] = []
-        vp1 = [1]
+    def layout_degrees(self) -> Iterator[tuple[int, int, int, int, dict[int, list[int]], int]]:
+        """``(tp, cp, micro-batch, dp, room, micro-batches per iteration)`` of every degree
+        combination some partition has room for (:meth:`room`), in enumeration order: the one
+        loop that both the skeletons and their count (:func:`space_size`) walk."""
         for tp in self.tp_candidates():
-            seqs = self._partition_sequences(tp)
-            sps = self.sequence_parallel_choices(tp)
             for cp in self.cp_candidates():
                 for mbs in self.micro_batch_candidates():
                     for dp in self._dp_candidates(mbs):
                         room = self.room(tp, dp, cp)
-                        if not room:
-                            continue
-                        m = self.job.global_batch_size // (mbs * dp)
-                        experts = self.expert_choices(tp, cp, dp)
-                        dopts = self.distributed_optimizer_choices(dp * cp)
-                        for seq in seqs:
-                            ranges = [room.get(i, ()) for i in seq]
-                            if any(len(r) == 0 for r in ranges):
-                                continue
-                            cross = len({self._vendor[i] for i in seq}) > 1
-                            if cross and cp > 1:
-                                continue
-                            for counts in itertools.product(*ranges):
-                                pp = sum(counts)
-                                if pp > self.max_stages:
-                                    continue
-                                structure = tuple(counts)
-                                groups = tuple(zip(seq, counts))
-                                vps = [v for v in (vp1 if cross else self.vp_choices(pp, m, False))
-                                       if len(self._split_table(structure, v))]
-                                for sp in sps:
-                                    for v in vps:
-                                        for ep, etp in experts:
-                                            for do in dopts:
-                                                out.append(Skeleton(tp=tp, dp=dp, micro_batch_size=mbs,
-                                                                    groups=groups, sequence_parallel=sp, vp=v, cp=cp,
-                                                                    ep=ep, etp=etp, distributed_optimizer=do))
+                        if room:
+                            yield tp, cp, mbs, dp, room, self.job.global_batch_size // (mbs * dp)
+
+    def _enumerate_skeletons(self) -> list[Skeleton]:
+        out: list[Skeleton] = []
+        seqs_of: dict[int, list[tuple[int, ...]]] = {}
+        for tp, cp, mbs, dp, room, m in self.layout_degrees():
+            if tp not in seqs_of:
+                seqs_of[tp] = self._partition_sequences(tp)
+            sps = self.sequence_parallel_choices(tp)
+            experts = self.expert_choices(tp, cp, dp)
+            dopts = self.distributed_optimizer_choices(dp * cp)
+            for seq in seqs_of[tp]:
+                ranges = [room.get(i, ()) for i in seq]
+                if any(len(r) == 0 for r in ranges):
+                    continue
+                cross = len({self._vendor[i] for i in seq}) > 1
+                if cross and cp > 1:
+                    continue
+                for counts in itertools.product(*ranges):
+                    pp = sum(counts)
+                    if pp > self.max_stages:
+                        continue
+                    structure = tuple(counts)
+                    groups = tuple(zip(seq, counts))
+                    vps = [v for v in ([1] if cross else self.vp_choices(pp, m, False))
+                           if len(self._split_table(structure, v))]
+                    out += [Skeleton(tp=tp, dp=dp, micro_batch_size=mbs, groups=groups, sequence_parallel=sp, vp=v,
+                                     cp=cp, ep=ep, etp=etp, distributed_optimizer=do)
+                            for sp in sps for v in vps for ep, etp in experts for do in dopts]
         return out
 
     # ------------------------------------------------------------------ splits and levels
@@ -740,49 +777,40 @@ def space_size(space: "PlanSpace") -> SpaceSize:
         return math.comb(free + len(lows) - 1, len(lows) - 1) if free >= 0 else 0
 
     vendors = sorted(set(space._vendor))
-    for tp in space.tp_candidates():
+    for tp, cp, mbs, dp, room, m in space.layout_degrees():
         sp_choices = len(space.sequence_parallel_choices(tp))
         usable = [p for p in space.partitions if space.tp_placeable(p, tp)]
         most_groups = min(len(usable), o.max_partitions or len(usable), space.max_stages)
-        for cp in space.cp_candidates():
-            for mbs in space.micro_batch_candidates():
-                for dp in space._dp_candidates(mbs):
-                    room = space.room(tp, dp, cp)
-                    if not room:
-                        continue
-                    m = space.job.global_batch_size // (mbs * dp)
-                    n_experts = (len(space.expert_choices(tp, cp, dp))
-                                 * len(space.distributed_optimizer_choices(dp * cp)))
-                    ways_of = _assignments(room.values())
-                    # ordered choices inside one vendor, per vendor
-                    single_of = [_assignments([r for i, r in room.items() if space._vendor[i] == v])
-                                 for v in vendors]
-                    sizes = sorted({s for r in room.values() for s in r})
-                    stack: list[tuple[int, ...]] = [(s,) for s in sizes]
-                    while stack:
-                        structure = stack.pop()
-                        ways = ways_of(structure)
-                        if not ways:
-                            continue  # adding groups never makes room
-                        if not n_splits(structure, 1):
-                            continue  # nor for any longer structure: the lowest split only grows
-                        single = sum(f(structure) for f in single_of) if len(vendors) > 1 else ways
-                        cross = 0 if (o.single_vendor or cp > 1) else ways - single
-                        for vp in space.vp_choices(sum(structure), m, False):
-                            splits = n_splits(structure, vp)
-                            if not splits:
-                                continue
-                            per = splits
-                            for st in structure:
-                                per *= levels_of(st, vp)
-                            w = single + (cross if vp == 1 else 0)
-                            plans += per * w * sp_choices * n_experts
-                            skeletons += w * sp_choices * n_experts
-                        if plans > o.max_plans or skeletons > o.max_skeletons:
-                            return SpaceSize(plans=plans, skeletons=skeletons, exceeded=True)
-                        if len(structure) < most_groups:
-                            left = space.max_stages - sum(structure)
-                            stack.extend(structure + (s,) for s in sizes if s <= left)
+        n_experts = len(space.expert_choices(tp, cp, dp)) * len(space.distributed_optimizer_choices(dp * cp))
+        ways_of = _assignments(room.values())
+        # ordered choices inside one vendor, per vendor
+        single_of = [_assignments([r for i, r in room.items() if space._vendor[i] == v]) for v in vendors]
+        sizes = sorted({s for r in room.values() for s in r})
+        stack: list[tuple[int, ...]] = [(s,) for s in sizes]
+        while stack:
+            structure = stack.pop()
+            ways = ways_of(structure)
+            if not ways:
+                continue  # adding groups never makes room
+            if not n_splits(structure, 1):
+                continue  # nor for any longer structure: the lowest split only grows
+            single = sum(f(structure) for f in single_of) if len(vendors) > 1 else ways
+            cross = 0 if (o.single_vendor or cp > 1) else ways - single
+            for vp in space.vp_choices(sum(structure), m, False):
+                splits = n_splits(structure, vp)
+                if not splits:
+                    continue
+                per = splits
+                for st in structure:
+                    per *= levels_of(st, vp)
+                w = single + (cross if vp == 1 else 0)
+                plans += per * w * sp_choices * n_experts
+                skeletons += w * sp_choices * n_experts
+            if plans > o.max_plans or skeletons > o.max_skeletons:
+                return SpaceSize(plans=plans, skeletons=skeletons, exceeded=True)
+            if len(structure) < most_groups:
+                left = space.max_stages - sum(structure)
+                stack.extend(structure + (s,) for s in sizes if s <= left)
     return SpaceSize(plans=plans, skeletons=skeletons)
 
 

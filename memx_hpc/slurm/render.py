@@ -44,7 +44,7 @@ from ..spec import Partition, Plan, Recompute, Site, TrainJob, job_for_plan
 from .cmdline import (CommandLine, ComponentShape, command_line, pipeline_layout, project_entry_plan_refusal,
                       project_entry_refusal, recompute_args, virtual_recompute_refusal)
 from .groups import GroupBackend, cross_vendor_unsupported, encode_rank_vendors, format_map, group_backends
-from .request import SlurmOption, SlurmRequest
+from .request import PartitionEnvironment, SlurmOption, SlurmRequest
 
 __all__ = ["SUPPORTED_MEGATRON_VERSIONS", "EnvVar", "Component", "LaunchRequest",
            "VendorLaunch", "describe", "render", "render_request", "pipeline_layout", "recompute_args",
@@ -369,20 +369,21 @@ def _component(plan: Plan, site: Site, placement: Placement, pc: ComponentPlacem
         first_layer=sum(s.num_layers for s in plan.stages[:pc.stages[0]]),
         num_layers=sum(plan.stages[i].num_layers for i in pc.stages),
         recompute=pc.recompute if pc.recompute is not None else plan.stages[pc.stages[0]].recompute,
-        slurm=request, setup=(("module purge",) if p.module_purge else ()) + p.setup,
-        env=_component_env(plan, site, placement, p, pc.index, pc.vendor, cross_vendor=cross_vendor),
+        slurm=request, setup=request.environment.setup,
+        env=_component_env(plan, site, placement, p, request.environment, pc.index, pc.vendor,
+                           cross_vendor=cross_vendor),
         python=request.launcher(p.python), entry=entry, entry_path=entry[0] if entry[0] != "-m" else None,
         backends=tuple(backends), args=())
 
 
-def _component_env(plan: Plan, site: Site, placement: Placement, p: Partition, ci: int, vendor: str, *,
-                   cross_vendor: bool) -> tuple[EnvVar, ...]:
+def _component_env(plan: Plan, site: Site, placement: Placement, p: Partition, penv: PartitionEnvironment,
+                   ci: int, vendor: str, *, cross_vendor: bool) -> tuple[EnvVar, ...]:
     """A component's variables, in the order they are exported (later ones win): the vendor's,
-    the partition's, the cross-vendor backend's, then the project's own."""
+    the partition's (``penv``), the cross-vendor backend's, then the project's own."""
     ucc_pipeline = cross_vendor and plan.pp > 1
     vl = VENDORS.get(vendor, VendorLaunch(comm_library="?"))
     env = [EnvVar(name=k, value=v) for k, v in vl.env if not (ucc_pipeline and k == _SERIAL_CONNECTIONS)]
-    env += [EnvVar(name=k, value=v) for k, v in p.env]
+    env += [EnvVar(name=k, value=v) for k, v in penv.env]
     if cross_vendor:
         env += [EnvVar(name=k, value=v) for k, v in site.pipeline_comm_env]
         _check_cross_vendor_env(p, site, vendor, _field_of(site, p.name), plan.pp)

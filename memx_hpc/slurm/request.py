@@ -27,7 +27,8 @@ What goes in, and how:
   image: ``pyxis`` adds ``--container-image=IMAGE`` to the step (srun), ``apptainer`` runs
   ``apptainer exec [--nv|--rocm] IMAGE python``.
 * **Environment**: the partition's ``module purge``, setup lines (each through a quoted
-  ``eval``) and exported variables, as the lines a job runs before its tasks start.
+  ``eval``) and exported variables (:class:`PartitionEnvironment`, which the rendered
+  training script reads too), as the lines a job runs before its tasks start.
 
 Every value here was validated when the :class:`~memx_hpc.spec.Site` and its partitions were
 built; what a caller adds (job name, output file, working directory, size) is checked here.
@@ -40,13 +41,13 @@ import math
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import SpecError
 from ..shellsafe import setup_commands
 from ..spec import Partition, Site
 
-__all__ = ["SlurmOption", "Container", "SlurmRequest", "APPTAINER_GPU_FLAGS"]
+__all__ = ["SlurmOption", "Container", "PartitionEnvironment", "SlurmRequest", "APPTAINER_GPU_FLAGS"]
 
 #: apptainer's flag that brings a vendor's GPUs and driver libraries into the container.
 APPTAINER_GPU_FLAGS = {"nvidia": ("--nv",), "amd": ("--rocm",)}
@@ -77,6 +78,26 @@ class Container:
     gpu_flags: tuple[str, ...] = ()  # apptainer's --nv / --rocm
 
 
+@dataclass(frozen=True, kw_only=True)
+class PartitionEnvironment:
+    """What prepares a partition's tasks, assembled once from its site entry for every script
+    that runs there (the rendered training job, submitit's arrays, the link campaign's jobs):
+    its shell lines (``module purge`` first where the partition asks for it, then its setup
+    lines, shell code by contract) and its exported variables."""
+
+    setup: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, p: Partition) -> "PartitionEnvironment":
+        return cls(setup=(("module purge",) if p.module_purge else ()) + tuple(p.setup), env=tuple(p.env))
+
+    def script_lines(self) -> tuple[str, ...]:
+        """The lines a job runs before its tasks start: each setup line through a quoted
+        ``eval`` (memx_hpc.shellsafe), each variable exported with its value quoted."""
+        return tuple(setup_commands(self.setup) + [f"export {k}={shlex.quote(v)}" for k, v in self.env])
+
+
 def _line(value: str | None, field: str) -> str | None:
     if value is not None and any(c in value for c in _CONTROL):
         raise SpecError("must be a single line (no newline, carriage return or NUL): it goes into an #SBATCH "
@@ -105,7 +126,12 @@ class SlurmRequest:
     signal: str | None = None
     requeue: bool | None = None
     container: Container | None = None
-    setup: tuple[str, ...] = ()  # shell lines that prepare the partition's environment
+    environment: PartitionEnvironment = PartitionEnvironment()
+
+    @property
+    def setup(self) -> tuple[str, ...]:
+        """The shell lines that prepare the partition's environment (:class:`PartitionEnvironment`)."""
+        return self.environment.script_lines()
 
     def __post_init__(self) -> None:
         for name in ("nodes", "tasks_per_node"):
@@ -143,33 +169,27 @@ class SlurmRequest:
             exclusive=site.exclusive if p.exclusive is None else p.exclusive,
             job_name=job_name, output=output, chdir=chdir,
             signal=site.signal if job_wide else None, requeue=site.requeue if job_wide else None,
-            container=container, setup=_environment(p))
+            container=container, environment=PartitionEnvironment.of(p))
 
     # ------------------------------------------------------------------ sbatch
 
+    def _slurm_options(self) -> list[tuple[_SlurmName, str, Any]]:
+        """``(table row, Slurm's option name, value)`` of every option this request sets, in
+        the order scripts show them (:data:`_SLURM_NAMES`; value True: a bare flag)."""
+        out = []
+        for row in _SLURM_NAMES:
+            v = getattr(self, row.field)
+            if v is None:
+                continue
+            name, value = row.slurm(v)
+            if value is not None:
+                out.append((row, name, value))
+        return out
+
     def sbatch_options(self) -> tuple[SlurmOption, ...]:
         """The ``#SBATCH`` options, in the order scripts show them."""
-        o = [SlurmOption(name=n, value=v) for n, v in (("job-name", self.job_name), ("output", self.output),
-                                                        ("chdir", self.chdir)) if v is not None]
-        o += [SlurmOption(name="partition", value=self.partition), SlurmOption(name="nodes", value=str(self.nodes)),
-              SlurmOption(name="ntasks-per-node", value=str(self.tasks_per_node))]
-        if self.gres is not None:
-            o.append(SlurmOption(name="gres", value=self.gres))
-        if self.cpus_per_task is not None:
-            o.append(SlurmOption(name="cpus-per-task", value=str(self.cpus_per_task)))
-        if self.mem_mib is not None:
-            o.append(SlurmOption(name="mem", value=f"{self.mem_mib}M"))
-        for name in ("account", "qos"):
-            if getattr(self, name) is not None:
-                o.append(SlurmOption(name=name, value=getattr(self, name)))
-        o.append(SlurmOption(name="time", value=str(self.time_limit_min)))
-        if self.exclusive:
-            o.append(SlurmOption(name="exclusive"))
-        if self.signal is not None:
-            o.append(SlurmOption(name="signal", value=self.signal))
-        if self.requeue is not None:
-            o.append(SlurmOption(name="requeue" if self.requeue else "no-requeue"))
-        return tuple(o)
+        return tuple(SlurmOption(name=name, value=None if value is True else str(value))
+                     for _, name, value in self._slurm_options())
 
     def sbatch_lines(self) -> list[str]:
         return [f"#SBATCH {opt.word()}" for opt in self.sbatch_options()]
@@ -198,20 +218,19 @@ class SlurmRequest:
     # ------------------------------------------------------------------ submitit
 
     def submitit_parameters(self) -> dict[str, Any]:
-        """``SlurmExecutor.update_parameters`` keywords for this request. submitit writes its
-        own ``--signal=USR2@S`` (its handler listens on USR2): the site's signal gives S."""
-        params: dict[str, Any] = {"partition": self.partition, "time": self.time_limit_min, "nodes": self.nodes,
-                                  "ntasks_per_node": self.tasks_per_node}
-        optional = {"job_name": self.job_name, "gres": self.gres, "cpus_per_task": self.cpus_per_task,
-                    "mem": None if self.mem_mib is None else f"{self.mem_mib}M", "account": self.account,
-                    "qos": self.qos}
-        params.update({k: v for k, v in optional.items() if v is not None})
-        if self.exclusive:
-            params["exclusive"] = True
-        if self.signal is not None and "@" in self.signal:
-            params["signal_delay_s"] = int(self.signal.rsplit("@", 1)[1])
-        if self.requeue is not None:
-            params["additional_parameters"] = {"requeue" if self.requeue else "no_requeue": True}
+        """``SlurmExecutor.update_parameters`` keywords for this request, from the same name
+        table as the ``#SBATCH`` lines: submitit's keyword is Slurm's option name with ``_`` for
+        ``-`` (its ``_as_sbatch_flag`` turns it back). submitit writes its own output file,
+        working directory and ``--signal=USR2@S`` (its handler listens on USR2): the site's
+        signal gives S."""
+        params: dict[str, Any] = {}
+        for row, name, value in self._slurm_options():
+            if row.submitit == "keyword":
+                params[name.replace("-", "_")] = value
+            elif row.submitit == "additional":
+                params.setdefault("additional_parameters", {})[name.replace("-", "_")] = value
+            elif row.submitit == "signal" and "@" in value:
+                params["signal_delay_s"] = int(value.rsplit("@", 1)[1])
         if self.setup:
             params["setup"] = list(self.setup)
         srun = [opt.word() for opt in self.srun_options() if opt.name == "container-image"]
@@ -231,14 +250,45 @@ class SlurmRequest:
         return " ".join(shlex.quote(w) for w in self.launcher(python))
 
 
+@dataclass(frozen=True, kw_only=True)
+class _SlurmName:
+    """One row of the name table: a :class:`SlurmRequest` field, the Slurm option it becomes
+    (``slurm``: the field's value -> ``(option name, value)``; value True: a bare flag, None:
+    not asked) and how submitit takes it: ``keyword`` (its parameter of the same name),
+    ``additional`` (through ``additional_parameters``), ``signal`` (its ``signal_delay_s``) or
+    None (submitit sets it itself)."""
+
+    field: str
+    slurm: Callable[[Any], tuple[str, Any]]
+    submitit: str | None = "keyword"
+
+
+def _as(name: str) -> Callable[[Any], tuple[str, Any]]:
+    return lambda v: (name, v)
+
+
+#: The one table of what a request tells Slurm, in the order scripts show it: both the
+#: ``#SBATCH`` lines and submitit's parameters are read from it.
+_SLURM_NAMES = (
+    _SlurmName(field="job_name", slurm=_as("job-name")),
+    _SlurmName(field="output", slurm=_as("output"), submitit=None),
+    _SlurmName(field="chdir", slurm=_as("chdir"), submitit=None),
+    _SlurmName(field="partition", slurm=_as("partition")),
+    _SlurmName(field="nodes", slurm=_as("nodes")),
+    _SlurmName(field="tasks_per_node", slurm=_as("ntasks-per-node")),
+    _SlurmName(field="gres", slurm=_as("gres")),
+    _SlurmName(field="cpus_per_task", slurm=_as("cpus-per-task")),
+    _SlurmName(field="mem_mib", slurm=lambda v: ("mem", f"{v}M")),
+    _SlurmName(field="account", slurm=_as("account")),
+    _SlurmName(field="qos", slurm=_as("qos")),
+    _SlurmName(field="time_limit_min", slurm=_as("time")),
+    _SlurmName(field="exclusive", slurm=lambda v: ("exclusive", True if v else None)),
+    _SlurmName(field="signal", slurm=_as("signal"), submitit="signal"),
+    _SlurmName(field="requeue", slurm=lambda v: ("requeue" if v else "no-requeue", True), submitit="additional"),
+)
+
+
 def _mib(gib: float) -> int:
     """GiB -> whole MiB, rounded up (never less than asked; 0.5 -> 512, never 0). The rounding
     to 6 places first keeps 2.2 GiB (2252.8000000000002 MiB) from gaining a MiB."""
     return max(1, math.ceil(round(gib * 1024, 6)))
-
-
-def _environment(p: Partition) -> tuple[str, ...]:
-    """The lines that prepare ``p``'s environment: module purge, each setup line through a quoted
-    ``eval`` (memx_hpc.shellsafe), each variable exported with its value quoted."""
-    lines = (["module purge"] if p.module_purge else []) + list(p.setup)
-    return tuple(setup_commands(lines) + [f"export {k}={shlex.quote(v)}" for k, v in p.env])

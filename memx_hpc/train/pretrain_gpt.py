@@ -270,51 +270,50 @@ def _destroy(torch: Any) -> None:
         torch.distributed.destroy_process_group()
 
 
-def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any) -> int:
-    import random
+class _Refused(Exception):
+    """A setup step refuses the run: its message is logged as ``error: ...`` and the run exits 1."""
 
-    import numpy as np
-    from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, \
-        finalize_model_grads
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-    from megatron.core.transformer import TransformerConfig
-    from megatron.core.transformer.transformer_block import get_num_layers_to_build
-    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    from .cpu import rss_bytes
+@dataclass(frozen=True, kw_only=True)
+class _Batches:
+    """The run's batch arithmetic, as Megatron-LM derives it from the command line."""
 
-    rank, world = env.rank, env.world_size
+    dp: int
+    global_batch_size: int
+    num_microbatches: int
+    train_iters: int
+
+
+def _batches(args: TrainArgs, world: int) -> _Batches:
+    """Data-parallel size, global batch, micro-batches per iteration and iterations to run."""
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     if world % (tp * pp):
-        _log(rank, f"error: world size {world} is not divisible by tp*pp = {tp * pp}")
-        return 1
+        raise _Refused(f"world size {world} is not divisible by tp*pp = {tp * pp}")
     dp = world // (tp * pp)
     gbs = args.global_batch_size or args.micro_batch_size * dp
     if gbs % (args.micro_batch_size * dp):
-        _log(rank, f"error: global batch size {gbs} is not a multiple of micro batch size "
-                   f"{args.micro_batch_size} times data-parallel size {dp}")
-        return 1
-    num_microbatches = gbs // (args.micro_batch_size * dp)
+        raise _Refused(f"global batch size {gbs} is not a multiple of micro batch size "
+                       f"{args.micro_batch_size} times data-parallel size {dp}")
     # Megatron-LM: sample-based training runs train_samples // global batch iterations
     train_iters = args.train_iters if args.train_iters is not None else args.train_samples // gbs
     if train_iters < 1:
-        _log(rank, f"error: --train-samples {args.train_samples} is less than one global batch ({gbs})")
-        return 1
+        raise _Refused(f"--train-samples {args.train_samples} is less than one global batch ({gbs})")
+    return _Batches(dp=dp, global_batch_size=gbs, num_microbatches=gbs // (args.micro_batch_size * dp),
+                    train_iters=train_iters)
+
+
+def _tokenizer(args: TrainArgs) -> Any:
     from .tokenizer import load_tokenizer
 
     try:
-        tokenizer = load_tokenizer(args.tokenizer_type or "NullTokenizer", model=args.tokenizer_model,
-                                   vocab_file=args.vocab_file, merge_file=args.merge_file, vocab_size=args.vocab_size)
+        return load_tokenizer(args.tokenizer_type or "NullTokenizer", model=args.tokenizer_model,
+                              vocab_file=args.vocab_file, merge_file=args.merge_file, vocab_size=args.vocab_size)
     except Exception as e:  # noqa: BLE001 - SpecError: a file the job names is missing or wrong
-        _log(rank, f"error: {e}")
-        return 1
+        raise _Refused(str(e)) from None
 
+
+def _dtype(args: TrainArgs, rank: int, torch: Any, on_cpu: bool) -> Any:
+    """The training dtype; on the CPU, fp32, with one line for each GPU-only argument set aside."""
     if on_cpu:
         for flag, why in args.ignored:
             _log(rank, f"ignoring {flag} on the CPU: {why}")
@@ -329,12 +328,21 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
                        "sends on the CPU")
         if args.transformer_impl == "transformer_engine":
             _log(rank, "--transformer-impl transformer_engine requested: using the local spec on the CPU")
-    dtype = torch.float32
-    if not on_cpu and args.bf16:
-        dtype = torch.bfloat16
-    elif not on_cpu and args.fp16:
-        dtype = torch.float16
+        return torch.float32
+    return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
 
+
+def _init_groups(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool) -> tuple[Any, str]:
+    """Start torch.distributed and megatron-core's groups by the group rule, seed the RNGs as
+    Megatron-LM does; ``(the cross-vendor group collection or None, the default backend)``."""
+    import random
+
+    import numpy as np
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    rank, world = env.rank, env.world_size
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     if not on_cpu:
         torch.cuda.set_device(env.local_rank)
     groups = planned_groups(world=world, tp=tp, pp=pp, on_cpu=on_cpu, torch=torch)
@@ -355,7 +363,6 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
     # keeps its own groups (on the world group's backend) only for rank bookkeeping.
     pgc = process_group_collection(groups, rank=rank, on_cpu=on_cpu, torch=torch, ps=ps) \
         if any(g.cross_vendor for g in groups) else None
-    backend = default_backend
 
     # Megatron-LM's _set_random_seed: a different seed per pipeline stage.
     seed = args.seed + 100 * ps.get_pipeline_model_parallel_rank()
@@ -365,12 +372,20 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
     # On the CPU the training RNG tracker would save CUDA generator states; the inference
     # tracker (no forks) is the documented workaround (ml-stack notes).
     model_parallel_cuda_manual_seed(seed, inference_rng_tracker=on_cpu)
+    return pgc, default_backend
 
-    ffn = args.ffn_hidden_size
-    if ffn is None:  # Megatron-LM's defaults (validate_args)
-        ffn = int((4 * args.hidden_size * 2 / 3) / 64) * 64 if args.swiglu else 4 * args.hidden_size
-    import torch.nn.functional as F
 
+@dataclass(frozen=True, kw_only=True)
+class _Attention:
+    """Which attention the model trains with: Transformer Engine's layer, or the local one
+    with torch SDPA (``flash_like``) or megatron-core's unfused DotProductAttention."""
+
+    use_te: bool
+    flash_like: bool
+    dropout: float
+
+
+def _attention(args: TrainArgs, rank: int, on_cpu: bool) -> _Attention:
     # Flash/fused attention (Megatron-LM's default "auto" on GPUs) keeps no s x s matrices.
     # Transformer Engine's layer brings its own; megatron-core's local layer gets torch SDPA,
     # as the profiler measures it (without attention dropout: with it, CPU SDPA falls back to
@@ -383,15 +398,27 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         _log(rank, f"--attention-backend {args.attention_backend}: torch SDPA in the local layer, without "
                    f"attention dropout ({attention_dropout} requested), as profiled")
         attention_dropout = 0.0
-    config = TransformerConfig(
+    return _Attention(use_te=use_te, flash_like=flash_like, dropout=attention_dropout)
+
+
+def _transformer_config(args: TrainArgs, attention: _Attention, dtype: Any, torch: Any) -> Any:
+    """megatron-core's TransformerConfig of the command line."""
+    import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
+
+    ffn = args.ffn_hidden_size
+    if ffn is None:  # Megatron-LM's defaults (validate_args)
+        ffn = int((4 * args.hidden_size * 2 / 3) / 64) * 64 if args.swiglu else 4 * args.hidden_size
+    return TransformerConfig(
         num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=ffn,
         num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
         normalization=args.normalization, add_bias_linear=args.add_bias_linear, add_qkv_bias=args.add_qkv_bias,
         qk_layernorm=args.qk_layernorm, **({"kv_channels": args.kv_channels} if args.kv_channels else {}),
         gated_linear_unit=args.swiglu, activation_func=F.silu if args.swiglu else F.gelu,
-        attention_dropout=attention_dropout, hidden_dropout=args.hidden_dropout,
+        attention_dropout=attention.dropout, hidden_dropout=args.hidden_dropout,
         init_method_std=args.init_method_std,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         sequence_parallel=args.sequence_parallel,
         pipeline_model_parallel_layout=args.pipeline_model_parallel_layout,
         num_layers_in_first_pipeline_stage=args.decoder_first_pipeline_num_layers,
@@ -412,33 +439,60 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         **_moe_config(args),
     )
 
-    # Megatron-LM's _vocab_size_with_padding of the tokenizer's vocabulary (NullTokenizer: V + 1)
-    multiple = args.make_vocab_size_divisible_by * tp
-    vocab = -(-tokenizer.vocab_size // multiple) * multiple
-    pre = ps.is_pipeline_first_stage()
-    post = ps.is_pipeline_last_stage()
-    if use_te:
+
+def _layer_spec(args: TrainArgs, attention: _Attention) -> Any:
+    """The transformer layer spec: Transformer Engine's, or the local one (with SDPA attention
+    where ``flash_like``)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    if attention.use_te:
         try:
             from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
             spec = get_gpt_layer_with_transformer_engine_spec()
         except Exception as e:  # noqa: BLE001 - TE missing or broken: say so, do not train another layer
-            _log(rank, f"error: --transformer-impl transformer_engine, but Transformer Engine is not usable here "
-                       f"({type(e).__name__}: {e})")
-            return 1
+            raise _Refused(f"--transformer-impl transformer_engine, but Transformer Engine is not usable here "
+                           f"({type(e).__name__}: {e})") from None
     else:
         spec = get_gpt_layer_local_spec(normalization=args.normalization, num_experts=args.num_experts,
                                         moe_grouped_gemm=False, moe_use_legacy_grouped_gemm=False)
-    if flash_like:
+    if attention.flash_like:
         import copy
 
         from ..megatron_cpu import sdpa_core_attention_class
 
         spec = copy.deepcopy(spec)
         spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention_class()
+    return spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Built:
+    """The model as megatron-core trains it: the GPT module, its DDP wrapper, optimizer and
+    learning-rate schedule, with the padded vocabulary the checkpoint records."""
+
+    model: Any
+    ddp: Any
+    optimizer: Any
+    scheduler: Any
+    vocab: int
+
+
+def _build(args: TrainArgs, config: Any, attention: _Attention, tokenizer: Any, b: _Batches, pgc: Any,
+           dtype: Any, torch: Any, on_cpu: bool) -> _Built:
+    """GPTModel, DistributedDataParallel, optimizer and scheduler, as Megatron-LM's setup builds them."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, \
+        finalize_model_grads
+    from megatron.core.models.gpt import GPTModel
+
+    # Megatron-LM's _vocab_size_with_padding of the tokenizer's vocabulary (NullTokenizer: V + 1)
+    multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
+    vocab = -(-tokenizer.vocab_size // multiple) * multiple
+    spec = _layer_spec(args, attention)
     model = GPTModel(
         config=config, transformer_layer_spec=spec,
         vocab_size=vocab, max_sequence_length=args.max_position_embeddings or args.seq_length,
-        pre_process=pre, post_process=post, parallel_output=True,
+        pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(), parallel_output=True,
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
         position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base,
         rope_scaling=args.use_rope_scaling, rope_scaling_factor=args.rope_scaling_factor,
@@ -453,7 +507,17 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
     config.no_sync_func = ddp.no_sync
     config.finalize_model_grads_func = partial(finalize_model_grads, pg_collection=pgc) if pgc \
         else finalize_model_grads
+    optimizer, scheduler = _optimizer(args, config, ddp, b, pgc, dtype, torch, on_cpu)
+    return _Built(model=model, ddp=ddp, optimizer=optimizer, scheduler=scheduler, vocab=vocab)
 
+
+def _optimizer(args: TrainArgs, config: Any, ddp: Any, b: _Batches, pgc: Any, dtype: Any, torch: Any,
+               on_cpu: bool) -> tuple[Any, Any]:
+    """megatron-core's optimizer over ``ddp`` and Megatron-LM's learning-rate schedule."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    gbs, train_iters = b.global_batch_size, b.train_iters
     opt_config = OptimizerConfig(
         optimizer=args.optimizer, lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
         adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
@@ -470,85 +534,204 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         else (args.lr_decay_samples or args.train_samples),
         lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
         wd_incr_steps=train_iters * gbs, wd_incr_style="constant")
+    return optimizer, scheduler
 
+
+def _log_layout(args: TrainArgs, env: DistEnv, config: Any, built: _Built, attention: _Attention, b: _Batches,
+                backend: str, torch: Any, on_cpu: bool) -> None:
+    """The rank's one layout line: where it sits, what it holds, where it runs."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    rank, tp, pp = env.rank, args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     stage = ps.get_pipeline_model_parallel_rank()
     n_layers = get_num_layers_to_build(config, pp_rank=stage)
     first = get_transformer_layer_offset(config, pp_rank=stage)
     recompute = args.recompute_granularity or "none"
     if args.recompute_granularity == "full":
         recompute += f"/{args.recompute_method}/{args.recompute_num_layers}"
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in built.model.parameters())
     _log(rank, layout_line(rank=rank, fields={
-        "world": world, "tp rank": f"{ps.get_tensor_model_parallel_rank()}/{tp}",
-        "pp stage": f"{stage}/{pp}", "dp rank": f"{ps.get_data_parallel_rank()}/{dp}",
+        "world": env.world_size, "tp rank": f"{ps.get_tensor_model_parallel_rank()}/{tp}",
+        "pp stage": f"{stage}/{pp}", "dp rank": f"{ps.get_data_parallel_rank()}/{b.dp}",
         "layers": f"{first}-{first + n_layers - 1}" if n_layers else "none", "num layers": n_layers,
-        "embedding": pre, "loss": post, "recompute": recompute, "parameters": n_params,
-        "micro batches": num_microbatches,
+        "embedding": ps.is_pipeline_first_stage(), "loss": ps.is_pipeline_last_stage(), "recompute": recompute,
+        "parameters": n_params, "micro batches": b.num_microbatches,
         "component": os.environ.get("MEMX_COMPONENT", "-"), "partition": os.environ.get("MEMX_PARTITION", "-"),
         "node": os.environ.get("SLURMD_NODENAME", "-"), "host": socket.gethostname(),
-        "attention": "sdpa" if flash_like else "core",
-        "transformer impl": "transformer_engine" if use_te else "local",
+        "attention": "sdpa" if attention.flash_like else "core",
+        "transformer impl": "transformer_engine" if attention.use_te else "local",
         "device": "cpu" if on_cpu else f"cuda:{torch.cuda.current_device()}", "backend": backend,
         **({"experts": f"{args.num_experts // ps.get_expert_model_parallel_world_size()}/{args.num_experts}",
             "ep rank": f"{ps.get_expert_model_parallel_rank()}/{ps.get_expert_model_parallel_world_size()}"}
            if args.num_experts is not None else {}),
     })[len(f"[Rank {rank}] "):])
 
-    device = "cpu" if on_cpu else torch.device("cuda", torch.cuda.current_device())
-    dp_group = pgc.dp if pgc is not None else ps.get_data_parallel_group()
-    ranks = {"pp_rank": stage, "pp": pp, "tp_rank": ps.get_tensor_model_parallel_rank(), "tp": tp,
-             "dp_rank": ps.get_data_parallel_rank()}
-    ckpt_args = checkpoint_args(args, world=world, dp=dp, padded_vocab_size=vocab, tokenizer=tokenizer)
+
+def _resume(args: TrainArgs, rank: int, built: _Built, ckpt_args: Any, dp_group: Any, ranks: dict[str, int],
+            torch: Any) -> int:
+    """The iteration the run starts after: the loaded checkpoint's, else 0."""
     from . import checkpoint as ckpt
 
-    start = 0
-    if args.load:
-        try:
-            got = ckpt.load(args.load, model=model, optimizer=optimizer, scheduler=scheduler, args=ckpt_args,
-                            dp_group=dp_group, ranks=dict(ranks, pp=pp, tp=tp), torch=torch)
-        except Exception as e:  # noqa: BLE001 - a checkpoint of another model: say what, stop
-            _log(rank, f"error: cannot load the checkpoint in {args.load}: {type(e).__name__}: {e}")
-            return 1
-        if got is not None:
-            start, note = got
-            _log(rank, f"resumed from {args.load} at iteration {start} ({note})")
+    if not args.load:
+        return 0
+    try:
+        got = ckpt.load(args.load, model=built.model, optimizer=built.optimizer, scheduler=built.scheduler,
+                        args=ckpt_args, dp_group=dp_group, ranks=ranks, torch=torch)
+    except Exception as e:  # noqa: BLE001 - a checkpoint of another model: say what, stop
+        raise _Refused(f"cannot load the checkpoint in {args.load}: {type(e).__name__}: {e}") from None
+    if got is None:
+        return 0
+    start, note = got
+    _log(rank, f"resumed from {args.load} at iteration {start} ({note})")
+    return start
+
+
+def _data(args: TrainArgs, tokenizer: Any, b: _Batches, start: int, device: Any, torch: Any,
+          ) -> tuple[Iterator[dict[str, Any]], Any]:
+    """The training batches from iteration ``start + 1`` on, and the validation set (None: no
+    evaluation): the job's indexed data, else synthetic batches."""
+    from megatron.core import parallel_state as ps
+
     eval_on = bool(args.data_path) and args.eval_iters > 0
-    valid_data = None
     if args.data_path:
-        n_evals = train_iters // args.eval_interval + 1 if eval_on else 0
-        train_set, valid_set = _datasets(args=args, tokenizer=tokenizer, seed=args.seed, train_samples=train_iters * gbs,
+        n_evals = b.train_iters // args.eval_interval + 1 if eval_on else 0
+        gbs = b.global_batch_size
+        train_set, valid_set = _datasets(args=args, tokenizer=tokenizer, seed=args.seed,
+                                         train_samples=b.train_iters * gbs,
                                          valid_samples=n_evals * args.eval_iters * gbs)
         data = _dataset_batches(train_set, micro_batch_size=args.micro_batch_size, dp_rank=ps.get_data_parallel_rank(),
-                                dp=dp, start_microbatch=start * num_microbatches, torch=torch, device=device)
-        if eval_on and valid_set is not None:
-            valid_data = valid_set
-        else:
-            eval_on = False
-    else:
-        data = _synthetic_batches(seed=args.seed, dp_rank=ps.get_data_parallel_rank(),
-                                  micro_batch_size=args.micro_batch_size, seq_length=args.seq_length,
-                                  vocab_size=args.vocab_size, torch=torch, device=device)
-        for _ in range(start * num_microbatches):  # the data position of the resumed iteration
-            next(data)
-    fwd_bwd = get_forward_backward_func()
-    schedule_groups: dict[str, Any] = {}
+                                dp=b.dp, start_microbatch=start * b.num_microbatches, torch=torch, device=device)
+        return data, valid_set if eval_on else None
+    data = _synthetic_batches(seed=args.seed, dp_rank=ps.get_data_parallel_rank(),
+                              micro_batch_size=args.micro_batch_size, seq_length=args.seq_length,
+                              vocab_size=args.vocab_size, torch=torch, device=device)
+    for _ in range(start * b.num_microbatches):  # the data position of the resumed iteration
+        next(data)
+    return data, None
+
+
+def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any) -> int:
+    """Set up (batches, tokenizer, groups, model, optimizer, resume, data), then run the loop."""
+    from megatron.core import parallel_state as ps
+
+    rank = env.rank
+    try:
+        b = _batches(args, env.world_size)
+        tokenizer = _tokenizer(args)
+        dtype = _dtype(args, rank, torch, on_cpu)
+        pgc, backend = _init_groups(args, env, torch, on_cpu)
+        attention = _attention(args, rank, on_cpu)
+        config = _transformer_config(args, attention, dtype, torch)
+        built = _build(args, config, attention, tokenizer, b, pgc, dtype, torch, on_cpu)
+        _log_layout(args, env, config, built, attention, b, backend, torch, on_cpu)
+        device = "cpu" if on_cpu else torch.device("cuda", torch.cuda.current_device())
+        dp_group = pgc.dp if pgc is not None else ps.get_data_parallel_group()
+        ranks = {"pp_rank": ps.get_pipeline_model_parallel_rank(), "pp": args.pipeline_model_parallel_size,
+                 "tp_rank": ps.get_tensor_model_parallel_rank(), "tp": args.tensor_model_parallel_size,
+                 "dp_rank": ps.get_data_parallel_rank()}
+        ckpt_args = checkpoint_args(args, world=env.world_size, dp=b.dp, padded_vocab_size=built.vocab,
+                                    tokenizer=tokenizer)
+        start = _resume(args, rank, built, ckpt_args, dp_group, ranks, torch)
+        data, valid_data = _data(args, tokenizer, b, start, device, torch)
+    except _Refused as e:
+        _log(rank, f"error: {e}")
+        return 1
+    loop = _Loop(args=args, rank=rank, world=env.world_size, torch=torch, on_cpu=on_cpu, tracker=tracker,
+                 batches=b, built=built, schedule_groups=_schedule_groups(pgc, config, args), dp_group=dp_group,
+                 ranks=ranks, ckpt_args=ckpt_args, device=device, valid_data=valid_data)
+    return loop.run(start, data)
+
+
+def _schedule_groups(pgc: Any, config: Any, args: TrainArgs) -> dict[str, Any]:
+    """The cross-vendor groups the pipeline schedule communicates over (none: parallel_state's)."""
+    out: dict[str, Any] = {}
     if pgc is not None:
         from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
-        schedule_groups["pg_collection"] = pgc
-        if pp > 1:
-            schedule_groups["p2p_communicator"] = P2PCommunicator(pp_group=pgc.pp, config=config)
-    last_rank = world - 1
-    interval_ms: list[float] = []
-    reported_memory = False
+        out["pg_collection"] = pgc
+        if args.pipeline_model_parallel_size > 1:
+            out["p2p_communicator"] = P2PCommunicator(pp_group=pgc.pp, config=config)
+    return out
 
-    def report_memory(iteration: int) -> None:
+
+@dataclass(frozen=True, kw_only=True)
+class _Loop:
+    """Megatron-LM's training loop over a built model: iterations, logging, evaluation,
+    checkpoints and the exit conditions."""
+
+    args: TrainArgs
+    rank: int
+    world: int
+    torch: Any
+    on_cpu: bool
+    tracker: Any
+    batches: _Batches
+    built: _Built
+    schedule_groups: dict[str, Any]
+    dp_group: Any
+    ranks: dict[str, int]
+    ckpt_args: Any
+    device: Any
+    valid_data: Any  # the validation set; None: no evaluation
+
+    def _fwd_bwd(self, data: Iterator[dict[str, Any]], *, forward_only: bool) -> list[Any]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        a = self.args
+        return get_forward_backward_func()(
+            forward_step_func=_forward_step, data_iterator=data, model=[self.built.ddp],
+            num_microbatches=self.batches.num_microbatches, seq_length=a.seq_length,
+            micro_batch_size=a.micro_batch_size, decoder_seq_length=a.seq_length, forward_only=forward_only,
+            **self.schedule_groups)
+
+    def step(self, data: Iterator[dict[str, Any]]) -> tuple[list[Any], Any, float]:
+        """One iteration: ``(losses, gradient norm, ms)``, timed between barriers (the iteration
+        ends when the slowest stage is done)."""
+        torch, built = self.torch, self.built
+        torch.distributed.barrier()
+        t0 = time.perf_counter()
+        built.ddp.zero_grad_buffer()
+        built.optimizer.zero_grad()
+        losses = self._fwd_bwd(data, forward_only=False)
+        _, grad_norm, _ = built.optimizer.step()
+        built.scheduler.step(increment=self.batches.global_batch_size)
+        torch.distributed.barrier()
+        return losses, grad_norm, (time.perf_counter() - t0) * 1000.0
+
+    def lm_loss_of(self, losses: Any) -> float | None:
+        from megatron.core import parallel_state as ps
+
+        if not (ps.is_pipeline_last_stage() and losses):
+            return None
+        tot = self.torch.stack([x["lm loss"] for x in losses]).sum(dim=0)
+        self.torch.distributed.all_reduce(tot, group=self.dp_group)
+        return float(tot[0] / max(tot[1].item(), 1.0))
+
+    def log_iteration(self, iteration: int, losses: Any, grad_norm: Any, interval_ms: list[float]) -> None:
+        b = self.batches
+        lm_loss = self.lm_loss_of(losses)
+        if self.rank == self.world - 1:
+            print(iteration_line(
+                iteration=iteration, train_iters=b.train_iters, consumed_samples=iteration * b.global_batch_size,
+                elapsed_ms=sum(interval_ms) / len(interval_ms),
+                learning_rate=self.built.optimizer.param_groups[0]["lr"], global_batch_size=b.global_batch_size,
+                lm_loss=lm_loss, grad_norm=float(grad_norm) if grad_norm is not None else None, timestamp=_now()),
+                flush=True)
+
+    def report_memory(self, iteration: int) -> None:
+        from megatron.core import parallel_state as ps
+
+        from .cpu import rss_bytes
+
         if ps.get_data_parallel_rank() != 0:
             return  # as Megatron-LM: one report per model-parallel rank
-        if on_cpu:
+        torch, rank = self.torch, self.rank
+        if self.on_cpu:
             cur, peak = rss_bytes()
-            line = memory_line(rank=rank, iteration=iteration, allocated_bytes=tracker.allocated_bytes,
-                               max_allocated_bytes=tracker.max_allocated_bytes, reserved_bytes=cur,
+            line = memory_line(rank=rank, iteration=iteration, allocated_bytes=self.tracker.allocated_bytes,
+                               max_allocated_bytes=self.tracker.max_allocated_bytes, reserved_bytes=cur,
                                max_reserved_bytes=peak)
         else:
             line = memory_line(rank=rank, iteration=iteration, allocated_bytes=torch.cuda.memory_allocated(),
@@ -561,97 +744,86 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
                        f"of {total / 2**20:.1f} MB")
         print(line, flush=True)
 
-    def lm_loss_of(losses: Any) -> float | None:
-        if not (post and losses):
-            return None
-        tot = torch.stack([x["lm loss"] for x in losses]).sum(dim=0)
-        torch.distributed.all_reduce(tot, group=dp_group)
-        return float(tot[0] / max(tot[1].item(), 1.0))
-
-    def evaluate(iteration: int) -> None:
+    def evaluate(self, iteration: int) -> None:
         # Megatron-LM's evaluate(): eval_iters global batches of the validation set, forward only;
         # evaluation k reads the k-th block of eval_iters batches (the validation sampler's order)
-        k = iteration // args.eval_interval if iteration % args.eval_interval == 0 else train_iters // args.eval_interval
-        vdata = _dataset_batches(valid_data, micro_batch_size=args.micro_batch_size,
-                                 dp_rank=ps.get_data_parallel_rank(), dp=dp,
-                                 start_microbatch=k * args.eval_iters * num_microbatches, torch=torch, device=device)
-        out = []
-        with torch.no_grad():
-            for _ in range(args.eval_iters):
-                out += fwd_bwd(forward_step_func=_forward_step, data_iterator=vdata, model=[ddp],
-                               num_microbatches=num_microbatches, seq_length=args.seq_length,
-                               micro_batch_size=args.micro_batch_size, decoder_seq_length=args.seq_length,
-                               forward_only=True, **schedule_groups)
-        loss = lm_loss_of(out)
-        if rank == last_rank and loss is not None:
-            import math
+        import math
 
+        from megatron.core import parallel_state as ps
+
+        a, b = self.args, self.batches
+        k = iteration // a.eval_interval if iteration % a.eval_interval == 0 else b.train_iters // a.eval_interval
+        vdata = _dataset_batches(self.valid_data, micro_batch_size=a.micro_batch_size,
+                                 dp_rank=ps.get_data_parallel_rank(), dp=b.dp,
+                                 start_microbatch=k * a.eval_iters * b.num_microbatches, torch=self.torch,
+                                 device=self.device)
+        out = []
+        with self.torch.no_grad():
+            for _ in range(a.eval_iters):
+                out += self._fwd_bwd(vdata, forward_only=True)
+        loss = self.lm_loss_of(out)
+        if self.rank == self.world - 1 and loss is not None:
             print(f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | "
                   f"lm loss PPL: {math.exp(min(loss, 20.0)):.6E} |", flush=True)
 
-    def save(iteration: int) -> None:
-        ckpt.save(args.save, iteration=iteration, model=model, optimizer=optimizer, scheduler=scheduler,
-                  args=ckpt_args, dp_group=dp_group, ranks=ranks, torch=torch)
-        if rank == 0:
-            _log(rank, f"saved checkpoint at iteration {iteration} to {args.save}")
+    def save(self, iteration: int) -> None:
+        from . import checkpoint as ckpt
 
-    stop = _StopRequest(args.exit_signal_handler)
-    t_start = time.monotonic()
-    iteration = start
-    saved_at = start if args.load and args.save == args.load else None
-    for iteration in range(start + 1, train_iters + 1):
-        torch.distributed.barrier()
-        t0 = time.perf_counter()
-        ddp.zero_grad_buffer()
-        optimizer.zero_grad()
-        losses = fwd_bwd(forward_step_func=_forward_step, data_iterator=data, model=[ddp],
-                         num_microbatches=num_microbatches, seq_length=args.seq_length,
-                         micro_batch_size=args.micro_batch_size, decoder_seq_length=args.seq_length,
-                         forward_only=False, **schedule_groups)
-        ok, grad_norm, _ = optimizer.step()
-        scheduler.step(increment=gbs)
-        torch.distributed.barrier()  # the iteration ends when the slowest stage is done
-        interval_ms.append((time.perf_counter() - t0) * 1000.0)
+        built = self.built
+        ckpt.save(self.args.save, iteration=iteration, model=built.model, optimizer=built.optimizer,
+                  scheduler=built.scheduler, args=self.ckpt_args, dp_group=self.dp_group, ranks=self.ranks,
+                  torch=self.torch)
+        if self.rank == 0:
+            _log(self.rank, f"saved checkpoint at iteration {iteration} to {self.args.save}")
 
-        if iteration % args.log_interval == 0 or iteration == train_iters:
-            lm_loss = lm_loss_of(losses)
-            if rank == last_rank:
-                print(iteration_line(
-                    iteration=iteration, train_iters=train_iters, consumed_samples=iteration * gbs,
-                    elapsed_ms=sum(interval_ms) / len(interval_ms),
-                    learning_rate=optimizer.param_groups[0]["lr"], global_batch_size=gbs, lm_loss=lm_loss,
-                    grad_norm=float(grad_norm) if grad_norm is not None else None, timestamp=_now()),
-                    flush=True)
-            interval_ms.clear()
-            if not reported_memory:
-                report_memory(iteration)
-                reported_memory = True
-        if eval_on and iteration % args.eval_interval == 0:
-            evaluate(iteration)
-        if args.save and args.save_interval and iteration % args.save_interval == 0:
-            save(iteration)
-            saved_at = iteration
-        # Megatron-LM's exit conditions, decided together (any rank's request stops all)
-        want = stop.requested() or (args.exit_interval is not None and iteration % args.exit_interval == 0) or \
-            (args.exit_duration_in_mins is not None and (time.monotonic() - t_start) / 60.0 > args.exit_duration_in_mins)
+    def exit_requested(self, stop: _StopRequest, iteration: int, t_start: float) -> bool:
+        """Megatron-LM's exit conditions, decided together (any rank's request stops all)."""
+        a, torch = self.args, self.torch
+        want = stop.requested() or (a.exit_interval is not None and iteration % a.exit_interval == 0) or \
+            (a.exit_duration_in_mins is not None and (time.monotonic() - t_start) / 60.0 > a.exit_duration_in_mins)
         flag = torch.tensor([1 if want else 0], dtype=torch.int)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        if flag.item() and iteration < train_iters:
-            if args.save and saved_at != iteration:
-                save(iteration)
-            if rank == 0:
-                _log(rank, f"exiting at iteration {iteration} of {train_iters} (signal, --exit-interval or "
-                           f"--exit-duration-in-mins); the same command with --load {args.save or args.load} goes on")
-            return 0
-    if eval_on and train_iters % args.eval_interval:
-        evaluate(train_iters)
-    if args.save and saved_at != train_iters and iteration == train_iters:
-        save(train_iters)
-    report_memory(train_iters)
-    torch.distributed.barrier()
-    if rank == 0:
-        print(f"[after training is done] datetime: {_now()}", flush=True)
-    return 0
+        return bool(flag.item())
+
+    def run(self, start: int, data: Iterator[dict[str, Any]]) -> int:
+        """Iterations ``start + 1 .. train_iters``, or until an exit condition saves and stops."""
+        a, train_iters, eval_on = self.args, self.batches.train_iters, self.valid_data is not None
+        interval_ms: list[float] = []
+        reported_memory = False
+        stop = _StopRequest(a.exit_signal_handler)
+        t_start = time.monotonic()
+        iteration = start
+        saved_at = start if a.load and a.save == a.load else None
+        for iteration in range(start + 1, train_iters + 1):
+            losses, grad_norm, ms = self.step(data)
+            interval_ms.append(ms)
+            if iteration % a.log_interval == 0 or iteration == train_iters:
+                self.log_iteration(iteration, losses, grad_norm, interval_ms)
+                interval_ms.clear()
+                if not reported_memory:
+                    self.report_memory(iteration)
+                    reported_memory = True
+            if eval_on and iteration % a.eval_interval == 0:
+                self.evaluate(iteration)
+            if a.save and a.save_interval and iteration % a.save_interval == 0:
+                self.save(iteration)
+                saved_at = iteration
+            if self.exit_requested(stop, iteration, t_start) and iteration < train_iters:
+                if a.save and saved_at != iteration:
+                    self.save(iteration)
+                if self.rank == 0:
+                    _log(self.rank, f"exiting at iteration {iteration} of {train_iters} (signal, --exit-interval or "
+                                    f"--exit-duration-in-mins); the same command with --load {a.save or a.load} goes on")
+                return 0
+        if eval_on and train_iters % a.eval_interval:
+            self.evaluate(train_iters)
+        if a.save and saved_at != train_iters and iteration == train_iters:
+            self.save(train_iters)
+        self.report_memory(train_iters)
+        self.torch.distributed.barrier()
+        if self.rank == 0:
+            print(f"[after training is done] datetime: {_now()}", flush=True)
+        return 0
 
 
 class _StopRequest:

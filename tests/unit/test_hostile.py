@@ -950,3 +950,32 @@ def test_store_linked_to_dev_null_is_refused_by_planning(command: str, tmp_path:
     code = main([*argv, "--site", site(tmp_path), "--job", job(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and f"{tmp_path}/store.h5" in err and "Traceback" not in err
+
+
+# space: a degree list that leaves no layout names that list, not "no split fits the GPUs"
+
+MOE_JOB = """\
+name: moe
+model: {preset: Mixtral-8x7B, num_layers: 4, seq_length: 1024}
+global_batch_size: 8
+micro_batch_sizes: [1]
+expert_parallel_sizes: [2]
+"""
+SPACE_CASES = [
+    Case("space-job-ep-outside-the-sites", lambda t: [
+        "search", "--site", site(t, text="name: ep\nstore: store.h5\nexpert_parallel_sizes: [4]\npartitions:\n"
+                                         "  - {name: a, gpu_type: A100-80, nodes: 1, gpus_per_node: 8}\n"),
+        "--job", job(t, MOE_JOB), "--analytic", "--out", str(t / "out")],
+        1, ("job.yaml", "expert_parallel_sizes", "[2]", "the site's [4]")),
+    Case("space-cp-without-transformer-engine", lambda t: [
+        "search", "--site", site(t, text="name: cp\nstore: store.h5\npartitions:\n  - {name: a, gpu_type: A100-80, "
+                                         "nodes: 1, gpus_per_node: 4, transformer_impl: local}\n"),
+        "--job", job(t, JOB + "context_parallel_sizes: [2]\n"), "--analytic", "--out", str(t / "out")],
+        1, ("job.yaml", "context_parallel_sizes", "transformer_impl transformer_engine on partition a")),
+]
+
+
+@pytest.mark.parametrize("case", SPACE_CASES, ids=[c.id for c in SPACE_CASES])
+def test_space_degree_lists_name_the_constraint(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                monkeypatch) -> None:
+    test_hostile_input_or_fault(case, tmp_path, capsys, monkeypatch)

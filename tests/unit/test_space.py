@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from memx_hpc.errors import SpecError
+from memx_hpc.placement import group_fits, place, tp_placeable
 from memx_hpc.spec import ModelSpec, Partition, Site, job_for_model, load_job, load_site
 from memx_hpc.search.space import PlanSpace, SpaceOptions, recompute_levels
 
@@ -55,7 +56,7 @@ def test_every_plan_is_runnable():
         used: dict[str, int] = {}
         for s in p.stages:
             part = site.partition(s.partition)
-            assert part.gpus_per_node % p.tp == 0
+            assert tp_placeable(part, p.tp, across_nodes=False)
             used[s.partition] = used.get(s.partition, 0) + p.tp * p.dp
         for name, n in used.items():
             assert n <= site.partition(name).total_gpus
@@ -100,6 +101,28 @@ def test_skeletons_are_exactly_the_valid_ones(across):
     assert got == want
     # across nodes, TP 4 runs on the 2-GPU partition too (two whole nodes); not by default
     assert any(sk.tp == 4 and site.partitions[sk.groups[0][0]].gpus_per_node == 2 for sk in space.skeletons) == across
+
+
+@pytest.mark.parametrize("across", [False, True])
+def test_six_gpus_a_node_take_tp_4_where_placement_does(across):
+    """6 GPUs a node hold one TP 4 group a node (4 <= 6, 4 tasks on it): the space searches
+    exactly the groups the one rule of :mod:`memx_hpc.placement` places, and places every plan
+    it enumerates (it once asked for GPUs per node a multiple of TP and left TP 4 out)."""
+    site, job = tiny_site(gpn=(6, 4), nodes=(2, 1)), tiny_job(gbs=8)
+    six = site.partitions[0]
+    space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=3, tp_across_nodes=across))
+    assert any(sk.tp == 4 and p == 0 for sk in space.skeletons for p, _ in sk.groups)
+    for tp, dp in itertools.product((1, 2, 4), (1, 2, 4, 8)):
+        want = [s for s in range(1, 4) if group_fits(six, s, tp=tp, dp=dp)]
+        assert space.room(tp, dp).get(0, []) == want, (tp, dp)
+    assert space.room(4, 1)[0] == [1, 2] and space.room(4, 2)[0] == [1]  # 12 ranks would split a TP group
+    for i in range(0, len(space), max(1, len(space) // 200)):
+        plan = space.plan_at(i)
+        place(plan, site, job)  # raises where the space and placement disagree
+    one = Site(name="six", partitions=(six,))
+    assert len(PlanSpace(one, job, SpaceOptions(layer_granularity=1, tp_degrees=(4,))))
+    field, why = PlanSpace(one, tiny_job(heads=8, gbs=8), SpaceOptions(layer_granularity=1, tp_degrees=(8,))).why_empty()
+    assert field == "--tp" and "TP 8 exceeds every partition's GPUs per node (6)" in why
 
 
 def test_layer_splits_follow_the_grid():
