@@ -39,10 +39,11 @@ from .predict import PredictRequest, PredictResult, predict
 from .resume import model_differences, resume_job
 from .simulate import ScaledSearch, ScaleResult, best_plan_check, max_scale_gpus, scale_site, simulate_scales
 from .space import launchable_space
-from .verify import VerifyRequest, VerifyResult, VerifyRow, _rows_mape, _verify_row, plan_file_entries, verify
+from .verify import (VerifyRequest, VerifyResult, VerifyRow, _rows_mape, _verify_row,  # noqa: F401 - tests read these
+                     plan_file_entries, verify)
 
-__all__ = ["CostOptions", "MIN_TYPES_FOR_DATASHEET_TRANSFER", "MIN_PLANS_PER_RANK", "PlanRequest", "PlanResult", "ScaleResult",
-           "ScaledSearch", "StorePaths", "base_of", "bases_of", "calibrated", "consistent_sources",
+__all__ = ["CostOptions", "MIN_TYPES_FOR_DATASHEET_TRANSFER", "MIN_PLANS_PER_RANK", "PlanRequest", "PlanResult",
+           "ScaleResult", "ScaledSearch", "StorePaths", "base_of", "bases_of", "calibrated", "consistent_sources",
            "eager_layer_notes", "error_bands", "load_cost_model", "load_specs", "plan", "prepare", "Prepared",
            "profile_missing", "provenance_of", "rule_fallback", "scale_site", "max_scale_gpus", "search_options",
            "simulate_scales", "start_store", "store_paths", "submit_best", "best_plan_check", "launchable_space",
