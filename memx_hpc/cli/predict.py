@@ -43,57 +43,22 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..planfile import check_belongs, load_plan_with_origin
-    from ..model.compose import CostOptions, predict_general, predict_plan
-    from ..spec import GeneralPlan, load_job, load_site
-    from ..planner import load_cost_model, provenance_of, store_paths
+    from ..planner import CostOptions, PredictRequest, predict
     from .search import PROVENANCE_WORDS
 
-    site = load_site(args.site)
-    job = load_job(args.job)
-    plan, origin = load_plan_with_origin(args.plan)
-    check_belongs(origin, args.plan, site=site, job=job)
-    notes: list[str] = []
-    if plan.global_batch_size != job.global_batch_size:
-        # the plan's own batch: a plan is predicted as it would run
-        import dataclasses
-        notes.append(f"the plan's global batch {plan.global_batch_size} is used, not the job file's "
-                     f"{job.global_batch_size}")
-        job = dataclasses.replace(job, global_batch_size=plan.global_batch_size)
-    store = store_paths(site, args.store).store
-    model = load_cost_model(site, job, store, analytic=args.analytic, notes=notes,
-                            reference=False if args.no_reference else None)
-    opts = CostOptions(overlap_grad_reduce=args.overlap_grad_reduce)
-    try:
-        if isinstance(plan, GeneralPlan):
-            pred = predict_general(plan, site, job, model, options=opts)
-        else:
-            pred = predict_plan(plan, site, job, model, options=opts)
-    except Exception as e:
-        from ..errors import SpecError
-        if isinstance(e, SpecError):
-            raise e.with_file(str(args.plan)) from None
-        raise
-    gpus = sorted({s.gpu_type for s in pred.stages})
-    provenance = {g: model.provenance(g) for g in gpus}
-    provenance.update({g: v for g, v in provenance_of(model, site).items() if g in gpus})
-    from ..catalog import precision_notes
-    from ..planner import error_bands
-    notes += precision_notes(site, job, gpu_types=gpus)
-    from ..search.objective import risk_utilisation
-    bands = error_bands(model, site, job, store, notes)
-    risk = risk_utilisation(pred, bands)
-    links = plan_links(model, pred)
-    sources = getattr(model, "sources", None) or getattr(getattr(model, "base", None), "sources", None)
-    disagree = sources.to_json(gpus) if sources is not None else []
+    res = predict(PredictRequest(site=args.site, job=args.job, plan=args.plan, store=args.store,
+                                 analytic=args.analytic, reference=False if args.no_reference else None,
+                                 cost=CostOptions(overlap_grad_reduce=args.overlap_grad_reduce)))
+    plan, pred, bands, risk, links, notes = res.plan, res.prediction, res.bands, res.risk, res.links, res.notes
+    gpus, provenance = res.gpu_types, res.provenance
     if args.json:
         d = pred.to_dict()
-        d.update({"plan": str(args.plan), "general": isinstance(plan, GeneralPlan), "provenance": provenance,
-                  "links": links, "source_disagreements": disagree, "notes": notes, "risk_utilisation": risk,
+        d.update({"plan": str(args.plan), "general": res.general, "provenance": provenance,
+                  "links": links, "source_disagreements": res.disagreements, "notes": notes, "risk_utilisation": risk,
                   "memory_error": {g: b.fraction for g, b in bands.items() if g in gpus}})
         emit_json(d)
         return 0
-    kind = "general plan (predict only; never rendered)" if isinstance(plan, GeneralPlan) else "plan"
+    kind = "general plan (predict only; never rendered)" if res.general else "plan"
     print(f"{kind} {args.plan}: {len(pred.stage_ms)} stages, {pred.num_microbatches} micro-batches of "
           f"{plan.micro_batch_size}, global batch {plan.global_batch_size}")
     print(f"iteration {pred.iteration_ms / 1e3:.3f} s (pipeline {pred.pipeline_ms / 1e3:.3f} s), "
@@ -121,13 +86,3 @@ def run(args: argparse.Namespace) -> int:
     for n in notes:
         print(f"note: {n}")
     return 0
-
-
-def plan_links(model, pred) -> list[dict]:
-    """The links a predicted plan's stages use (:meth:`memx_hpc.model.links.LinkModel.describe`
-    rows between its partitions): where each figure came from. Empty for a model without links."""
-    links = getattr(model, "links", None)
-    if links is None:
-        return []
-    parts = {s.partition for s in pred.stages if s.partition}
-    return [r for r in links.describe() if {x.strip() for x in r["link"].split("<->")} <= parts]

@@ -201,7 +201,7 @@ def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=N
 
 def _link_rows(cost_model) -> list[dict]:
     from ..search.report import link_rows
-    return link_rows(cost_model)
+    return link_rows(cost_model.links if cost_model is not None else None)
 
 
 PROVENANCE_WORDS = {"measured": "measured by the profiler", "imported": "imported measurements",

@@ -55,7 +55,7 @@ import json
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -64,6 +64,9 @@ from ..records import E2ERecord, job_from_spec, records_hash
 from ..spec import Plan, Site, TrainJob
 from .api import LayerQuery
 from .metrics import mape
+
+if TYPE_CHECKING:
+    from .links import LinkModel
 
 __all__ = ["CalibratedCostModel", "Calibration", "HeldOut", "MAX_FACTOR", "PRIOR_RECORDS", "error_summary",
            "leave_one_out", "select_records"]
@@ -143,12 +146,12 @@ class _Run:
 class _Memo:
     """The base model with every answer kept: calibration asks for the same layers again and again."""
 
-    def __init__(self, base: Any, site: Site) -> None:
+    def __init__(self, base: Any, site: Site, links: "LinkModel | None" = None) -> None:
         self.base = base
         self.site = site
         self.table: dict[LayerQuery, tuple[float, float]] = {}
         self.overheads: dict[str, int] = {}
-        self.links = getattr(base, "links", None)
+        self.links = links  # what every run is composed over (None: the site's figures)
         from .compose import memory_scale_of
         self.memory_scale = memory_scale_of(base, site)
 
@@ -258,7 +261,7 @@ def _prepare(records: Sequence[E2ERecord], site: Site, job: TrainJob | None, mem
             skipped.append(f"{where}: no iteration time")
             continue
         try:
-            base = predict_plan(plan, site, rjob, memo, options=options)
+            base = predict_plan(plan, site, rjob, memo, options=options, links=memo.links)
         except SpecError as e:
             skipped.append(f"{where}: the plan cannot be predicted on this site ({e})")
             continue
@@ -313,7 +316,8 @@ def _time_factors(runs: Sequence[_Run], memo: _Memo, site: Site, prior_records: 
 
     def residuals(x: np.ndarray) -> np.ndarray:
         view = _Corrected(memo, dict(zip(types, np.exp(x))), {})
-        pred = np.log([predict_plan(r.plan, site, r.job, view, options=options).iteration_ms for r in runs])
+        pred = np.log([predict_plan(r.plan, site, r.job, view, options=options, links=memo.links).iteration_ms
+                       for r in runs])
         return np.concatenate([meas - pred, w * x])
 
     lim = math.log(MAX_FACTOR)
@@ -351,11 +355,12 @@ class CalibratedCostModel:
     site; those of ``site`` are used, of ``job`` when given and present). Construction only
     selects and hashes; :meth:`fit` (called on first use) predicts the runs and solves.
     ``identity`` covers the base model's identity and the runs used, so the signature cache
-    drops its answers when a run is added. Learned: ``calibration_``.
+    drops its answers when a run is added. ``links``: the site's links the runs are composed
+    over (None: the site's figures alone). Learned: ``calibration_``.
     """
 
     def __init__(self, base: Any, records: Sequence[E2ERecord], site: Site, job: TrainJob | None = None, *,
-                 prior_records: float = PRIOR_RECORDS, options: Any = None) -> None:
+                 prior_records: float = PRIOR_RECORDS, options: Any = None, links: "LinkModel | None" = None) -> None:
         if not (prior_records >= 0 and math.isfinite(prior_records)):
             raise SpecError("the prior's weight is a number of runs >= 0", field="prior_records",
                             found=prior_records)
@@ -368,7 +373,8 @@ class CalibratedCostModel:
         self.identity = hashlib.sha256(json.dumps(
             {"base": base.identity, "e2e": records_hash(self.records), "prior_records": self.prior_records,
              "calibration": CALIBRATION_VERSION}, sort_keys=True).encode()).hexdigest()
-        self._memo = _Memo(base, site)
+        self.links = links
+        self._memo = _Memo(base, site, links)
         self._view: _Corrected | None = None
 
     def fit(self) -> "CalibratedCostModel":
@@ -394,10 +400,6 @@ class CalibratedCostModel:
         """``a`` of ``footprint = a x allocator peak + b`` (:mod:`memx_hpc.model.memory`)."""
         return self._corrected().memory_scale(gpu_type)
 
-    @property
-    def links(self):
-        return getattr(self.base, "links", None)
-
     def basis(self, gpu_type: str):
         # where the layer numbers come from; the calibration is reported beside it
         return self.base.basis(gpu_type)
@@ -410,21 +412,23 @@ class CalibratedCostModel:
 
 
 def leave_one_out(base: Any, records: Sequence[E2ERecord], site: Site, job: TrainJob | None = None, *,
-                  prior_records: float = PRIOR_RECORDS, options: Any = None) -> list[HeldOut]:
+                  prior_records: float = PRIOR_RECORDS, options: Any = None,
+                  links: "LinkModel | None" = None) -> list[HeldOut]:
     """Every usable run of the selection, predicted by the base model and by a calibration
-    fitted on the runs of other plans only (other runs of the same plan are left out too).
-    With nothing else to learn from, 'after' is the base model."""
+    fitted on the runs of other plans only (other runs of the same plan are left out too),
+    composed over ``links`` (None: the site's figures). With nothing else to learn from,
+    'after' is the base model."""
     from .compose import predict_plan
 
     selected, selection = select_records(records, site, job)
-    memo = _Memo(base, site)
+    memo = _Memo(base, site, links)
     runs, skipped = _prepare(selected, site, job, memo, options)
     out = []
     for i, run in enumerate(runs):
         rest = [r for r in runs if r.record.key != run.record.key]
         cal = _fit(rest, memo, site, prior_records=prior_records, options=options, selection=selection,
                    skipped=skipped)
-        after = predict_plan(run.plan, site, run.job, _Corrected.of(memo, cal), options=options)
+        after = predict_plan(run.plan, site, run.job, _Corrected.of(memo, cal), options=options, links=memo.links)
         out.append(HeldOut(key=run.record.key, job_id=run.record.job_id, plan=run.record.plan,
                            measured_ms=run.record.iteration_ms, before_ms=run.base.iteration_ms,
                            after_ms=after.iteration_ms, measured_footprint_bytes=run.record.peak_footprint_bytes,

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import math
 
@@ -65,8 +65,13 @@ from ..spec import (job_for_plan, BYTES_PER_ELEMENT, RECOMPUTE_MODES, GeneralPla
                     Site, TrainJob)
 from . import analytic
 from .api import LayerQuery, forward_fraction
+from .assembled import AssembledCostModel
 from .host import HOST_US_PER_OP, host_bound, host_us_per_op, layer_host_ms_parallel
 from .schedule import in_flight_chunks, in_flight_last_chunk, pipeline_finish_batch
+
+if TYPE_CHECKING:
+    from .api import CostModel
+    from .links import LinkModel
 
 # Codes of the per-layer recompute mode used by the vectorised cost composition: positions in
 # the one vocabulary of modes (spec.RECOMPUTE_MODES), from profile points to rendered flags.
@@ -440,18 +445,19 @@ def stage_links(placement: Placement) -> tuple[list[tuple[str, str, bool]], list
     return bounds, [placement.stage_on_one_node(i) for i in range(len(names))]
 
 
-def link_model_for(site: Site, cost_model=None, links=None):
-    """The links to compose with: ``links`` if given, else the cost model's (the planner
-    attaches measured and imported curves there), else the site's figures alone."""
+def link_model_for(site: Site, cost_model: "CostModel | AssembledCostModel | None" = None,
+                   links: "LinkModel | None" = None) -> "LinkModel":
+    """The links to compose with: ``links`` if given, else an assembled cost model's
+    (:class:`~memx_hpc.model.assembled.AssembledCostModel`: the store's measured and imported
+    curves, the site's figures for the rest), for ``site`` (a part or a scaled copy of the
+    site it was assembled for keeps its curves), else the site's figures alone."""
     from .links import LinkModel
     if links is not None:
         return links
-    lm = getattr(cost_model, "links", None)
-    if lm is not None and getattr(lm, "site", None) is site:
-        return lm
-    if lm is not None:
-        return LinkModel(site, lm.curves)
-    return LinkModel(site)
+    if not isinstance(cost_model, AssembledCostModel):
+        return LinkModel(site)
+    lm = cost_model.links
+    return lm if lm.site is site else LinkModel(site, lm.curves)
 
 
 def memory_scale_of(cost_model, site: Site):

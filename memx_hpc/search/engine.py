@@ -25,9 +25,9 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..errors import MemxError, SpecError, SystemFailure
-from ..model.api import LayerQuery
-from ..model.compose import (MODE_NAMES, Composer, CostOptions, Prediction, context_queries, link_model_for,
-                             memory_scale_of, predict_plan, required_queries)
+from ..model.api import CostModel, LayerQuery
+from ..model.compose import (MODE_NAMES, Composer, CompositionInputs, CostOptions, Prediction, context_queries,
+                             link_model_for, memory_scale_of, predict_plan, required_queries)
 from ..model.host import host_us_per_op
 from ..spec import Plan
 from .cache import CacheStats, PredictionCache, signature
@@ -293,7 +293,7 @@ def cache_on_root(comm, fn: Callable[[], Any]) -> Any:
 
 
 
-def _predict_all(queries: list[LayerQuery], cost_model, cache: PredictionCache | None, comm,
+def _predict_all(queries: list[LayerQuery], cost_model: "CostModel", cache: PredictionCache | None, comm,
                  stats: CacheStats) -> dict[LayerQuery, tuple[float, float]]:
     """Answers for every unique query: cache hits, then the misses predicted (split over ranks)."""
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
@@ -398,7 +398,8 @@ def _merge_shares(shares: list[RankShare], k: int, noise: float) -> _Keeper:
     return merged
 
 
-def _known_predictions(space: PlanSpace, queries: list[LayerQuery], cost_model, cache, comm, options,
+def _known_predictions(space: PlanSpace, queries: list[LayerQuery], cost_model: "CostModel",
+                       cache: PredictionCache | None, comm, options: "SearchOptions",
                        stats: CacheStats) -> dict[LayerQuery, tuple[float, float]]:
     """Every query's answer (cache, then the model, split over ranks); without the cache a
     placeholder the blocks overwrite with their own plans' answers."""
@@ -410,7 +411,8 @@ def _known_predictions(space: PlanSpace, queries: list[LayerQuery], cost_model, 
     return {q: (0.0, 0.0) for q in queries}
 
 
-def _composer(space: PlanSpace, inputs, predictions, cost_model, options: SearchOptions) -> Composer:
+def _composer(space: PlanSpace, inputs: CompositionInputs, predictions, cost_model: "CostModel",
+              options: SearchOptions) -> Composer:
     gpus = sorted({p.gpu_type for p in space.partitions})
     scale_of = memory_scale_of(cost_model, space.site)
     return Composer(inputs, predictions, overhead_bytes={g: int(cost_model.overhead_bytes(g)) for g in gpus},
@@ -419,8 +421,8 @@ def _composer(space: PlanSpace, inputs, predictions, cost_model, options: Search
                     host_us_per_op=host_us_per_op(cost_model))
 
 
-def _compose_range(space: PlanSpace, composer: Composer, cost_model, options: SearchOptions, stats: CacheStats,
-                   start: int, stop: int, *, on_block: Callable[[int], None]) -> _Keeper:
+def _compose_range(space: PlanSpace, composer: Composer, cost_model: "CostModel", options: SearchOptions,
+                   stats: CacheStats, start: int, stop: int, *, on_block: Callable[[int], None]) -> _Keeper:
     """Decode, compose and score plans ``start..stop-1`` block by block into a keeper."""
     keeper = _Keeper(k=options.top_k * _SPARE, noise=options.time_noise)
     for block in space.iter_blocks(start, stop, block_size=options.block_size):
@@ -453,7 +455,7 @@ def _time_ranks(space: PlanSpace, composer: Composer, keeper: _Keeper, times: np
     return {int(i): int(f) + 1 for i, f in zip(targets, faster)}
 
 
-def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None,
+def search(space: PlanSpace, cost_model: "CostModel", *, options: SearchOptions | None = None,
            cache: PredictionCache | None = None, comm=None,
            progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """Search ``space`` with ``cost_model``; see the module docstring. Every rank returns the result."""
@@ -491,8 +493,8 @@ def search(space: PlanSpace, cost_model, *, options: SearchOptions | None = None
     return _result(space, cost_model, options, keeper, time_rank, stats, share, t0, comm, size)
 
 
-def _result(space: PlanSpace, cost_model, options: SearchOptions, keeper: _Keeper, time_rank: dict[int, int],
-            stats: CacheStats, share: RankShare, t0: float, comm, size: int) -> SearchResult:
+def _result(space: PlanSpace, cost_model: "CostModel", options: SearchOptions, keeper: _Keeper,
+            time_rank: dict[int, int], stats: CacheStats, share: RankShare, t0: float, comm, size: int) -> SearchResult:
     """The reported plans, each predicted on its own (the one-plan path), and the stats."""
     top = _scored(space, cost_model, options, keeper.score[1], keeper.score[0], time_rank)
     time_top = _scored(space, cost_model, options, keeper.time[1], None, time_rank)
@@ -568,7 +570,7 @@ def _times_of(space: PlanSpace, composer: Composer, indices: np.ndarray) -> np.n
     return out
 
 
-def _scored(space: PlanSpace, cost_model, options: SearchOptions, indices, log_scores,
+def _scored(space: PlanSpace, cost_model: "CostModel", options: SearchOptions, indices, log_scores,
             time_rank: dict[int, int]) -> tuple[ScoredPlan, ...]:
     out = []
     for r, i in enumerate(indices):

@@ -9,12 +9,15 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..planfile import job_record, save_plan
 from ..spec import Plan, Site, TrainJob
 from .engine import ScoredPlan, SearchResult
 from .objective import MemoryErrorBand
+
+if TYPE_CHECKING:
+    from ..model.links import LinkModel
 
 GiB = 2**30
 
@@ -123,9 +126,9 @@ def risk_words(s: ScoredPlan, *, margin: float = 0.0) -> str:
     return f"OOM risk small (the band's edge is near the {limit:.0%} memory limit)"
 
 
-def link_rows(cost_model: Any) -> list[dict]:
-    """Which curve each link of the site uses, from the cost model's links (empty when it has none)."""
-    links = getattr(cost_model, "links", None)
+def link_rows(links: "LinkModel | None") -> list[dict]:
+    """Which curve each link of the site uses (:meth:`memx_hpc.model.links.LinkModel.describe`;
+    an assembled cost model's ``links``); empty for None."""
     return links.describe() if links is not None else []
 
 

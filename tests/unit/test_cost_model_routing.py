@@ -31,8 +31,8 @@ def test_unprofiled_gpu_types_use_the_datasheet_booster_when_the_store_spans_typ
     assert len(types) >= MIN_TYPES_FOR_DATASHEET_TRANSFER
     notes: list[str] = []
     model = load_cost_model(site, job, sailor_store, analytic=False, notes=notes)
-    assert isinstance(model.model_for("MI250X-GCD"), Predictor)
-    assert isinstance(model.model_for("A100-80"), Predictor)
+    assert isinstance(model.layers.model_for("MI250X-GCD"), Predictor)
+    assert isinstance(model.layers.model_for("A100-80"), Predictor)
     assert model.provenance("MI250X-GCD") == "datasheet-only"
     assert model.provenance("A100-80") in ("imported", "augmented")
     assert any("datasheet figures and the" in n for n in notes)
@@ -46,8 +46,8 @@ def test_a_store_of_one_gpu_type_leaves_the_others_to_the_roofline(tmp_path, sai
     job = load_job(ROOT / "jobs/gpt3-2.7b.yaml")
     notes: list[str] = []
     model = load_cost_model(site, job, path, analytic=False, notes=notes)
-    assert isinstance(model.model_for("A100-80"), Predictor)
-    assert isinstance(model.model_for("MI250X-GCD"), AnalyticCostModel)
+    assert isinstance(model.layers.model_for("A100-80"), Predictor)
+    assert isinstance(model.layers.model_for("MI250X-GCD"), AnalyticCostModel)
     assert any("datasheet roofline" in n for n in notes)
 
 
@@ -65,12 +65,12 @@ def test_same_chip_and_alias_names_use_the_imported_layer_times(tmp_path, sailor
     job = load_job(ROOT / "jobs/gpt3-2.7b.yaml")
     notes: list[str] = []
     model = load_cost_model(site, job, path, analytic=False, notes=notes)
-    assert isinstance(model.model_for("V100-32"), Predictor)
+    assert isinstance(model.layers.model_for("V100-32"), Predictor)
     assert model.provenance("V100-32") == "imported (same chip as V100-16)"
     for name in ("GH-96", "GH200"):
-        assert isinstance(model.model_for(name), Predictor)
+        assert isinstance(model.layers.model_for(name), Predictor)
         assert model.provenance(name) == "imported"
-    assert isinstance(model.model_for("MI250X-GCD"), AnalyticCostModel)  # two types: too few to transfer
+    assert isinstance(model.layers.model_for("MI250X-GCD"), AnalyticCostModel)  # two types: too few to transfer
     assert any("V100-32: no samples of its own; layer times from V100-16" in n for n in notes)
 
 
@@ -108,7 +108,7 @@ def test_a_site_of_only_unprofiled_types_gets_the_numbers_it_gets_beside_a_profi
     for site in (alone, beside):
         notes: list[str] = []
         model = load_cost_model(site, job, sailor_store, analytic=False, notes=notes)
-        assert isinstance(model.model_for("MI250X-GCD"), Predictor), notes
+        assert isinstance(model.layers.model_for("MI250X-GCD"), Predictor), notes
         assert model.provenance("MI250X-GCD") == "datasheet-only"
         assert any("MI250X-GCD" in n and "datasheet figures and the" in n for n in notes), notes
         pred = model.predict(queries)

@@ -979,3 +979,38 @@ SPACE_CASES = [
 def test_space_degree_lists_name_the_constraint(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture,
                                                 monkeypatch) -> None:
     test_hostile_input_or_fault(case, tmp_path, capsys, monkeypatch)
+
+
+# ---------------------------------------------------------------- planner: --finish past the last date, --scale range
+
+
+def test_plan_finish_beyond_the_last_date_names_finish(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                       monkeypatch) -> None:
+    """``plan --finish 1G`` at a large global batch runs past year 9999: exit 1 naming
+    ``--finish`` and the most it can price, before Slurm is asked (no OverflowError)."""
+    import memx_hpc.planner.conductor as conductor
+
+    monkeypatch.chdir(tmp_path)
+    # Slurm's view of the cluster: every node usable (the horizon is checked before Slurm is asked)
+    monkeypatch.setattr(conductor, "cluster_view", lambda comm, rank0: object())
+    monkeypatch.setattr(conductor, "usable_site", lambda site, view: (site, []))
+    monkeypatch.setattr("memx_hpc.slurm.local_cluster.slurm_available", lambda timeout=5.0: True)
+    big = "name: big\nmodel: {preset: Llama-3.2-3B}\nglobal_batch_size: 65536\nprecision: bf16\n"
+    code = main(["plan", "--site", site(tmp_path), "--job", job(tmp_path, big), "--analytic", "--no-profile",
+                 "--top", "2", "--out", str(tmp_path / "out"), "--finish", "1G"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "--finish" in err and "at most" in err and "iterations" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("scale", ["10000000", "0"])
+def test_simulate_scale_out_of_range_names_scale(scale: str, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                 monkeypatch) -> None:
+    """``simulate --scale 10000000`` names ``--scale`` and its range, not a partition's ``nodes``."""
+    monkeypatch.chdir(tmp_path)
+    code = main(["simulate", "--site", site(tmp_path), "--job", job(tmp_path), "--analytic", "--scale", scale])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "--scale" in err and "Traceback" not in err
+    if scale != "0":
+        assert "1 to " in err and "nodes:" not in err

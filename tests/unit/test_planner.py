@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -164,3 +165,51 @@ def test_sequence_parallel_is_not_planned_where_render_refuses_it() -> None:
     describe(dataclasses.replace(sp, sequence_parallel=False), local, job)
     with pytest.raises(SpecError, match="CPU devices"):
         describe(sp, local, job)
+
+
+def _checkpoint(base: Path, iteration: int = 2, **args) -> str:
+    """A megatron-core torch_dist checkpoint folder as far as resume reads it: the tracker
+    file, the dist-checkpoint metadata and the common state (``args``, ``iteration``)."""
+    import argparse
+    import json as json_
+
+    import torch
+
+    path = base / f"iter_{iteration:07d}"
+    path.mkdir(parents=True)
+    (base / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    (path / "metadata.json").write_text(json_.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                                                      "common_backend": "torch", "common_backend_version": 1}))
+    torch.save({"args": argparse.Namespace(**args), "iteration": iteration}, path / "common.pt")
+    return str(base)
+
+
+def test_resume_names_every_model_argument_the_checkpoint_differs_in(tmp_path):
+    """resume_job compares the arguments Megatron saved with the checkpoint against the job
+    before anything is rendered: SpecError naming --resume, the checkpoint and each argument."""
+    pytest.importorskip("megatron.core")
+    from memx_hpc.errors import SpecError
+    from memx_hpc.planner import resume_job
+    from memx_hpc.spec import load_job
+
+    job = load_job(ROOT / "jobs" / "tiny-gpt.yaml")
+    m = job.model
+    same = dict(num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
+                num_attention_heads=m.num_attention_heads, seq_length=m.seq_length,
+                group_query_attention=m.num_query_groups != m.num_attention_heads,
+                num_query_groups=m.num_query_groups, swiglu=m.activation == "swiglu", num_experts=None,
+                vocab_size=m.vocab_size, tokenizer_type="NullTokenizer", tensor_model_parallel_size=2,
+                pipeline_model_parallel_size=1, data_parallel_size=1, global_batch_size=job.global_batch_size)
+    ok = _checkpoint(tmp_path / "ok", **same)
+    resumed, note = resume_job(dataclasses.replace(job, train_iters=10), ok)
+    assert resumed.checkpoint.load_dir == ok and "iteration 2, written with tp/pp/dp 2/1/1" in note
+    bad = _checkpoint(tmp_path / "bad", **{**same, "hidden_size": m.hidden_size * 2, "swiglu": not same["swiglu"],
+                                           "num_experts": 8, "vocab_size": m.vocab_size + 7})
+    with pytest.raises(SpecError) as e:
+        resume_job(dataclasses.replace(job, train_iters=10), bad)
+    assert e.value.field == "--resume"
+    text = str(e.value)
+    assert bad in text
+    for name in ("hidden_size", "swiglu", "num_experts", "vocab_size"):
+        assert name in text, text
+    assert "num_layers" not in text

@@ -12,6 +12,7 @@ from memx_hpc.planner import PlanRequest, plan
 from memx_hpc.profile.importers import import_sailor
 from memx_hpc.profile.store import ProfileStore
 from memx_hpc.search.report import explain
+from memx_hpc.model.api import Basis
 from memx_hpc.search.rule import ranking_table, rule_key, rule_pick, rule_row, site_kind
 from memx_hpc.spec import Plan, Recompute, Stage, load_site
 
@@ -42,11 +43,15 @@ def test_the_table_decides_by_kind_of_site():
     a100 = next(p for p in full.partitions if p.gpu_type == "A100-80")
     one = dataclasses.replace(full, partitions=(dataclasses.replace(a100, nodes=1),))
     two = dataclasses.replace(full, partitions=(a100,))
-    assert site_kind(one, {"A100-80": "imported"}) == ("single-node", "profiled")
-    assert site_kind(two, {"A100-80": "datasheet-only"}) == ("multi-node", "datasheet-only")
+    assert site_kind(one, {"A100-80": Basis(kind="imported")}) == ("single-node", "profiled")
+    assert site_kind(two, {"A100-80": Basis(kind="datasheet-only")}) == ("multi-node", "datasheet-only")
+    assert site_kind(two, {}) == ("multi-node", "datasheet-only")  # a type the model does not name
+    # the basis kind decides, not how a label reads: a type answered by another of its chip
+    assert site_kind(one, {"A100-80": Basis(kind="imported", same_chip_as="A100-40")}) == ("single-node",
+                                                                                            "profiled")
     assert site_kind(full, {}) is None  # MI250X: no public multi-plan set of that vendor
     expect = t["single-node"]["profiled"]["predictor_top1"] < t["single-node"]["profiled"]["rule_top1"]
-    assert (rule_row(one, {"A100-80": "imported"}) is not None) == expect
+    assert (rule_row(one, {"A100-80": Basis(kind="imported")}) is not None) == expect
 
 
 @pytest.fixture(scope="module")

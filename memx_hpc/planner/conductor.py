@@ -1,0 +1,528 @@
+"""The planner's conductor: a typed :class:`PlanRequest` in, a :class:`PlanResult` out.
+
+:func:`plan` does what ``memx-hpc plan`` and ``memx-hpc search`` do, without printing
+to stdout (progress goes to stderr when ``request.progress``):
+
+1. load the site and the job (when given as file paths);
+2. with ``request.profile``: measure the points the store lacks (the profiler, through
+   the site's scheduler). A failed profiling run or a locked store is a
+   :class:`~memx_hpc.errors.SystemFailure` naming the store, unless
+   ``request.allow_datasheet`` says planning from what the store holds (and datasheet
+   figures for the rest) is wanted; then it is a note;
+3. assemble the cost model (:func:`memx_hpc.model.assemble.load_cost_model`): the predictor
+   fitted on the store for the GPU types it has samples of, the datasheet roofline for the
+   rest, calibrated by the site's end-to-end runs, with the site's links;
+4. search the plan space (serially, or split over the ranks of an MPI communicator);
+5. on rank 0, write one plan JSON per reported plan, the three picks (``recommended.json``,
+   ``fastest.json``, ``weighted.json``), ``pareto.png`` and ``summary.json`` into a folder of
+   its own, ``request.out_dir/<run id>/``, with ``request.out_dir/latest`` pointing at it
+   (when ``request.write``); with ``request.finish``, rank the best candidates by when they
+   would finish (:mod:`memx_hpc.planner.finish`).
+
+The ranking is ``request.objective``'s: ``recommended`` (the default: the fastest plan
+whose peak, widened by the expected memory error of its GPU types, fits; see
+:mod:`memx_hpc.search.objective`) or ``memx`` (the weighted product). The search always
+keeps both, and the fastest plan that fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
+
+from ..catalog import precision_notes
+from ..errors import MemxError, SpecError, SystemFailure
+from ..model.api import Basis
+from ..model.assemble import bases_of, load_cost_model, provenance_of, start_store, store_paths
+from ..model.assembled import AssembledCostModel
+from ..model.calibrate import CalibratedCostModel, leave_one_out
+from ..model.compose import CostOptions
+from ..profile.store import ProfileStore
+from ..search.cache import PredictionCache
+from ..search.engine import SearchOptions, SearchResult, launched_under_mpi, mpi_comm, search
+from ..search.objective import (MIN_RUNS_FOR_OWN_BAND, OBJECTIVES, MemoryErrorBand, Weights, memory_error_bands,
+                                parse_weights)
+from ..search.report import (MAX_PLAN_FILES, ProgressBar, link_rows, new_run_dir, new_run_id, pareto_png,
+                             point_latest, result_to_json, write_plan_files)
+from ..search.rule import rule_pick, rule_row
+from ..search.space import PlanSpace, SpaceOptions
+from ..slurm.submit import launch
+from ..spec import Site, TrainJob, load_job, load_site
+from .finish import FinishGoal, FinishRanking, cluster_view, rank_by_finish, usable_site
+from .space import launchable_space
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
+
+__all__ = ["MIN_PLANS_PER_RANK", "PlanRequest", "PlanResult", "search_options", "error_bands", "rule_fallback",
+           "profile_missing", "load_specs", "prepare", "Prepared", "plan", "submit_best"]
+
+#: Plans each MPI rank must get before starting it pays (``PlanRequest.min_plans_per_rank``).
+#: A rank costs its own start (imports, MPI, the cost model loaded after rank 0's) and a share
+#: of the predictions exchanged; on a 2-core machine (load ~8) 2 ranks searched the
+#: cross-vendor llama2-7b space (243,153 plans) in 9.4-10.6 s against 6.3-6.6 s on one, and
+#: local.yaml's tiny-gpt space (8,208 plans) in 1.5 s against 0.7 s (benchmarks/cli_speed.py
+#: prints the current figures). Spaces of a million plans and more are where ranks pay.
+MIN_PLANS_PER_RANK = 500_000
+T = TypeVar("T")
+_OUTCOME_TAG = 7319  # the message rank 0 sends the ranks it left idle: None or (error type, text)
+
+
+# --------------------------------------------------------------------------- request and result
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest:
+    """What to plan.
+
+    ``site``/``job``: the specs, or paths of their YAML files. ``store``: the profile store
+    (None: the site's). ``weights``: the objective's exponents as ``Weights`` or text
+    (``"time=1,memory=0.5"``; None: the site's ``objective:``, else the default).
+    ``space``/``cost``: the search-space and composition options. ``profile``: measure
+    what the store lacks first; ``scheduler`` overrides the site's (``slurm`` | ``local``);
+    ``allow_datasheet``: a failed or locked profiling run becomes a note instead of an
+    error. ``out_dir``: where files go (None: the site's ``work_dir/plan-<job>``);
+    ``write`` False writes nothing. ``mpi``: ``"auto"`` (use MPI when launched under
+    it), ``"require"`` or ``"off"``; ``comm`` an explicit communicator (wins over
+    ``mpi``). ``analytic``: datasheet roofline only; ``use_cache`` False: no signature
+    cache. ``progress``: progress lines on stderr. ``notes``: notes the result starts with
+    (what the caller chose, in words). ``objective``: ``recommended`` or ``memx`` (which
+    ranking ``PlanResult.ranked`` and plan-NN.json follow). ``run_folder`` False writes
+    into ``out_dir`` itself instead of a new run folder under it. ``finish``: rank the best
+    candidates by when they would finish that much training on the cluster as it is now
+    (:func:`rank_by_finish`: Slurm's ``--test-only`` start + the predicted run time); nodes a
+    job cannot get now (down, drained, reserved) are not planned on. ``min_plans_per_rank``:
+    under MPI, a space of fewer plans than this per rank is searched by rank 0 alone, the
+    other ranks waiting for its outcome (:data:`MIN_PLANS_PER_RANK` is what the CLI passes;
+    0: every rank searches, however small the space).
+    """
+
+    site: Site | str | Path
+    job: TrainJob | str | Path
+    store: str | Path | None = None
+    weights: Weights | str | None = None
+    space: SpaceOptions = field(default_factory=SpaceOptions)
+    cost: CostOptions = field(default_factory=CostOptions)
+    top_k: int = 10
+    block_size: int = 65536
+    profile: bool = False
+    scheduler: str | None = None
+    allow_datasheet: bool = False
+    out_dir: str | Path | None = None
+    write: bool = True
+    mpi: str = "auto"
+    comm: "Comm | None" = None
+    analytic: bool = False
+    use_cache: bool = True
+    progress: bool = True
+    notes: tuple[str, ...] = ()
+    objective: str = "recommended"
+    run_folder: bool = True
+    finish: FinishGoal | None = None
+    min_plans_per_rank: int = 0
+    #: a store that does not exist yet starts from the shipped reference profiles: True/False
+    #: (``--no-reference``), None: the site's ``reference_data`` (:func:`start_store`)
+    reference: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise SpecError("unknown objective", field="objective", found=self.objective,
+                            allowed=", ".join(OBJECTIVES))
+        if self.mpi not in ("auto", "require", "off"):
+            raise SpecError("unknown MPI mode", field="mpi", found=self.mpi, allowed="auto, require, off")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
+            raise SpecError("must be a whole number >= 1", field="top", found=self.top_k)
+        if self.finish is not None and not isinstance(self.finish, FinishGoal):
+            raise SpecError("expected a FinishGoal (parse_finish)", field="finish", found=self.finish)
+        if (isinstance(self.min_plans_per_rank, bool) or not isinstance(self.min_plans_per_rank, int)
+                or self.min_plans_per_rank < 0):
+            raise SpecError("must be a whole number >= 0", field="min_plans_per_rank", found=self.min_plans_per_rank)
+
+
+@dataclass(kw_only=True)
+class PlanResult:
+    """A finished plan.
+
+    ``search``: the :class:`~memx_hpc.search.engine.SearchResult` (``top``: ranked
+    ``ScoredPlan``s, ``time_top``, ``pareto``, ``weights``, ``stats``). ``provenance``:
+    per GPU type of the site where its numbers come from (measured | imported |
+    augmented | datasheet-only). ``notes``: what the user should know, in words.
+    ``cost_model``: the model the search used. ``files``: paths written (plan files,
+    pareto.png, summary.json; an sbatch script after :func:`submit_best`). ``summary``:
+    the JSON summary (what ``--json`` prints). ``rank0`` is False on the other ranks of
+    an MPI run, which write and report nothing. ``finish``: with ``PlanRequest.finish``, the
+    candidates ranked by when they would finish (``site`` is then the usable part of the
+    cluster the search ran on).
+    """
+
+    site: Site
+    job: TrainJob
+    cost_model: AssembledCostModel | None
+    search: SearchResult | None
+    notes: list[str]
+    provenance: dict[str, str]
+    out_dir: Path
+    files: list[str]
+    summary: dict
+    rank0: bool = True
+    objective: str = "recommended"
+    bands: dict[str, MemoryErrorBand] = field(default_factory=dict)
+    run_id: str | None = None
+    finish: FinishRanking | None = None
+
+    @property
+    def ranked(self) -> tuple:
+        """The plans as ``objective`` ranks them (recommended first by default)."""
+        return self.search.ranking(self.objective)
+
+    @property
+    def result(self) -> "SearchResult":
+        """The search result (the name earlier callers used)."""
+        return self.search
+
+
+# --------------------------------------------------------------------------- options
+
+
+def search_options(request: PlanRequest, site: Site, bands: dict | None = None) -> "SearchOptions":
+    """Search options; the site's ``objective:`` weights are the default that ``request.weights``
+    overrides; ``bands``: per GPU type the expected memory error the recommended plan widens by."""
+
+    default = (Weights(**dict(zip(("time", "memory", "balance"), site.objective_weights)))
+               if site.objective_weights else None)
+    weights = request.weights if isinstance(request.weights, Weights) else parse_weights(request.weights,
+                                                                                        default=default)
+    return SearchOptions(top_k=request.top_k, weights=weights, block_size=request.block_size,
+                         use_cache=request.use_cache, cost=request.cost,
+                         memory_error={g: b.fraction for g, b in (bands or {}).items()})
+
+
+def error_bands(cost_model: AssembledCostModel, site: Site, job: TrainJob, store_path: Path,
+                notes: list[str] | None = None) -> dict[str, MemoryErrorBand]:
+    """Per GPU type of ``site``, the expected error of the predicted peak memory
+    (:func:`memx_hpc.search.objective.memory_error_bands`): the shipped benchmark rows by
+    provenance, or for GPU types the site's end-to-end runs calibrate, those runs'
+    leave-one-out error (each run predicted by a calibration fitted on the others)."""
+    bases = bases_of(cost_model, site)
+    calibrated_types: list[str] = []
+    held: list = []
+    layers = cost_model.layers
+    if isinstance(layers, CalibratedCostModel):
+        cal = layers.calibration_
+        calibrated_types = [g for g in bases if site.gpu(g).name in
+                            {site.gpu(x).name for x in cal.overhead_bytes}]
+        if any(n >= MIN_RUNS_FOR_OWN_BAND for n in cal.runs_by_gpu_type.values()):
+            by_key = {r.key: r for r in layers.records}
+            try:
+                held = [(h, by_key[h.key]) for h in leave_one_out(layers.base, layers.records, site, job,
+                                                                   links=cost_model.links)
+                        if h.key in by_key]
+            except SpecError as e:  # a run that no longer composes: the table's rows stand
+                if notes is not None:
+                    notes.append(f"memory error band: leave-one-out over the site's runs failed ({e}); "
+                                 f"using the benchmark rows")
+    return memory_error_bands(bases, calibrated=calibrated_types, held_out=held)
+
+
+def _mpi(request: PlanRequest) -> "Comm | None":
+    if request.comm is not None:
+        return request.comm
+    if request.mpi == "require":
+        return mpi_comm(required=True)
+    if request.mpi == "auto" and launched_under_mpi():
+        return mpi_comm()
+    return None
+
+
+# --------------------------------------------------------------------------- the rule of thumb
+
+
+def rule_fallback(result: SearchResult, site: Site, bases: Mapping[str, Basis], notes: list[str]) -> SearchResult:
+    """``result`` with the rule of thumb's plan (:mod:`memx_hpc.search.rule`: largest DP,
+    then smallest TP, then largest micro-batch) first in its recommended ranking, on a kind
+    of site where the predictor's held-out top-1 is below the rule's
+    (``memx_hpc/data/ranking.yaml``, from benchmarks/ranking.py); ``result`` itself
+    elsewhere. The rule picks among the plans the recommended ranking keeps (risk-feasible
+    plans, the top-K), so its plan fits with the error band as every recommended plan does;
+    the others keep their order. What was done goes into ``notes`` and the result's
+    ``recommended_by`` line (printed with the three picks). ``bases``: per GPU type what
+    the cost model's numbers rest on (the rule applies by the basis kind, datasheet-only
+    or profiled)."""
+    row = rule_row(site, bases)
+    ranked = list(result.recommended_top)
+    if row is None or len(ranked) < 2:
+        return result
+    i = rule_pick([s.plan for s in ranked])
+    line = (f"the recommended plan is the rule of thumb's (largest DP, then smallest TP, then largest micro-batch) "
+            f"among the {len(ranked)} plans the recommended ranking keeps: on {row['nodes']} NVIDIA sites with "
+            f"{row['chip']} GPU types the predictor's held-out top-1 ({float(row['predictor_top1']):.0%} of "
+            f"{row['groups']} groups) is below the rule's ({float(row['rule_top1']):.0%}; benchmarks/ranking.py, "
+            f"memx_hpc/data/ranking.yaml)")
+    notes.append(line)
+    order = [ranked[i]] + ranked[:i] + ranked[i + 1:]
+    order = [dataclasses.replace(s, rank=k + 1) for k, s in enumerate(order)]
+    return dataclasses.replace(result, recommended_top=tuple(order), recommended_by=line)
+
+
+
+# --------------------------------------------------------------------------- profiling
+
+
+_DATASHEET_HINT = ("pass --allow-datasheet to plan from what the store holds and datasheet figures for the rest, "
+                   "or --no-profile to skip profiling")
+
+
+def profile_missing(site: Site, job: TrainJob, store_path: Path, notes: list[str], *,
+                    allow_datasheet: bool = False, scheduler: str | None = None, progress: bool = True) -> None:
+    """Measure what the store lacks (the profiler). When profiling cannot run, fails, or
+    finds the store locked: :class:`SystemFailure` naming the store, unless
+    ``allow_datasheet`` (then a note, and planning goes on with what the store holds)."""
+    def fault(msg: str) -> None:
+        if allow_datasheet:
+            notes.append(f"{msg}; --allow-datasheet: planned with what the store holds and datasheet figures")
+            return
+        raise SystemFailure(f"{msg}; {_DATASHEET_HINT}")
+
+    try:
+        from ..profile.campaign import profile
+    except ImportError as e:  # an installation without the profiler
+        return fault(f"profiling for {store_path} is not available in this installation ({e})")
+    try:
+        report = profile(site, job, ProfileStore(store_path), progress=progress, scheduler=scheduler)
+    except SystemFailure as e:
+        return fault(f"profiling into {store_path} did not run: {e}")
+    if report.scheduled:
+        notes.append(f"profiled {report.measured} point(s) ({report.infeasible} out of memory) via "
+                     f"{report.scheduler} in {report.wall_s:.0f} s")
+    if report.failed:
+        fault(f"profiling via {report.scheduler}: {report.failed} point(s) failed after retries (see the job ledger "
+              f"of {store_path}, 'memx-hpc profile ls --store {store_path}')")
+
+
+# --------------------------------------------------------------------------- the planner
+
+
+def load_specs(request: PlanRequest) -> tuple[Site, TrainJob]:
+    """The request's site and job, read from their files where given as paths."""
+    site = request.site if isinstance(request.site, Site) else load_site(request.site)
+    job = request.job if isinstance(request.job, TrainJob) else load_job(request.job)
+    return site, job
+
+
+@dataclass(kw_only=True)
+class Prepared:
+    """Everything a search needs, made once per request (:func:`prepare`)."""
+
+    site: Site
+    job: TrainJob
+    options: SearchOptions
+    comm: "Comm | None"
+    rank0: bool
+    notes: list[str]
+    cost_model: AssembledCostModel
+    cache: PredictionCache | None
+    bands: dict[str, MemoryErrorBand] = field(default_factory=dict)
+
+
+def _rank0_first(comm: "Comm | None", work: Callable[[], T]) -> T:
+    """``work()`` on rank 0 first, then on the other ranks (which reuse what rank 0 saved,
+    e.g. the fitted predictor). When it fails on rank 0 with a user or system fault, every
+    rank stops with that error instead of waiting for rank 0 forever."""
+
+    if comm is None:
+        return work()
+    if comm.Get_rank() == 0:
+        try:
+            out = work()
+        except MemxError as e:
+            comm.bcast((type(e).__name__, str(e)), root=0)
+            raise
+        comm.bcast(None, root=0)
+        return out
+    failure = comm.bcast(None, root=0)
+    if failure is not None:
+        kind, message = failure
+        raise (SpecError if kind == "SpecError" else SystemFailure)(message)
+    return work()
+
+
+def prepare(request: PlanRequest) -> Prepared:
+    """Everything before a search: specs, options, MPI, profiling, the cost model, the cache."""
+
+    site, job = load_specs(request)
+    search_options(request, site)  # bad weights stop here, before any work
+    comm = _mpi(request)
+    rank0 = comm is None or comm.Get_rank() == 0
+    notes: list[str] = list(request.notes)
+    paths = store_paths(site, request.store)
+    if not request.analytic:
+        # before profiling adds the first measured points, so that the new store holds both
+        _rank0_first(comm, lambda: start_store(site, paths.store, notes, reference=request.reference,
+                                               progress=request.progress) if rank0 else None)
+    if request.profile:
+        failure = None
+        if rank0:
+            try:
+                profile_missing(site, job, paths.store, notes, allow_datasheet=request.allow_datasheet,
+                                scheduler=request.scheduler, progress=request.progress)
+            except SystemFailure as e:
+                failure = str(e)
+        if comm is not None:
+            notes, failure = comm.bcast((notes, failure), root=0)
+        if failure is not None:  # every rank stops, not only rank 0
+            raise SystemFailure(failure)
+    # rank 0 fits (and saves) the predictor; the others then load what it saved
+    cost_model = _rank0_first(comm, lambda: load_cost_model(site, job, paths.store, analytic=request.analytic,
+                                                            notes=notes, progress=request.progress,
+                                                            reference=request.reference))
+    notes += precision_notes(site, job)
+    bands = error_bands(cost_model, site, job, paths.store, notes)
+    opts = search_options(request, site, bands)
+    cache = PredictionCache(identity=cost_model.identity, path=paths.cache) if request.use_cache else None
+    return Prepared(site=site, job=job, options=opts, comm=comm, rank0=rank0, notes=notes, cost_model=cost_model,
+                     cache=cache, bands=bands)
+
+
+def _one_rank_if_small(request: PlanRequest) -> tuple[PlanRequest | None, "Comm | None"]:
+    """Under MPI with a space of fewer than ``request.min_plans_per_rank`` plans per rank:
+    on rank 0 ``(the request for rank 0 alone, with a note saying why, the world)``; on the
+    other ranks it waits for rank 0's outcome (rank 0's error is raised here too, so every
+    rank says why it stopped) and returns ``(None, world)``. Otherwise ``(request, None)``."""
+    if request.min_plans_per_rank <= 0 or request.finish is not None:
+        return request, None
+    comm = _mpi(request)
+    if comm is None:
+        return request, None
+    site, job = load_specs(request)
+    plans, size = len(PlanSpace(site, job, launchable_space(site, job, request.space)[0])), comm.Get_size()
+    if plans >= request.min_plans_per_rank * size:
+        return dataclasses.replace(request, site=site, job=job, comm=comm), None
+    if comm.Get_rank() != 0:
+        # poll rather than block: MPICH's blocking receive spins on a core rank 0 needs
+        while not comm.Iprobe(source=0, tag=_OUTCOME_TAG):
+            time.sleep(0.05)
+        failure = comm.recv(source=0, tag=_OUTCOME_TAG)
+        if failure is not None:
+            kind, message = failure
+            raise (SpecError if kind == "SpecError" else SystemFailure)(message)
+        return None, comm
+    note = (f"MPI: {size} ranks were started, but the space has {plans:,} plans, fewer than "
+            f"{request.min_plans_per_rank:,} per rank (below that a rank's start costs more than its share "
+            f"of the search): searched on rank 0 alone")
+    return dataclasses.replace(request, site=site, job=job, mpi="off", comm=None,
+                               notes=tuple(request.notes) + (note,)), comm
+
+
+def plan(request: PlanRequest) -> PlanResult:
+    """Profile what is missing (``request.profile``), load the cost model, search, and on
+    rank 0 write the plan files, pareto.png and summary.json. Prints nothing on stdout.
+    Under MPI, a space too small for its ranks is searched on rank 0 alone
+    (``request.min_plans_per_rank``); the other ranks return ``rank0=False`` and no search."""
+    request, world = _one_rank_if_small(request)
+    if request is None:
+        return PlanResult(site=None, job=None, cost_model=None, search=None, notes=[], provenance={},
+                          out_dir=Path("."), files=[], summary={}, rank0=False)
+    if world is None:
+        return _plan(request)
+    outcome = ("SystemFailure", "rank 0 stopped before it finished the search")
+    try:
+        result = _plan(request)
+        outcome = None
+        return result
+    except (SpecError, SystemFailure) as e:
+        outcome = ("SpecError" if isinstance(e, SpecError) else "SystemFailure", str(e))
+        raise
+    finally:
+        for r in range(1, world.Get_size()):
+            world.send(outcome, dest=r, tag=_OUTCOME_TAG)
+
+
+def _plan(request: PlanRequest) -> PlanResult:
+
+    pr = prepare(request)
+    site, job, notes, cost_model, rank0 = pr.site, pr.job, pr.notes, pr.cost_model, pr.rank0
+    view = None
+    if request.finish is not None:
+        view = cluster_view(pr.comm, rank0)
+        site, shrunk = usable_site(site, view)
+        notes += shrunk
+    space_options, excluded = launchable_space(site, job, request.space)
+    notes += excluded
+    space = PlanSpace(site, job, space_options)
+    progress = ProgressBar("search", enabled=rank0 and request.progress)
+    result = search(space, cost_model, options=pr.options, cache=pr.cache, comm=pr.comm, progress=progress)
+    provenance = provenance_of(cost_model, site)  # the site searched: with --finish, the usable part
+    if request.objective == "recommended":
+        result = rule_fallback(result, site, bases_of(cost_model, site), notes)
+    base = Path(os.path.normpath(Path(request.out_dir) if request.out_dir
+                                 else site.resolve(site.work_dir) / f"plan-{job.name}"))
+    kw = dict(objective=request.objective, bands=pr.bands)
+    if not rank0:
+        return PlanResult(site=site, job=job, cost_model=cost_model, search=result, notes=notes,
+                          provenance=provenance, out_dir=base, files=[], summary={}, rank0=False, **kw)
+    files: list[str] = []
+    run_id = new_run_id() if request.run_folder else None
+    out_dir = base
+    if result.top and request.write:
+        try:
+            # latest moves to this run only once its summary is written (below): a run that
+            # fails half-way leaves latest on the last complete one
+            out_dir = new_run_dir(base, run_id, latest=False) if request.run_folder else base
+            files += [str(p) for p in write_plan_files(result, out_dir, site=site, job=job, provenance=provenance,
+                                                       objective=request.objective, bands=pr.bands, run_id=run_id)]
+            ranked = len(result.ranking(request.objective))
+            if ranked > MAX_PLAN_FILES:
+                notes.append(f"--top {request.top_k:,}: {ranked:,} plans ranked, plan files written for the first "
+                             f"{MAX_PLAN_FILES} (plan-01.json ... plan-{MAX_PLAN_FILES}.json); summary.json "
+                             "lists them all")
+            files.append(str(pareto_png(result, out_dir / "pareto.png", site=site, bands=pr.bands,
+                                        title=f"{job.name} on {site.name}: {result.stats.feasible:,} plans fit")))
+        except OSError as e:
+            raise SystemFailure(f"cannot write the plan files into {out_dir}: {e}") from None
+    finish = None
+    if request.finish is not None and view is not None:
+        finish = rank_by_finish(request, pr, site, result, view,
+                                out_dir if result.top and request.write else None, progress=request.progress)
+        files += [str(c.script) for c in finish.candidates if c.script is not None]
+    summary = result_to_json(result, site=site, job=job, provenance=provenance, notes=notes, files=files,
+                             objective=request.objective, bands=pr.bands, run_id=run_id,
+                             links=link_rows(cost_model.links))
+    if finish is not None:
+        summary["finish"] = finish.to_json()
+    if result.top and request.write:
+        try:
+            (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        except OSError as e:
+            raise SystemFailure(f"cannot write {out_dir / 'summary.json'}: {e}") from None
+        files.append(str(out_dir / "summary.json"))
+        summary["files"] = files
+        if request.run_folder:
+            try:
+                point_latest(base, run_id)
+            except OSError as e:
+                raise SystemFailure(f"cannot point {base / 'latest'} at {out_dir}: {e.strerror or e}") from None
+    return PlanResult(site=site, job=job, cost_model=cost_model, search=result, notes=notes, provenance=provenance,
+                      out_dir=out_dir, files=files, summary=summary, rank0=True, run_id=run_id, finish=finish, **kw)
+
+
+# --------------------------------------------------------------------------- after the search
+
+
+def submit_best(outcome: PlanResult, *, iters: int | None, workdir: str | None) -> dict:
+    """Render the best plan of a search, check it with ``bash -n``, submit it; the job id
+    and where things are. SystemFailure when Slurm refuses or does not answer."""
+    # jinja2 is imported with the renderer, only when a plan is rendered
+    from ..slurm.render import render
+
+    best = outcome.ranked[0]
+    out_dir = outcome.out_dir
+    text = render(best.plan, outcome.site, outcome.job, iters=iters, log_dir=str(out_dir), workdir=workdir,
+                  job_name=f"memx-{outcome.job.name}")
+    done = launch(text, out_dir / "plan-01.sbatch", submit_job=True)
+    outcome.files.append(str(done.script))
+    return {"job_id": done.job_id, "script": str(done.script), "log_dir": str(out_dir), "plan_rank": best.rank}
