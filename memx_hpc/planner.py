@@ -638,7 +638,7 @@ def _prepare(request: PlanRequest) -> _Prepared:
     cost_model = _rank0_first(comm, lambda: load_cost_model(site, job, paths.store, analytic=request.analytic,
                                                             notes=notes, progress=request.progress,
                                                             reference=request.reference))
-    from .catalog import precision_notes
+    from .spec.catalog import precision_notes
     notes += precision_notes(site, job)
     bands = error_bands(cost_model, site, job, paths.store, notes)
     opts = search_options(request, site, bands)

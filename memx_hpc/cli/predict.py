@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     gpus = sorted({s.gpu_type for s in pred.stages})
     provenance = {g: model.provenance(g) for g in gpus}
     provenance.update({g: v for g, v in provenance_of(model, site).items() if g in gpus})
-    from ..catalog import precision_notes
+    from ..spec.catalog import precision_notes
     from ..planner import error_bands
     notes += precision_notes(site, job, gpu_types=gpus)
     from ..search.objective import risk_utilisation

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from memx_hpc.catalog import model_presets, preset
+from memx_hpc.spec.catalog import model_presets, preset
 from memx_hpc.cli.main import main
 from memx_hpc.errors import SpecError
-from memx_hpc.hfconfig import read_hf_config
+from memx_hpc.spec.hfconfig import read_hf_config
 from memx_hpc.model import analytic as A
 from memx_hpc.params import layer_params, model_params
 from memx_hpc.search.space import recompute_levels
