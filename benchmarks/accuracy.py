@@ -52,7 +52,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memx_hpc.catalog import catalog  # noqa: E402
+from memx_hpc.spec.catalog import catalog  # noqa: E402
 from memx_hpc.datapaths import SOURCES, shared_data  # noqa: E402
 from memx_hpc.model.api import AnalyticCostModel  # noqa: E402
 from memx_hpc.model.baselines import NearestPointScaling  # noqa: E402

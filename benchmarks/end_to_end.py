@@ -113,7 +113,7 @@ def fit_predictor(data: Path):
         cephalo = import_cephalo(data / "cephalo" / "model_latencies.json", skipped=skipped)
     samples = sailor + cephalo
     t = time.perf_counter()
-    from memx_hpc.catalog import catalog
+    from memx_hpc.spec.catalog import catalog
     model = Predictor().fit(samples, catalog())
     print(f"predictor fitted in {time.perf_counter() - t:.1f} s on {len(samples)} samples:")
     for name, part in (("Sailor profiles", sailor), ("Cephalo latencies", cephalo)):
@@ -155,7 +155,7 @@ def settle_sources(samples):
     the one whose predictor predicts vTrain's *dev* A100 runs better (asked with the unfused
     core attention vTrain ran) is followed. Test runs never take part. Returns the predictor
     fitted on the settled samples and the report."""
-    from memx_hpc.catalog import catalog
+    from memx_hpc.spec.catalog import catalog
     from memx_hpc.model.predictor import Predictor
     from memx_hpc.model.sources import RunCase, resolve
     cases = []

@@ -173,7 +173,7 @@ def _moe_freq(text: str, num_layers: int):
 
 
 def model_of(row: dict):
-    from memx_hpc.catalog import preset
+    from memx_hpc.spec.catalog import preset
     from memx_hpc.spec import ModelSpec
     seq = _int(row["seq_length"])
     if row["model_preset"]:
@@ -374,7 +374,7 @@ def cost_model(store: Path, analytic: bool):
     """The planner's cost model for a site holding every GPU type of the rows (one fit)."""
     from memx_hpc.model.api import AnalyticCostModel
     from memx_hpc.planner import load_cost_model
-    from memx_hpc.catalog import preset
+    from memx_hpc.spec.catalog import preset
     from memx_hpc.spec import Partition, Site, job_for_model
     types = ("A100-80", "H100-SXM", "B200", "B300", "GB200", "GB300")
     site = Site(name="public-runs", partitions=tuple(Partition(name=f"p{i}", gpu_type=t, nodes=1, gpus_per_node=8)

@@ -68,7 +68,7 @@ for p in (ROOT, ROOT / "benchmarks"):
 from end_to_end import (SAILOR_TEST_NODES, VTRAIN_TEST_LAYERS, sailor_case, sailor_links,  # noqa: E402
                         split_of_sailor, split_of_vtrain)
 
-from memx_hpc.catalog import catalog  # noqa: E402
+from memx_hpc.spec.catalog import catalog  # noqa: E402
 from memx_hpc.datapaths import SOURCES, shared_data  # noqa: E402
 from memx_hpc.model.api import AnalyticCostModel  # noqa: E402
 from memx_hpc.model.compose import layer_query, predict_general, predict_plan  # noqa: E402

@@ -24,7 +24,7 @@ for p in (ROOT, ROOT / "benchmarks"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from memx_hpc.catalog import catalog  # noqa: E402
+from memx_hpc.spec.catalog import catalog  # noqa: E402
 from memx_hpc.model.api import LayerQuery, roofline_components  # noqa: E402
 from memx_hpc.spec import LayerShape  # noqa: E402
 from memx_hpc.tables import table  # noqa: E402

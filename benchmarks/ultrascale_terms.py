@@ -38,7 +38,7 @@ for p in (ROOT, ROOT / "benchmarks"):
 
 import ranking  # noqa: E402
 
-from memx_hpc.catalog import catalog  # noqa: E402
+from memx_hpc.spec.catalog import catalog  # noqa: E402
 from memx_hpc.datapaths import shared_data  # noqa: E402
 from memx_hpc.model import analytic  # noqa: E402
 from memx_hpc.model.compose import (CostOptions, interleaved_finish, link_model_for, shape_of,  # noqa: E402

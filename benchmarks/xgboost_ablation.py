@@ -42,7 +42,7 @@ for p in (ROOT, ROOT / "benchmarks"):
 
 from accuracy import TEST_GPU_TYPES, is_test  # noqa: E402
 
-from memx_hpc.catalog import catalog  # noqa: E402
+from memx_hpc.spec.catalog import catalog  # noqa: E402
 from memx_hpc.datapaths import SOURCES, shared_data  # noqa: E402
 from memx_hpc.model import anchors as anchors_mod  # noqa: E402
 from memx_hpc.model import features  # noqa: E402

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Iterable, Mapping
 
-from .catalog import catalog
+from .spec.catalog import catalog
 from .errors import SpecError
 from .spec import MAX_GPUS_PER_NODE, SAFE_NAME_RULE, GpuType, Site, _SAFE_NAME, _suggest, parse_yaml, site_from_mapping
 from .slurm.discover import ClusterView, SlurmNode

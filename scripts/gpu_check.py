@@ -72,7 +72,7 @@ def _device(cpu: bool) -> dict:
                            "source": "this machine's CPU (gpu-check rehearsal)"}}
     if not torch.cuda.is_available():
         _fail("no CUDA/ROCm GPU is visible (torch.cuda.is_available() is false)")
-    from memx_hpc.catalog import catalog
+    from memx_hpc.spec.catalog import catalog
 
     props = torch.cuda.get_device_properties(0)
     name = props.name

@@ -164,7 +164,7 @@ def source_disagreements(store, site):
     """Where two sources in the store disagree for one GPU type and kind, and which one the
     predictor follows by the site's ``prefer_source`` or the shipped evidence (the store's
     own end-to-end runs are weighed when planning: :func:`memx_hpc.planner.consistent_sources`)."""
-    from ..catalog import catalog
+    from ..spec.catalog import catalog
     from ..model.sources import resolve, shipped_preferences
     gpus = site if site is not None else catalog()
     prefer = dict(site.prefer_source) if site is not None and site.prefer_source else None

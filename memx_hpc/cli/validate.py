@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _lists(args: argparse.Namespace) -> int:
-    from ..catalog import catalog, model_presets
+    from ..spec.catalog import catalog, model_presets
     if args.list_gpus:
         rows = [(g.name, g.vendor, g.memory_gib, g.peak_tflops_bf16, g.peak_tflops_fp8 or "-", g.peak_tflops_fp32,
                  g.hbm_gbps, g.link_gbps, g.tdp_w or "-", g.form_factor or "-", ",".join(g.aliases)) for g in catalog()]

@@ -670,7 +670,7 @@ class Predictor:
         self.identity = meta["identity"]
         self.anchors_ = anchors_mod.Anchors.from_json(meta["anchors"], meta.get("parts"))
         if site is None:
-            from ..catalog import catalog
+            from ..spec.catalog import catalog
             site = catalog()
         self.gpus = site
         return self

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
 
-from ..catalog import precision_notes
+from ..spec.catalog import precision_notes
 from ..errors import MemxError, SpecError, SystemFailure
 from ..model.api import Basis
 from ..model.assemble import bases_of, load_cost_model, provenance_of, start_store, store_paths

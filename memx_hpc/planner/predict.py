@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..catalog import precision_notes
+from ..spec.catalog import precision_notes
 from ..errors import SpecError
 from ..model.assemble import load_cost_model, store_paths
 from ..model.compose import CostOptions, Prediction, predict_general, predict_plan

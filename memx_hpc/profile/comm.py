@@ -289,7 +289,7 @@ def import_sailor_network(folder: str | Path, *, catalog: Any = None) -> list[Co
     does not know is kept as written. Raises SpecError naming the file when it is
     missing or malformed.
     """
-    from ..catalog import catalog as default_catalog
+    from ..spec.catalog import catalog as default_catalog
     cat = catalog or default_catalog()
     folder = Path(folder)
     path = folder / "network_coeffs_all_homo.json"

@@ -68,7 +68,7 @@ SAILOR_ATTENTION = "core"
 
 def _resolve(gpu: str, where: Any, file: Path) -> str:
     """Canonical GPU type name for a name found in a data file."""
-    from ..catalog import catalog
+    from ..spec.catalog import catalog
     try:
         g = where.gpu(gpu) if where is not None and hasattr(where, "gpu") else (where or catalog()).get(gpu)
     except SpecError as e:

@@ -14,6 +14,11 @@ import argparse
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..spec import MOE_FIELDS
+
+#: the model's MoE fields this entry builds (memx_hpc.spec.MOE_FIELDS: one table for the spec and here)
+ENTRY_MOE_FIELDS = tuple(f for f in MOE_FIELDS if f.project_entry)
+
 # Accepted because Megatron-LM accepts them and scripts pass them; they change nothing
 # on a CPU (kernel fusions, GPU-only memory options). Flag -> why it is ignored here.
 CPU_NO_OP_FLAGS = {
@@ -175,15 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--expert-tensor-parallel-size", type=int, default=None)
 
     moe = p.add_argument_group("mixture of experts (megatron-core's MoE layer, local spec)")
-    moe.add_argument("--num-experts", type=int, default=None)
-    moe.add_argument("--moe-router-topk", type=int, default=2)
-    moe.add_argument("--moe-ffn-hidden-size", type=int, default=None)
-    moe.add_argument("--moe-shared-expert-intermediate-size", type=int, default=None)
-    moe.add_argument("--moe-layer-freq", default="1",
-                     help="every N-th layer is MoE (N), or a list of 0/1 per layer ('[0,1,1]')")
-    moe.add_argument("--moe-router-load-balancing-type", default="aux_loss",
-                     choices=["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"])
-    moe.add_argument("--moe-router-score-function", default="softmax", choices=["softmax", "sigmoid"])
+    # the flags, defaults and choices of the model's MoE fields come from their one table
+    for f in ENTRY_MOE_FIELDS:
+        if f.kind == "freq":
+            moe.add_argument(f.flag, default=str(f.default),
+                             help="every N-th layer is MoE (N), or a list of 0/1 per layer ('[0,1,1]')")
+        else:
+            moe.add_argument(f.flag, type=int if f.kind == "int" else str, default=f.default,
+                             choices=list(f.choices) or None)
     moe.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
 
     t = p.add_argument_group("training")
@@ -347,10 +351,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
         exit_duration_in_mins=ns.exit_duration_in_mins, exit_signal_handler=ns.exit_signal_handler,
         exit_interval=ns.exit_interval, bf16=ns.bf16, fp16=ns.fp16,
         ignored=ignored,
-        num_experts=ns.num_experts, moe_router_topk=ns.moe_router_topk, moe_ffn_hidden_size=ns.moe_ffn_hidden_size,
-        moe_shared_expert_intermediate_size=ns.moe_shared_expert_intermediate_size, moe_layer_freq=layer_freq,
-        moe_router_load_balancing_type=ns.moe_router_load_balancing_type,
-        moe_router_score_function=ns.moe_router_score_function, moe_aux_loss_coeff=ns.moe_aux_loss_coeff,
+        **{f.name: getattr(ns, f.name) for f in ENTRY_MOE_FIELDS if f.kind != "freq"},
+        moe_layer_freq=layer_freq, moe_aux_loss_coeff=ns.moe_aux_loss_coeff,
         expert_model_parallel_size=ns.expert_model_parallel_size,
         expert_tensor_parallel_size=ns.expert_tensor_parallel_size,
     )

@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import pytest
 
-from memx_hpc.catalog import catalog
+from memx_hpc.spec.catalog import catalog
 from memx_hpc.datapaths import shared_data
 from memx_hpc.model.api import AnalyticCostModel, analytic_activation_bytes
 from memx_hpc.model.baselines import NearestPointScaling

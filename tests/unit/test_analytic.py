@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from memx_hpc.catalog import catalog, preset
+from memx_hpc.spec.catalog import catalog, preset
 from memx_hpc.datapaths import shared_data
 from memx_hpc.errors import SpecError
 from memx_hpc.model import analytic as A

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from memx_hpc.catalog import preset
+from memx_hpc.spec.catalog import preset
 from memx_hpc.model.augment import augment
 from memx_hpc.spec import LayerSample, LayerShape, ProfilePoint
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memx_hpc.catalog import catalog
+from memx_hpc.spec.catalog import catalog
 from memx_hpc.errors import SpecError
 from memx_hpc.spec import GpuType
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from memx_hpc.errors import SpecError
-from memx_hpc.catalog import catalog
+from memx_hpc.spec.catalog import catalog
 from memx_hpc.sitegen import discover, match_gpu, parse_map
 from memx_hpc.slurm.discover import (ClusterView, GresItem, SlurmNode, SlurmPartition, expand_hostlist,
                                      parse_cluster_name, parse_minutes, parse_nodes, parse_partitions,

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from memx_hpc.catalog import catalog
+from memx_hpc.spec.catalog import catalog
 from memx_hpc.model.anchors import HOST_BOUND_MARGIN, Anchors, _below_bounds, device_bound, near_host_floor
 from memx_hpc.model.api import LayerQuery, resolve_gpu, roofline_components
 from memx_hpc.model.host import layer_host_ms

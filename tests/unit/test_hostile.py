@@ -1014,3 +1014,59 @@ def test_simulate_scale_out_of_range_names_scale(scale: str, tmp_path: Path, cap
     assert "--scale" in err and "Traceback" not in err
     if scale != "0":
         assert "1 to " in err and "nodes:" not in err
+
+
+# spec: files the spec readers load (Hugging Face configs, large documents, a partition's
+# python, the job's virtual stages)
+
+def hf_job(tmp: Path, **bad: object) -> str:
+    """A job over a copy of a published Llama config.json with ``bad`` keys replaced."""
+    cfg = json.loads((ROOT / "tests" / "data" / "hf_configs" / "Llama-3.2-1B.json").read_text(encoding="utf-8"))
+    w(tmp, "models/config.json", json.dumps({**cfg, **bad}))
+    return job(tmp, "model: {hf_config: models/config.json, seq_length: 128}\nglobal_batch_size: 8\n")
+
+
+def many_partitions(n: int) -> str:
+    return "name: wide\npartitions:\n" + "".join(f"  - {{name: p{i}, gpu_type: A100-80, nodes: 1, gpus_per_node: 1}}\n"
+                                                 for i in range(n))
+
+
+def copied_site_with_relative_python(tmp: Path) -> str:
+    """A site naming ``bin/python`` relative to it, copied out of the folder that has one (the
+    case's folder, the current one), to a folder beside it: the current folder must not count."""
+    w(tmp, "bin/python", "#!/bin/sh\n")
+    (tmp / "bin" / "python").chmod(0o755)
+    return w(tmp.parent / f"{tmp.name}-copy", "site.yaml",
+             SITE.replace("gpus_per_node: 2}", "gpus_per_node: 2, python: bin/python}", 1))
+
+
+def site_with_python_not_executable(tmp: Path) -> str:
+    w(tmp, "conf/bin/python", "not a program\n")
+    return w(tmp, "conf/site.yaml", SITE.replace("gpus_per_node: 2}", "gpus_per_node: 2, python: bin/python}", 1))
+
+
+SPEC_CASES = [
+    Case("hf-config-hidden-size-2^40", lambda t: V("job", hf_job(t, hidden_size=2**40)), 1,
+         ("{tmp}/models/config.json: hidden_size", "must be between")),
+    Case("hf-config-kv-heads-not-dividing", lambda t: V("job", hf_job(t, num_key_value_heads=7)), 1,
+         ("models/config.json: num_key_value_heads", "not divisible")),
+    # 12,000 partitions of 9 YAML nodes each pass the bound as 10^5 do, in a tenth of the time
+    Case("site-12000-partitions-no-aliases", lambda t: V("site", site(t, text=many_partitions(12_000))), 1,
+         ("site.yaml", "partitions", "12,000 entries", "more than 100,000 values (YAML nodes)")),
+    Case("site-relative-python-found-only-from-cwd", lambda t: V("site", copied_site_with_relative_python(t)), 1,
+         ("{tmp}-copy/site.yaml", "partitions[0].python", "bin/python", "relative to the site file")),
+    Case("site-relative-python-not-executable", lambda t: V("site", site_with_python_not_executable(t)), 1,
+         ("conf/site.yaml", "partitions[0].python", "not an executable file")),
+    Case("job-virtual-stages-1000-for-4-layers", lambda t: V("job", job(t, JOB + "virtual_stages: [1, 1000]\n")), 1,
+         ("job.yaml", "virtual_stages[1]", "1000", "largest value this model allows is 2")),
+]
+
+
+@pytest.mark.parametrize("case", SPEC_CASES, ids=[c.id for c in SPEC_CASES])
+def test_spec_hostile_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    test_hostile_input_or_fault(case, tmp_path, capsys, monkeypatch)
+
+
+def test_the_alias_bomb_still_blames_aliases(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(V("site", site(tmp_path, text=alias_bomb()))) == 1
+    assert "aliases expand" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from memx_hpc.catalog import preset
+from memx_hpc.spec.catalog import preset
 from memx_hpc.datapaths import shared_data
 from memx_hpc.errors import SpecError
 from memx_hpc.model import analytic as A

@@ -23,8 +23,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "memx_hpc"
 #: sits beside the planner.
 RANK = {"<foundation>": 0, "slurm": 1, "profile": 2, "model": 3, "search": 4, "train": 5, "planner": 6, "sitegen": 6,
         "cli": 7, "__main__": 8}
-FOUNDATION = {"__init__", "errors", "spec", "catalog", "datapaths", "records", "planfile", "megatron_cpu", "data",
-              "tables", "shellsafe", "params", "hfconfig", "placement", "megatron_args"}
+FOUNDATION = {"__init__", "errors", "spec", "datapaths", "records", "planfile", "megatron_cpu", "data",
+              "tables", "shellsafe", "params", "placement", "megatron_args"}
 
 
 def floor_of(module: str) -> str:
@@ -138,7 +138,7 @@ def test_slurm_knows_slurm_only():
     ("from ..train import measure\n", "memx_hpc.model.calibrate"),
     ("import memx_hpc.cli.search\n", "memx_hpc.planner"),
     ("from ..model.analytic import layer_params\n", "memx_hpc.profile.importers"),
-    ("from .planner import plan\n", "memx_hpc.spec"),
+    ("from ..planner import plan\n", "memx_hpc.spec.site"),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .search import engine\n", "memx_hpc.records"),
     ("from ..profile.store import ProfileStore\n", "memx_hpc.slurm.arrays"),
     ("def f():\n    from ..profile.runner import run_task\n", "memx_hpc.slurm.render"),
@@ -154,3 +154,64 @@ def test_the_checker_accepts_downward_imports():
     src = "from . import analytic\nfrom ..spec import Site\nfrom .api import LayerQuery\nimport numpy\n"
     assert violations(src, "memx_hpc.model.compose") == []
     assert violations("from ..model.compose import predict_plan\n", "memx_hpc.search.engine") == []
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the memx_hpc modules it imports (every import counts, as above). ``from
+    .pkg.sub import x`` is an edge to ``pkg.sub``; an edge to a module passes through the
+    ``__init__`` of each package above it, which Python runs first."""
+    names = {module_name(p): p for p in all_modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        out = graph.setdefault(name, set())
+        for _line, target in imported(ast.parse(path.read_text(encoding="utf-8")), name, path.name == "__init__.py"):
+            parts = target.split(".")
+            for k in range(1, len(parts) + 1):
+                dotted = ".".join(parts[:k])
+                if dotted in names and dotted != name and not name.startswith(dotted + "."):
+                    out.add(dotted)
+    return graph
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` as the modules along it, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_circle():
+    """No module of memx_hpc imports, through any chain, itself (local and type-only imports
+    count: a circle dodged by a function-level import is still a circle)."""
+    circle = find_circle(import_graph())
+    assert circle is None, "an import circle: " + " -> ".join(circle)
+
+
+def test_the_circle_finder_sees_a_circle_through_a_local_import():
+    graph = {"memx_hpc.spec.site": {"memx_hpc.spec.catalog"}, "memx_hpc.spec.catalog": {"memx_hpc.spec.readers"},
+             "memx_hpc.spec.readers": {"memx_hpc.spec.site"}}
+    assert find_circle(graph) == ["memx_hpc.spec.catalog", "memx_hpc.spec.readers", "memx_hpc.spec.site",
+                                  "memx_hpc.spec.catalog"]
+    assert find_circle({"a": {"b"}, "b": set()}) is None
+    src = "def f():\n    from .catalog import catalog\n"
+    assert imported(ast.parse(src), "memx_hpc.spec.site", False) == [(2, "memx_hpc.spec.catalog")]

@@ -312,8 +312,8 @@ def test_megatron_lm_accepts_moe_mla_and_the_new_parallel_degrees(source, world,
     """Megatron-LM's parse_args + validate_args on the model and parallelism arguments of
     memx_hpc.megatron_args, for the MoE/MLA presets and configs and a long-context and a
     70B-class dense layout (NVIDIA's Llama-3-70B recipe: TP4 PP8, 5 virtual stages)."""
-    from memx_hpc.catalog import preset
-    from memx_hpc.hfconfig import read_hf_config
+    from memx_hpc.spec.catalog import preset
+    from memx_hpc.spec.hfconfig import read_hf_config
     from memx_hpc.megatron_args import flat, model_extension_args, parallel_args
     from memx_hpc.spec import ModelSpec
 
@@ -344,7 +344,7 @@ def test_megatron_lm_accepts_moe_mla_and_the_new_parallel_degrees(source, world,
 
 
 def test_megatron_lm_refuses_more_expert_ranks_than_experts(monkeypatch):
-    from memx_hpc.catalog import preset
+    from memx_hpc.spec.catalog import preset
     from memx_hpc.megatron_args import flat, model_extension_args, parallel_args
 
     m = preset("Mixtral-8x7B")
@@ -360,7 +360,7 @@ def test_megatron_lm_builds_the_model_named(preset: str, monkeypatch: pytest.Mon
     """Every ModelSpec field Megatron-LM needs reaches its command line: RoPE base and scaling,
     head width, QK norm, multi-latent attention, experts (single-vendor plans, Megatron-LM's
     entry); the project's entry refuses what it does not build, by name."""
-    from memx_hpc.catalog import preset as get_preset
+    from memx_hpc.spec.catalog import preset as get_preset
     from memx_hpc.errors import SpecError
     from memx_hpc.spec import Plan, Stage, job_for_model
 
@@ -435,7 +435,7 @@ def test_megatron_lm_reads_a_checkpoint_of_the_project_entry(tmp_path: Path, mon
 def test_megatron_lm_accepts_rendered_virtual_context_and_expert_parallel(job_name, par, monkeypatch):
     """The renderer's own command line for plans with virtual stages (in the layout), context
     and expert parallel: Megatron-LM reads back the degrees the plan has."""
-    from memx_hpc.catalog import preset
+    from memx_hpc.spec.catalog import preset
     from memx_hpc.spec import Plan, Stage, job_for_model
 
     site = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml")

@@ -114,7 +114,7 @@ def test_context_parallel_widens_every_stage_and_builds_its_groups():
 
 
 def test_context_and_expert_parallel_need_what_the_model_has():
-    from memx_hpc.catalog import preset
+    from memx_hpc.spec.catalog import preset
     from memx_hpc.spec import job_for_model
 
     site = load_site(CROSS)

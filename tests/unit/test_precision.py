@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from memx_hpc.catalog import catalog, precision_notes
+from memx_hpc.spec.catalog import catalog, precision_notes
 from memx_hpc.errors import SpecError
 from memx_hpc.model.api import AnalyticCostModel
 from memx_hpc.model.features import build
@@ -96,7 +96,7 @@ def test_a_job_says_fp8_by_format_and_recipe():
 def test_fp8_roofline_runs_the_linear_gemms_at_the_catalog_fp8_rate():
     """GEMM FLOPs at the fp8 rate, attention scores at the 16-bit one, plus the cast traffic:
     a Llama-3-8B layer on H100 is faster in FP8 but by less than the 2x of the rates."""
-    from memx_hpc.catalog import preset
+    from memx_hpc.spec.catalog import preset
     from memx_hpc.model import analytic
     g = catalog().get("H100-SXM")
     shape = LayerShape.of(preset("Llama-3-8B"))
@@ -121,7 +121,7 @@ def test_the_predictor_scales_its_16bit_answer_by_the_fp8_roofline_and_says_so()
     from memx_hpc.model.api import roofline_ms
     from memx_hpc.model.predictor import Predictor
     from memx_hpc.spec import LayerSample, ProfilePoint
-    from memx_hpc.catalog import preset
+    from memx_hpc.spec.catalog import preset
     shape = LayerShape.of(preset("GPT-3-1.3B"))
     samples = [LayerSample(point=ProfilePoint(gpu_type="H100-SXM", kind="layer", shape=shape, tp=1,
                                               micro_batch_size=b), forward_ms=2.0 * b, backward_ms=4.0 * b,
@@ -143,7 +143,7 @@ def test_fp8_layers_keep_their_gemm_inputs_in_fp8():
     """Transformer Engine saves the quantised GEMM inputs for the weight gradients: the QKV
     and fc1 inputs (h) and fc2's input (f) at 1 byte instead of 2, plus a 1-byte copy of the
     attention output beside the 16-bit one the fused kernel keeps: h + f bytes less per token."""
-    from memx_hpc.catalog import preset
+    from memx_hpc.spec.catalog import preset
     from memx_hpc.model import analytic
     m = preset("Llama-3-8B")
     h, f, s, b = m.hidden_size, m.ffn_hidden_size, m.seq_length, 2

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from memx_hpc.catalog import catalog
+from memx_hpc.spec.catalog import catalog
 from memx_hpc.datapaths import shared_data
 from memx_hpc.errors import SpecError
 from memx_hpc.model.api import AnalyticCostModel, CostModel, LayerQuery, analytic_activation_bytes
@@ -400,7 +400,7 @@ def test_an_unprofiled_moe_layer_names_its_roofline_terms(fitted):
     """An MoE layer (Mixtral-8x7B's) no sample measured: explain names the parts it is built
     from, the all-to-all over the EP group and the imbalance margin; a dense layer's label is
     the plain one."""
-    from memx_hpc.catalog import preset
+    from memx_hpc.spec.catalog import preset
     from memx_hpc.spec import LayerShape
 
     shape = LayerShape.of(preset("Mixtral-8x7B"))

@@ -62,7 +62,7 @@ def test_split_is_the_locked_rule():
 
 
 def test_figures_are_physical():
-    from memx_hpc.catalog import catalog
+    from memx_hpc.spec.catalog import catalog
     gpus = {g.name: g for g in catalog()}
     for r in ROWS:
         n, tp, pp, cp = int(r["gpus"]), int(r["tp"]), int(r["pp"]), int(r["cp"] or 1)

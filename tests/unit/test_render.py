@@ -540,7 +540,7 @@ def test_virtual_stages_go_into_the_layout_in_megatrons_chunk_order() -> None:
 
 
 def test_context_and_expert_parallel_arguments_and_groups() -> None:
-    from memx_hpc.catalog import preset
+    from memx_hpc.spec.catalog import preset
     from memx_hpc.spec import job_for_model
 
     site = load_site(CROSS)

@@ -262,7 +262,7 @@ def test_predictor_refuses_to_mix_transformer_implementations():
     with pytest.raises(SpecError) as e:
         transformer_impls([sample("local"), sample("transformer_engine")])
     assert e.value.field == "transformer_impl" and "cpu-test" in str(e.value)
-    from memx_hpc.catalog import catalog
+    from memx_hpc.spec.catalog import catalog
     from memx_hpc.model.predictor import Predictor
 
     with pytest.raises(SpecError):

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from memx_hpc.catalog import catalog
+from memx_hpc.spec.catalog import catalog
 from memx_hpc.datapaths import shared_data
 from memx_hpc.errors import SpecError
 from memx_hpc.model.compose import layer_query

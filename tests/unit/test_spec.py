@@ -323,3 +323,41 @@ def test_sites_and_jobs_name_the_parallel_degrees_the_search_may_choose():
     moe = job_from_mapping({"model": "Mixtral-8x7B", "global_batch_size": 64, "expert_parallel_sizes": [8, 2],
                             "expert_tensor_parallel_sizes": [1]})
     assert moe.expert_parallel_sizes == (2, 8) and moe.expert_tensor_parallel_sizes == (1,)
+
+
+def test_closed_sets_are_the_literal_types_of_the_fields():
+    """Each mode tuple is its Literal type's values, and the dataclass fields carry the type."""
+    import typing
+    from dataclasses import fields as dc_fields
+
+    from memx_hpc.spec import modes
+    from memx_hpc.spec import GpuType, ModelSpec, Site, TrainJob
+    for name in dir(modes):
+        alias = getattr(modes, name)
+        if typing.get_origin(alias) is typing.Literal:
+            tuples = [v for k, v in vars(modes).items() if k.isupper() and v == typing.get_args(alias)]
+            assert tuples, f"{name} has no tuple of its values"
+    annotations = {(cls.__name__, f.name): f.type for cls in (GpuType, ModelSpec, Site, TrainJob)
+                   for f in dc_fields(cls)}
+    assert annotations[("GpuType", "vendor")] == "Vendor"
+    assert annotations[("ModelSpec", "activation")] == "Activation"
+    assert annotations[("Site", "scheduler")] == "Scheduler"
+    assert annotations[("TrainJob", "precision")] == "Precision"
+
+
+def test_moe_fields_are_one_table_for_the_spec_and_the_training_entry():
+    from dataclasses import fields as dc_fields
+
+    from memx_hpc.spec import MODEL_EXTENSION_FIELDS, MOE_FIELDS, ModelSpec
+    from memx_hpc.train.args import build_parser
+    model = {f.name: f.default for f in dc_fields(ModelSpec)}
+    assert all(f.name in model and f.name in MODEL_EXTENSION_FIELDS for f in MOE_FIELDS)
+    actions = {a.dest: a for a in build_parser()._actions}
+    for f in MOE_FIELDS:
+        if f.project_entry:
+            a = actions[f.name]
+            assert a.option_strings == [f.flag]
+            assert a.default == (str(model[f.name]) if f.kind == "freq" else model[f.name])
+            assert tuple(a.choices or ()) == f.choices
+        else:
+            assert f.name not in actions

@@ -60,7 +60,7 @@ def test_a_bad_value_is_named_as_the_file_spells_it():
 def test_site_discover_writes_the_new_names():
     """A GPU type site discover writes reads back under the new names, without a warning."""
     from memx_hpc import sitegen
-    from memx_hpc.catalog import catalog
+    from memx_hpc.spec.catalog import catalog
     from memx_hpc.spec import GpuType
     lines = sitegen._gpu_type_lines(catalog().get("H100-SXM"))
     text = "\n".join(lines)

@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Iterator
 
-from .errors import SpecError
-from .spec import GpuType, ModelSpec, _suggest, check_gpu_names, model_from_mapping, parse_yaml
+from ..errors import SpecError
+from .checks import _suggest
+from .gpu import GpuType, check_gpu_names
+from .model import MODEL_FIELD_KEYS, ModelSpec, model_from_fields
+from .yamlio import _Reader, parse_yaml
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,9 @@ def model_presets() -> dict[str, ModelSpec]:
     out = {}
     for name, d in _preset_data().items():
         d = {k: v for k, v in d.items() if k != "source"}
-        out[name] = model_from_mapping({"name": name, **d}, f"models.yaml:{name}")
+        r = _Reader({"name": name, **d}, f"models.yaml:{name}")
+        out[name] = model_from_fields(r, path=r.path)
+        r.finish(MODEL_FIELD_KEYS)
     return out
 
 

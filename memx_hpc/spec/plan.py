@@ -1,0 +1,241 @@
+"""Plans: :class:`Plan` (what Megatron-LM can run: uniform TP, CP, EP, DP and micro-batch
+over ordered :class:`Stage` s, virtual stages included) and :class:`GeneralPlan` (per-stage
+TP and mixed GPUs, as other planners produce: predicted, never rendered), with the checks a
+plan needs of the model and the job."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..errors import SpecError
+from .checks import MAX_GLOBAL_BATCH, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_NODES, _optional_bool, _safe_name, _short, _whole
+from .job import TrainJob
+from .model import ModelSpec
+from .recompute import Recompute
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stage:
+    """One pipeline stage: consecutive layers on GPUs of one partition. 0 layers: a first
+    stage that holds only the embedding or a last one that holds only the output layer and
+    loss (Megatron-LM's pipeline layout allows both; :class:`Plan` checks the position)."""
+
+    partition: str
+    num_layers: int
+    recompute: Recompute = field(default_factory=Recompute)
+
+    def __post_init__(self) -> None:
+        _safe_name(self.partition, "partition")
+        _whole(self.num_layers, "num_layers", 0, MAX_LAYERS)
+        if not isinstance(self.recompute, Recompute):
+            raise SpecError("expected a recompute setting", field="recompute", found=_short(self.recompute))
+
+
+def _check_batches_and_stages(plan: Any) -> None:
+    """What a Plan and a GeneralPlan share: the batch sizes and a bounded, non-empty pipeline."""
+    _whole(plan.global_batch_size, "global_batch_size", 1, MAX_GLOBAL_BATCH)
+    _whole(plan.micro_batch_size, "micro_batch_size", 1, plan.global_batch_size)
+    if not plan.stages:
+        raise SpecError("a plan needs at least one stage", field="stages", found=[])
+    if len(plan.stages) > MAX_LAYERS:
+        raise SpecError(f"{len(plan.stages)} stages", field="stages", allowed=f"at most {MAX_LAYERS}")
+
+
+def chunk_split(num_layers: int, virtual_stages: int, *, last: bool = False) -> tuple[int, ...]:
+    """Layers of each of a stage's ``virtual_stages`` model chunks: even, the remainder to the
+    later chunks; the last stage with fewer layers than chunks leaves its last chunk empty (the
+    loss alone, as Megatron's --account-for-loss-in-pipeline-split builds it)."""
+    n, v = int(num_layers), int(virtual_stages)
+    if last and n < v:
+        return tuple(1 if k < n else 0 for k in range(v))
+    base, rem = divmod(n, v)
+    return tuple(base + (1 if k >= v - rem else 0) for k in range(v))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """A configuration Megatron-LM can run: uniform TP, DP and micro-batch; ordered stages.
+
+    Derived quantities are properties, not stored (one product check, as torchtitan's
+    ParallelDims).
+    """
+
+    tp: int
+    dp: int
+    micro_batch_size: int
+    global_batch_size: int
+    stages: tuple[Stage, ...]
+    sequence_parallel: bool = False
+    #: model chunks per pipeline rank (interleaved 1F1B; Megatron's virtual pipeline stages):
+    #: stage ``i``'s layers are split into ``virtual_stages`` chunks as evenly as possible,
+    #: chunk ``k`` of stage ``i`` being virtual stage ``k * pp + i`` (the pipeline layout's order)
+    virtual_stages: int = 1
+    #: context-parallel size: each sequence split over ``cp`` ranks (ring attention)
+    cp: int = 1
+    #: expert-parallel size and expert tensor-parallel size (None: TP's) of an MoE model's
+    #: expert layers; ``etp * ep`` ranks of a stage's ``tp * cp * dp`` hold one copy of the experts
+    ep: int = 1
+    etp: int | None = None
+    #: Megatron-LM's ``--use-distributed-optimizer`` for this plan (None: the job's setting)
+    distributed_optimizer: bool | None = None
+
+    def __post_init__(self) -> None:
+        _whole(self.tp, "tp", 1, 1 << 16)
+        _optional_bool(self.distributed_optimizer, "distributed_optimizer")
+        _whole(self.dp, "dp", 1, MAX_NODES * MAX_GPUS_PER_NODE)
+        _whole(self.cp, "cp", 1, 1 << 16)
+        _whole(self.ep, "ep", 1, 1 << 16)
+        _whole(self.etp, "etp", 1, 1 << 16, optional=True)
+        _whole(self.virtual_stages, "virtual_stages", 1, MAX_LAYERS)
+        if not isinstance(self.sequence_parallel, bool):
+            raise SpecError("expected true or false", field="sequence_parallel", found=_short(self.sequence_parallel))
+        _check_batches_and_stages(self)
+        empty = [i for i, s in enumerate(self.stages) if s.num_layers == 0]
+        if empty:
+            inner = [i for i in empty if 0 < i < self.pp - 1]
+            if inner or self.pp < 2 or len(empty) == self.pp:
+                i = inner[0] if inner else empty[0]
+                raise SpecError("a stage without layers is the first (the embedding alone) or the last (the output "
+                                "layer and loss alone) of a pipeline with layers elsewhere",
+                                field=f"stages[{i}].num_layers", found=0, allowed="at least 1 for this stage")
+            for i in empty:
+                if self.stages[i].recompute.mode != "none":
+                    raise SpecError("a stage without layers has nothing to recompute", field=f"stages[{i}].recompute",
+                                    found=self.stages[i].recompute.label(), allowed="none")
+        if self.global_batch_size % (self.micro_batch_size * self.dp):
+            raise SpecError("global_batch_size must be a multiple of micro_batch_size * dp", field="global_batch_size",
+                            found=(self.global_batch_size, self.micro_batch_size, self.dp))
+        width = self.tp * self.cp * self.dp
+        if width % (self.expert_tp * self.ep):
+            raise SpecError(f"expert TP x EP = {self.expert_tp} x {self.ep} must divide the {width} ranks of a stage "
+                            f"(tp x cp x dp = {self.tp} x {self.cp} x {self.dp}): megatron-core lays the experts "
+                            f"over the same ranks", field="ep", found=self.ep)
+        v = self.virtual_stages
+        if v > 1:
+            if self.pp < 2:
+                raise SpecError("virtual pipeline stages interleave a pipeline of at least 2 stages",
+                                field="virtual_stages", found=v, allowed="1 with one stage")
+            # the first stage's first chunk may hold only the embedding and the last stage's last
+            # chunk only the loss (Megatron's --account-for-embedding/loss-in-pipeline-split)
+            short = [i for i, s in enumerate(self.stages)
+                     if s.num_layers < v - (1 if i in (0, self.pp - 1) else 0)]
+            if short:
+                raise SpecError(f"stage {short[0]} has {self.stages[short[0]].num_layers} layers, fewer than its "
+                                f"{v} model chunks", field="virtual_stages", found=v,
+                                allowed=f"at most {min(s.num_layers for s in self.stages)}")
+            m = self.num_microbatches
+            if m < self.pp or m % self.pp:
+                # megatron-core's interleaved schedule: groups of pp micro-batches per chunk
+                # (--microbatch-group-size-per-virtual-pipeline-stage, default pp), the last one full
+                raise SpecError(f"interleaved 1F1B runs micro-batches in groups of pp = {self.pp}: the "
+                                f"{m} micro-batches per iteration must be a multiple of it", field="virtual_stages",
+                                found=v, allowed=f"1, or micro-batches per iteration a multiple of {self.pp}")
+
+    @property
+    def pp(self) -> int:
+        return len(self.stages)
+
+    @property
+    def expert_tp(self) -> int:
+        """The expert layers' tensor-parallel size (``etp``, else TP's, as megatron-core)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def gpus_per_stage(self) -> int:
+        return self.tp * self.cp * self.dp
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    def chunk_layers(self, stage: int) -> tuple[int, ...]:
+        """Layers of each of stage ``stage``'s ``virtual_stages`` chunks (:func:`chunk_split`)."""
+        return chunk_split(self.stages[stage].num_layers, self.virtual_stages, last=stage == self.pp - 1)
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def num_layers(self) -> int:
+        return sum(s.num_layers for s in self.stages)
+
+    def component_groups(self) -> list[tuple[str, list[int]]]:
+        """Runs of consecutive stages on one partition: ``[(partition, [stage indices])]``."""
+        groups: list[tuple[str, list[int]]] = []
+        for i, s in enumerate(self.stages):
+            if groups and groups[-1][0] == s.partition:
+                groups[-1][1].append(i)
+            else:
+                groups.append((s.partition, [i]))
+        return groups
+
+
+def job_for_plan(job: "TrainJob", plan: Plan) -> "TrainJob":
+    """``job`` with the plan's own distributed-optimizer choice, where it makes one (what
+    the composition prices and the renderer launches)."""
+    if plan.distributed_optimizer is None or plan.distributed_optimizer == job.distributed_optimizer:
+        return job
+    return replace(job, distributed_optimizer=plan.distributed_optimizer)
+
+
+def check_plan_for_model(plan: Plan, model: ModelSpec) -> None:
+    """What a plan's context- and expert-parallel degrees need of the model (the Plan checks
+    what needs no model): SpecError naming the field. Megatron-LM asserts a sequence of a
+    multiple of ``2 * cp`` (ring attention's load-balanced halves), experts only in an MoE
+    model, and ``num_experts`` a multiple of EP; each expert's FFN is split by expert TP."""
+    if plan.cp > 1 and model.seq_length % (2 * plan.cp):
+        raise SpecError(f"context parallel splits each sequence into 2 x cp = {2 * plan.cp} chunks: seq_length "
+                        f"{model.seq_length} is not a multiple of it", field="cp", found=plan.cp)
+    if plan.ep > 1 or plan.etp is not None:
+        if not model.is_moe:
+            raise SpecError(f"expert parallel needs a mixture of experts; model {model.name} is dense",
+                            field="ep" if plan.ep > 1 else "etp", found=plan.ep if plan.ep > 1 else plan.etp,
+                            allowed="ep 1 and no etp")
+        if model.num_experts % plan.ep:
+            raise SpecError(f"EP must divide the model's {model.num_experts} experts", field="ep", found=plan.ep)
+        if model.expert_ffn_hidden_size % plan.expert_tp:
+            raise SpecError(f"expert TP must divide the experts' FFN width {model.expert_ffn_hidden_size}",
+                            field="etp", found=plan.expert_tp)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Replica:
+    """One data-parallel replica of a stage in a general plan: its GPU type and TP degree."""
+
+    gpu_type: str
+    tp: int
+    partition: str | None = None
+
+    def __post_init__(self) -> None:
+        _safe_name(self.gpu_type, "gpu_type")
+        _whole(self.tp, "tp", 1, 1 << 16)
+        _safe_name(self.partition, "partition", optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeneralStage:
+    """A stage of a general plan: replicas may differ in GPU type and TP (predict only)."""
+
+    num_layers: int
+    replicas: tuple[Replica, ...]
+    recompute: Recompute = field(default_factory=Recompute)
+
+    def __post_init__(self) -> None:
+        _whole(self.num_layers, "num_layers", 1, MAX_LAYERS)
+        if not self.replicas:
+            raise SpecError("a stage needs at least one replica", field="replicas", found=[])
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeneralPlan:
+    """Plans other planners produce (Sailor, Metis): predicted and compared, never rendered."""
+
+    micro_batch_size: int
+    global_batch_size: int
+    stages: tuple[GeneralStage, ...]
+
+    def __post_init__(self) -> None:
+        _check_batches_and_stages(self)
+
