@@ -21,7 +21,7 @@ from ..spec import LayerSample, Site, TrainJob
 from .api import AnalyticCostModel, Basis, kernels_of, with_store_figures
 from .assembled import AssembledCostModel
 from .calibrate import CalibratedCostModel
-from .compose import layer_query, memory_scale_of
+from .compose import layer_query, memory_scale_of, predict_plan
 from .links import LinkModel, link_notes, load_links
 from .routed import RoutedCostModel
 from .sources import SourceReport, cases_from_records, resolve, shipped_preferences
@@ -215,7 +215,7 @@ def _uncalibrated_cost_model(site: Site, job: TrainJob, store_path: Path, *, ana
         return fallback, None
     try:
         # XGBoost is imported here, only when a predictor is fitted or reloaded
-        from .predictor import fit_or_load
+        from .predictor import fit_or_load  # noqa: F401 - the check that XGBoost imports
     except ImportError as e:  # xgboost missing from this installation
         notes.append(f"the predictor cannot be loaded ({e}): estimates from datasheet figures only")
         return fallback, None
@@ -291,7 +291,9 @@ def consistent_sources(samples: Sequence[LayerSample], gpus, site: Site, store: 
     from .predictor import Predictor
     cases = cases_from_records(store.e2e_records(site=site.name), site) if store is not None else []
     out, report = resolve(samples, gpus, prefer=dict(site.prefer_source) or None, cases=cases,
-                          fit=lambda ss: Predictor().fit(ss, gpus), evidence="end-to-end runs in the store",
+                          fit=lambda ss: Predictor().fit(ss, gpus),
+                          predict_ms=lambda m, c: predict_plan(c.plan, c.site, c.job, m).iteration_ms,
+                          evidence="end-to-end runs in the store",
                           prior=shipped_preferences())
     names = set()
     for p in site.partitions:

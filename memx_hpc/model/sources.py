@@ -220,10 +220,8 @@ def _onto(samples: Sequence[LayerSample], d: SourceDisagreement, preferred: str)
     return out
 
 
-def _mape(model: Any, cases: Sequence[RunCase]) -> float:
-    from .compose import predict_plan
-    errs = [abs(predict_plan(c.plan, c.site, c.job, model).iteration_ms - c.measured_ms) / c.measured_ms
-            for c in cases]
+def _mape(model: Any, cases: Sequence[RunCase], predict_ms: Callable[[Any, RunCase], float]) -> float:
+    errs = [abs(predict_ms(model, c) - c.measured_ms) / c.measured_ms for c in cases]
     return 100.0 * float(np.mean(errs))
 
 
@@ -251,12 +249,14 @@ def shipped_preferences() -> list[dict[str, Any]]:
 
 def resolve(samples: Sequence[LayerSample], gpus: Any, *, prefer: Any = None,
             cases: Sequence[RunCase] = (), fit: Callable[[Sequence[LayerSample]], Any] | None = None,
-            evidence: str = "end-to-end runs",
+            predict_ms: Callable[[Any, RunCase], float] | None = None, evidence: str = "end-to-end runs",
             prior: Sequence[Mapping[str, Any]] = ()) -> tuple[list[LayerSample], SourceReport]:
     """The samples the predictor is fitted on, and what was found: each disagreement
     (:func:`detect`) settled by ``prefer`` (the site's ``prefer_source``), else by the
-    ``cases`` on its GPU type (``fit(samples)`` makes a cost model from samples; the source
-    whose model predicts the runs with the lower MAPE), else left as measured. A
+    ``cases`` on its GPU type (``fit(samples)`` makes a cost model from samples and
+    ``predict_ms(model, case)`` its iteration time of a run -- the composition, passed in so
+    that this module stays below it; the source whose model predicts the runs with the lower
+    MAPE), else left as measured. A
     ``prefer_source`` naming a source that is not one of a disagreement's two is refused
     (SpecError naming the field)."""
     found = detect(samples, gpus)
@@ -274,8 +274,8 @@ def resolve(samples: Sequence[LayerSample], gpus: Any, *, prefer: Any = None,
             d = dataclasses.replace(d, preferred=want, reason="prefer_source in the site file")
         else:
             mine = [c for c in cases if d.gpu_type in c.gpu_types]
-            if mine and fit is not None:
-                scores = {src: _mape(fit(_onto(out, d, src)), mine) for src in (d.faster, d.slower)}
+            if mine and fit is not None and predict_ms is not None:
+                scores = {src: _mape(fit(_onto(out, d, src)), mine, predict_ms) for src in (d.faster, d.slower)}
                 best = min(scores, key=lambda k: (scores[k], k))
                 d = dataclasses.replace(d, preferred=best, reason=(
                     f"agrees with {len(mine)} {evidence} on {d.gpu_type}: time MAPE "

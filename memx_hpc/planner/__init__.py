@@ -3,9 +3,9 @@
 Every CLI command reaches the model and the search through here; the CLI parses arguments
 and prints. The rooms, one purpose each:
 
+- :mod:`~memx_hpc.planner.request`: the request and result types (and the finish goal);
 - :mod:`~memx_hpc.planner.conductor`: :func:`plan` (profile what is missing, assemble the
-  cost model, search, write the plan files), the request and result types, search
-  options, MPI;
+  cost model, search, write the plan files), search options, MPI;
 - :mod:`~memx_hpc.planner.predict`: one plan file predicted (``memx-hpc predict``);
 - :mod:`~memx_hpc.planner.simulate`: the site and larger copies of it searched with one
   cost model (``memx-hpc simulate``);
@@ -31,11 +31,12 @@ from ..model.assemble import (MIN_TYPES_FOR_DATASHEET_TRANSFER, StorePaths, base
                               consistent_sources, eager_layer_notes, load_cost_model, provenance_of, start_store,
                               store_paths)
 from ..model.compose import CostOptions
-from .conductor import (MIN_PLANS_PER_RANK, PlanRequest, PlanResult, Prepared, error_bands, load_specs, plan,
-                        prepare, profile_missing, rule_fallback, search_options, submit_best)
+from .conductor import (MIN_PLANS_PER_RANK, error_bands, load_specs, plan, prepare, profile_missing, rule_fallback,
+                        search_options, submit_best)
 from .finish import (FinishCandidate, FinishGoal, FinishRanking, cluster_view, finish_order, parse_finish,
                      rank_by_finish, submit_finish, usable_site)
 from .predict import PredictRequest, PredictResult, predict
+from .request import PlanRequest, PlanResult, Prepared
 from .resume import model_differences, resume_job
 from .simulate import ScaledSearch, ScaleResult, best_plan_check, max_scale_gpus, scale_site, simulate_scales
 from .space import launchable_space

@@ -31,7 +31,6 @@ import dataclasses
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
 
@@ -41,19 +40,19 @@ from ..model.api import Basis
 from ..model.assemble import bases_of, load_cost_model, provenance_of, start_store, store_paths
 from ..model.assembled import AssembledCostModel
 from ..model.calibrate import CalibratedCostModel, leave_one_out
-from ..model.compose import CostOptions
 from ..profile.store import ProfileStore
 from ..search.cache import PredictionCache
 from ..search.engine import SearchOptions, SearchResult, launched_under_mpi, mpi_comm, search
-from ..search.objective import (MIN_RUNS_FOR_OWN_BAND, OBJECTIVES, MemoryErrorBand, Weights, memory_error_bands,
+from ..search.objective import (MIN_RUNS_FOR_OWN_BAND, MemoryErrorBand, Weights, memory_error_bands,
                                 parse_weights)
 from ..search.report import (MAX_PLAN_FILES, ProgressBar, link_rows, new_run_dir, new_run_id, pareto_png,
                              point_latest, result_to_json, write_plan_files)
 from ..search.rule import rule_pick, rule_row
-from ..search.space import PlanSpace, SpaceOptions
+from ..search.space import PlanSpace
 from ..slurm.submit import launch
 from ..spec import Site, TrainJob, load_job, load_site
-from .finish import FinishGoal, FinishRanking, cluster_view, rank_by_finish, usable_site
+from .finish import cluster_view, rank_by_finish, usable_site
+from .request import PlanRequest, PlanResult, Prepared
 from .space import launchable_space
 
 if TYPE_CHECKING:
@@ -74,116 +73,6 @@ _OUTCOME_TAG = 7319  # the message rank 0 sends the ranks it left idle: None or 
 
 
 # --------------------------------------------------------------------------- request and result
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlanRequest:
-    """What to plan.
-
-    ``site``/``job``: the specs, or paths of their YAML files. ``store``: the profile store
-    (None: the site's). ``weights``: the objective's exponents as ``Weights`` or text
-    (``"time=1,memory=0.5"``; None: the site's ``objective:``, else the default).
-    ``space``/``cost``: the search-space and composition options. ``profile``: measure
-    what the store lacks first; ``scheduler`` overrides the site's (``slurm`` | ``local``);
-    ``allow_datasheet``: a failed or locked profiling run becomes a note instead of an
-    error. ``out_dir``: where files go (None: the site's ``work_dir/plan-<job>``);
-    ``write`` False writes nothing. ``mpi``: ``"auto"`` (use MPI when launched under
-    it), ``"require"`` or ``"off"``; ``comm`` an explicit communicator (wins over
-    ``mpi``). ``analytic``: datasheet roofline only; ``use_cache`` False: no signature
-    cache. ``progress``: progress lines on stderr. ``notes``: notes the result starts with
-    (what the caller chose, in words). ``objective``: ``recommended`` or ``memx`` (which
-    ranking ``PlanResult.ranked`` and plan-NN.json follow). ``run_folder`` False writes
-    into ``out_dir`` itself instead of a new run folder under it. ``finish``: rank the best
-    candidates by when they would finish that much training on the cluster as it is now
-    (:func:`rank_by_finish`: Slurm's ``--test-only`` start + the predicted run time); nodes a
-    job cannot get now (down, drained, reserved) are not planned on. ``min_plans_per_rank``:
-    under MPI, a space of fewer plans than this per rank is searched by rank 0 alone, the
-    other ranks waiting for its outcome (:data:`MIN_PLANS_PER_RANK` is what the CLI passes;
-    0: every rank searches, however small the space).
-    """
-
-    site: Site | str | Path
-    job: TrainJob | str | Path
-    store: str | Path | None = None
-    weights: Weights | str | None = None
-    space: SpaceOptions = field(default_factory=SpaceOptions)
-    cost: CostOptions = field(default_factory=CostOptions)
-    top_k: int = 10
-    block_size: int = 65536
-    profile: bool = False
-    scheduler: str | None = None
-    allow_datasheet: bool = False
-    out_dir: str | Path | None = None
-    write: bool = True
-    mpi: str = "auto"
-    comm: "Comm | None" = None
-    analytic: bool = False
-    use_cache: bool = True
-    progress: bool = True
-    notes: tuple[str, ...] = ()
-    objective: str = "recommended"
-    run_folder: bool = True
-    finish: FinishGoal | None = None
-    min_plans_per_rank: int = 0
-    #: a store that does not exist yet starts from the shipped reference profiles: True/False
-    #: (``--no-reference``), None: the site's ``reference_data`` (:func:`start_store`)
-    reference: bool | None = None
-
-    def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise SpecError("unknown objective", field="objective", found=self.objective,
-                            allowed=", ".join(OBJECTIVES))
-        if self.mpi not in ("auto", "require", "off"):
-            raise SpecError("unknown MPI mode", field="mpi", found=self.mpi, allowed="auto, require, off")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
-            raise SpecError("must be a whole number >= 1", field="top", found=self.top_k)
-        if self.finish is not None and not isinstance(self.finish, FinishGoal):
-            raise SpecError("expected a FinishGoal (parse_finish)", field="finish", found=self.finish)
-        if (isinstance(self.min_plans_per_rank, bool) or not isinstance(self.min_plans_per_rank, int)
-                or self.min_plans_per_rank < 0):
-            raise SpecError("must be a whole number >= 0", field="min_plans_per_rank", found=self.min_plans_per_rank)
-
-
-@dataclass(kw_only=True)
-class PlanResult:
-    """A finished plan.
-
-    ``search``: the :class:`~memx_hpc.search.engine.SearchResult` (``top``: ranked
-    ``ScoredPlan``s, ``time_top``, ``pareto``, ``weights``, ``stats``). ``provenance``:
-    per GPU type of the site where its numbers come from (measured | imported |
-    augmented | datasheet-only). ``notes``: what the user should know, in words.
-    ``cost_model``: the model the search used. ``files``: paths written (plan files,
-    pareto.png, summary.json; an sbatch script after :func:`submit_best`). ``summary``:
-    the JSON summary (what ``--json`` prints). ``rank0`` is False on the other ranks of
-    an MPI run, which write and report nothing. ``finish``: with ``PlanRequest.finish``, the
-    candidates ranked by when they would finish (``site`` is then the usable part of the
-    cluster the search ran on).
-    """
-
-    site: Site
-    job: TrainJob
-    cost_model: AssembledCostModel | None
-    search: SearchResult | None
-    notes: list[str]
-    provenance: dict[str, str]
-    out_dir: Path
-    files: list[str]
-    summary: dict
-    rank0: bool = True
-    objective: str = "recommended"
-    bands: dict[str, MemoryErrorBand] = field(default_factory=dict)
-    run_id: str | None = None
-    finish: FinishRanking | None = None
-
-    @property
-    def ranked(self) -> tuple:
-        """The plans as ``objective`` ranks them (recommended first by default)."""
-        return self.search.ranking(self.objective)
-
-    @property
-    def result(self) -> "SearchResult":
-        """The search result (the name earlier callers used)."""
-        return self.search
 
 
 # --------------------------------------------------------------------------- options
@@ -312,21 +201,6 @@ def load_specs(request: PlanRequest) -> tuple[Site, TrainJob]:
     site = request.site if isinstance(request.site, Site) else load_site(request.site)
     job = request.job if isinstance(request.job, TrainJob) else load_job(request.job)
     return site, job
-
-
-@dataclass(kw_only=True)
-class Prepared:
-    """Everything a search needs, made once per request (:func:`prepare`)."""
-
-    site: Site
-    job: TrainJob
-    options: SearchOptions
-    comm: "Comm | None"
-    rank0: bool
-    notes: list[str]
-    cost_model: AssembledCostModel
-    cache: PredictionCache | None
-    bands: dict[str, MemoryErrorBand] = field(default_factory=dict)
 
 
 def _rank0_first(comm: "Comm | None", work: Callable[[], T]) -> T:

@@ -12,29 +12,26 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import re
 import sys
 import tempfile
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import SpecError, SystemFailure
 from ..search.engine import ScoredPlan, SearchResult, search
-from ..search.report import scored_to_dict
 from ..search.space import PlanSpace
 from ..slurm import render as rs
 from ..slurm.discover import ClusterView, SlurmNode, read_cluster
-from ..slurm.estimate import StartEstimate, estimate_start
+from ..slurm.estimate import estimate_start
 from ..slurm.submit import check_syntax, launch, submit
-from ..spec import MAX_TIME_LIMIT_MIN, MAX_TRAIN_ITERS, Partition, Site, TrainJob, _suggest
+from ..spec import MAX_TIME_LIMIT_MIN, Partition, Site, TrainJob, _suggest
+from .request import (FINISH_UNITS, FinishCandidate, FinishGoal, FinishRanking, PlanRequest, PlanResult,
+                      Prepared, parse_finish)
 from .space import launchable_space
 
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm
-
-    from .conductor import PlanRequest, PlanResult, Prepared
 
 __all__ = ["FinishGoal", "parse_finish", "FinishCandidate", "FinishRanking", "usable_site", "cluster_view",
            "rank_by_finish", "finish_order", "submit_finish", "FINISH_TIME_SLACK", "FINISH_STARTUP_MIN",
@@ -52,134 +49,6 @@ FINISH_STARTUP_MIN = 10
 MAX_FINISH_CANDIDATES = 12
 #: partitions up to which every subset of them is searched for its own best plan
 MAX_SUBSET_PARTITIONS = 4
-FINISH_UNITS = ("iterations", "samples", "tokens")
-_UNIT_WORDS = {"": "iterations", "it": "iterations", "its": "iterations", "iter": "iterations",
-               "iters": "iterations", "iteration": "iterations", "iterations": "iterations",
-               "sample": "samples", "samples": "samples", "seq": "samples", "seqs": "samples",
-               "sequences": "samples", "tok": "tokens", "token": "tokens", "tokens": "tokens"}
-_MULTIPLIERS = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12}
-
-
-@dataclass(frozen=True, kw_only=True)
-class FinishGoal:
-    """How much training to finish: ``amount`` of ``unit`` (iterations, samples or tokens)."""
-
-    amount: float
-    unit: str = "iterations"
-    text: str = ""
-
-    def __post_init__(self) -> None:
-        if self.unit not in FINISH_UNITS:
-            raise SpecError("unknown unit", field="--finish", found=self.unit, allowed=", ".join(FINISH_UNITS))
-        if isinstance(self.amount, bool) or not isinstance(self.amount, (int, float)) \
-                or not math.isfinite(self.amount) or self.amount <= 0:
-            raise SpecError("expected an amount > 0", field="--finish", found=self.amount)
-
-    def iterations(self, job: TrainJob) -> int:
-        """Iterations of ``job`` that train that much (a partial iteration counts whole)."""
-        per = {"iterations": 1, "samples": job.global_batch_size,
-               "tokens": job.global_batch_size * job.model.seq_length}[self.unit]
-        n = max(1, math.ceil(self.amount / per - 1e-9))
-        if n > MAX_TRAIN_ITERS:
-            raise SpecError(f"{self.label(job)} is {n:,} iterations", field="--finish", found=self.text or self.amount,
-                            allowed=f"at most {MAX_TRAIN_ITERS:,} iterations")
-        return n
-
-    def label(self, job: TrainJob) -> str:
-        if self.unit == "iterations":
-            return f"{self.amount:,.0f} iterations"
-        per = job.global_batch_size * (job.model.seq_length if self.unit == "tokens" else 1)
-        return f"{self.amount:,.0f} {self.unit} ({per:,} per iteration)"
-
-
-def parse_finish(text: str) -> FinishGoal:
-    """``1000`` or ``1000it`` (iterations), ``2M samples``, ``1.5B tokens``; multipliers k, M,
-    G or B, T. SpecError naming ``--finish`` for anything else."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][0-9]+)?)\s*([kKMGBT]?)\s*([A-Za-z]*)\s*", text or "")
-    if m is None or m.group(3).lower() not in _UNIT_WORDS:
-        raise SpecError("expected an amount with an optional multiplier and unit", field="--finish", found=text,
-                        allowed="e.g. 1000 (iterations), 5000it, 2M samples, 1.5Btokens; multipliers k, M, G/B, T")
-    return FinishGoal(amount=float(m.group(1)) * _MULTIPLIERS[m.group(2)], unit=_UNIT_WORDS[m.group(3).lower()],
-                      text=text.strip())
-
-
-@dataclass(frozen=True, kw_only=True)
-class FinishCandidate:
-    """One candidate plan with Slurm's answer. ``components``: (partition, nodes) per hetjob
-    component; ``wait_s``: from asking to the expected start; ``finish_at``: the expected
-    start + ``iterations`` x the predicted iteration time (start-up not included); None
-    where Slurm gave no start. ``script``: the sbatch script Slurm was asked about."""
-
-    scored: ScoredPlan
-    sources: tuple[str, ...]
-    iterations: int
-    run_s: float
-    time_limit_min: int
-    components: tuple[tuple[str, int], ...]
-    estimate: StartEstimate
-    asked_at: datetime
-    script: Path | None = None
-    rank: int = 0
-    notes: tuple[str, ...] = ()
-
-    @property
-    def _now(self) -> datetime:
-        # Slurm answers in whole seconds: a job that starts at once reads as this second
-        return self.asked_at.replace(microsecond=0)
-
-    @property
-    def wait_s(self) -> float | None:
-        return self.estimate.wait_s(self._now) if self.estimate.accepted else None
-
-    @property
-    def start_at(self) -> datetime | None:
-        if not self.estimate.accepted or self.estimate.start is None:
-            return None
-        return max(self.estimate.start, self._now)
-
-    @property
-    def finish_at(self) -> datetime | None:
-        start = self.start_at
-        return None if start is None else start + timedelta(seconds=self.run_s)
-
-    def to_json(self) -> dict:
-        e = self.estimate
-        fin = self.finish_at
-        return {"rank": self.rank, "sources": list(self.sources), "iterations": self.iterations,
-                "iteration_s": self.scored.prediction.iteration_ms / 1e3, "run_s": self.run_s,
-                "time_limit_min": self.time_limit_min, "components": [list(c) for c in self.components],
-                "asked_at": self.asked_at.isoformat(timespec="seconds"),
-                "slurm": {"accepted": e.accepted, "message": e.message,
-                          "start": e.start.isoformat(timespec="seconds") if e.start else None,
-                          "nodes": list(e.nodes), "processors": e.processors},
-                "wait_s": self.wait_s,
-                "start": self.start_at.isoformat(timespec="seconds") if self.start_at else None,
-                "finish": fin.isoformat(timespec="seconds") if fin else None,
-                "script": str(self.script) if self.script else None, "notes": list(self.notes),
-                "plan": scored_to_dict(self.scored)}
-
-
-@dataclass(frozen=True, kw_only=True)
-class FinishRanking:
-    """The candidates by expected finish (those Slurm gave no start, then those it refused,
-    last), the goal, and what the user should know."""
-
-    goal: FinishGoal
-    iterations: int
-    candidates: tuple[FinishCandidate, ...]
-    notes: tuple[str, ...] = ()
-
-    @property
-    def best(self) -> FinishCandidate | None:
-        c = self.candidates[0] if self.candidates else None
-        return c if c is not None and c.finish_at is not None else None
-
-    def to_json(self) -> dict:
-        return {"goal": {"amount": self.goal.amount, "unit": self.goal.unit, "text": self.goal.text},
-                "iterations": self.iterations, "candidates": [c.to_json() for c in self.candidates],
-                "notes": list(self.notes)}
-
-
 def _node_fits(node: SlurmNode, p: Partition, vendor: str) -> bool:
     """Whether a Slurm node carries what the site partition asks of each node."""
     if p.gres_type is not None:

@@ -13,7 +13,8 @@ from ..model.compose import CostOptions, Prediction, predict_general, predict_pl
 from ..planfile import check_belongs, load_plan_with_origin
 from ..search.objective import MemoryErrorBand, risk_utilisation
 from ..spec import GeneralPlan, Plan, Site, TrainJob
-from .conductor import PlanRequest, error_bands, load_specs
+from .conductor import error_bands, load_specs
+from .request import PlanRequest
 
 __all__ = ["PredictRequest", "PredictResult", "predict"]
 

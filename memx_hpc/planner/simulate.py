@@ -16,7 +16,8 @@ from ..search.engine import SearchOptions, SearchResult, search
 from ..search.report import ProgressBar
 from ..search.space import PlanSpace
 from ..spec import MAX_NODES, Site, TrainJob
-from .conductor import PlanRequest, load_specs, prepare
+from .conductor import load_specs, prepare
+from .request import PlanRequest
 from .space import launchable_space
 
 __all__ = ["ScaleResult", "ScaledSearch", "best_plan_check", "simulate_scales", "scale_site", "max_scale_gpus"]

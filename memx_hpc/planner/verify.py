@@ -25,7 +25,8 @@ from ..search.engine import ScoredPlan
 from ..slurm.local_cluster import START_HINT, slurm_available
 from ..spec import GeneralPlan, Plan, Site, TrainJob
 from ..train.measure import measure_plan, move_legacy_records, plan_key
-from .conductor import PlanRequest, load_specs, plan
+from .conductor import load_specs, plan
+from .request import PlanRequest
 
 __all__ = ["VerifyRequest", "VerifyResult", "VerifyRow", "plan_file_entries", "verify"]
 

@@ -14,7 +14,7 @@ import pytest
 from memx_hpc.spec.catalog import catalog
 from memx_hpc.datapaths import shared_data
 from memx_hpc.errors import SpecError
-from memx_hpc.model.compose import layer_query
+from memx_hpc.model.compose import layer_query, predict_plan
 from memx_hpc.model.predictor import Predictor
 from memx_hpc.model.sources import DISAGREE_RATIO, RunCase, detect, resolve, source_of
 from memx_hpc.profile.importers import import_cephalo, import_sailor
@@ -52,6 +52,10 @@ def vtrain_cases(every: int = 12, scale: float = 1.0) -> list[RunCase]:
     return out
 
 
+def predict_ms(model, case):
+    return predict_plan(case.plan, case.site, case.job, model).iteration_ms
+
+
 def fit(ss):
     return Predictor(n_estimators=50).fit(ss, catalog())
 
@@ -71,7 +75,7 @@ def test_the_two_a100_sources_disagree_and_one_source_types_do_not(samples):
 
 def test_the_source_end_to_end_runs_agree_with_is_followed_computed_not_named(samples):
     cases = vtrain_cases()
-    settled, report = resolve(samples, catalog(), cases=cases, fit=fit)
+    settled, report = resolve(samples, catalog(), cases=cases, fit=fit, predict_ms=predict_ms)
     d = next(x for x in report.disagreements if x.gpu_type == "A100-40" and x.kind == "layer")
     assert d.preferred == "cephalo" and "MAPE" in d.reason
     # the unfused-attention A100 layer (only Sailor measured core attention) moves onto Cephalo's level
@@ -84,7 +88,7 @@ def test_the_source_end_to_end_runs_agree_with_is_followed_computed_not_named(sa
     assert after < before / 1.4
     # runs that agree with the slower source make it the one followed: the rule reads the runs
     slow_runs = vtrain_cases(scale=2.5)
-    d2 = next(x for x in resolve(samples, catalog(), cases=slow_runs, fit=fit)[1].disagreements
+    d2 = next(x for x in resolve(samples, catalog(), cases=slow_runs, fit=fit, predict_ms=predict_ms)[1].disagreements
               if x.gpu_type == "A100-40" and x.kind == "layer")
     assert d2.preferred == "sailor"
     # without runs on that GPU type: both kept, and the report says nothing decided
