@@ -108,6 +108,10 @@ def load_cost_model(site: Site, job: TrainJob, store_path: Path, *, analytic: bo
     appended to ``notes`` and kept in the result's ``notes``."""
     found: list[str] = []
     if not analytic:
+        # a folder, /dev/null or a dangling link there is no "missing store": is_file() below
+        # would read it so and plan from datasheet figures without a word (exit 2 instead)
+        from ..profile.store import check_store_path  # with h5py, as _open_store
+        check_store_path(store_path)
         start_store(site, store_path, found, reference=reference, progress=progress)
     store = _open_store(store_path)  # one object: the file is read once, however many parts read it
     layers, sources = _uncalibrated_cost_model(site, job, store_path, analytic=analytic, notes=found, fit=fit,

@@ -937,8 +937,6 @@ def test_json_into_a_closed_stdout_is_one_line(tmp_path: Path, capsys: pytest.Ca
         "memx-hpc validate: error: standard output is closed: nowhere to print the --json report"]
 
 
-@pytest.mark.xfail(strict=True, reason="planner.py takes a store path that is not a regular file for 'no store' "
-                                       "(Path.is_file); it needs profile.store.check_store_path")
 @pytest.mark.parametrize("command", ["plan", "predict", "search"])
 def test_store_linked_to_dev_null_is_refused_by_planning(command: str, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture, monkeypatch) -> None:
