@@ -199,13 +199,15 @@ def fabric_share_gbytes_per_s(adapter_gbits_per_s: float, *, gpus_per_node: int,
     """GB/s per direction the fabric gives one GPU while ``gpus_sending`` GPUs of its node
     (default: all of them, as when every TP rank's data-parallel group reduces at once) use the
     node's ``adapters_per_node`` adapters (None: one per GPU) of ``adapter_gbits_per_s`` each.
-    A GPU is held to one adapter's rate (NCCL maps a GPU's channels to its nearest NIC)."""
+    A GPU is held to its own adapters (``adapters / gpus_per_node``, at least one: NCCL maps a
+    GPU's channels to the NICs nearest it), so p5's 32 adapters give each of 8 GPUs four."""
     if not adapter_gbits_per_s > 0 or not math.isfinite(adapter_gbits_per_s):
         raise SpecError("must be a positive number", field="adapter_gbits_per_s", found=adapter_gbits_per_s)
     _positive_int(gpus_per_node, "gpus_per_node")
     adapters = gpus_per_node if adapters_per_node is None else _positive_int(adapters_per_node, "adapters_per_node")
     sending = gpus_per_node if gpus_sending is None else _positive_int(gpus_sending, "gpus_sending")
-    return adapter_gbits_per_s / 8.0 * min(1.0, adapters / sending)
+    own = max(1.0, adapters / gpus_per_node)
+    return adapter_gbits_per_s / 8.0 * min(own, adapters / sending)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -180,6 +180,9 @@ def test_fabric_share_of_shared_adapters():
     assert c.fabric_share_gbytes_per_s(100, gpus_per_node=8, adapters_per_node=4) == pytest.approx(6.25)
     assert c.fabric_share_gbytes_per_s(100, gpus_per_node=8, adapters_per_node=4, gpus_sending=2) == 12.5
     assert c.fabric_share_gbytes_per_s(400, gpus_per_node=8) == 50.0
+    # p5: 32 x 100 Gb/s EFA for 8 GPUs: four adapters each, and no more when fewer GPUs send
+    assert c.fabric_share_gbytes_per_s(100, gpus_per_node=8, adapters_per_node=32) == 50.0
+    assert c.fabric_share_gbytes_per_s(100, gpus_per_node=8, adapters_per_node=32, gpus_sending=1) == 50.0
 
 
 # --------------------------------------------------------------------------- Megatron's buckets
