@@ -20,10 +20,11 @@ saturation size that grows with the number of nodes. Nothing is fitted to these 
 
 What it shows (model / published): one node, 0.77-0.90 from 16 MiB up (the ring's 370 GB/s
 against NVLS's 480) and ~0.55 below 1 MiB (the model prices the Simple protocol only; NCCL's
-LL/LL128 protocols and NVLS have lower latency). 4-16 nodes at 2-8 GiB: 0.97-1.07, the peak
-fraction holds. 8-16 nodes at 32-512 MiB: 1.3-2.0, too optimistic: the EFA run's latency is about
-twice NCCL's network figure, which the model takes for every fabric. Gradient buckets (40 M
-parameters: 80-160 MB) sit in that range, so on EFA the bucketed sync is priced low.
+LL/LL128 protocols and NVLS have lower latency). 4-16 nodes at 4-8 GiB: 0.97-1.07, the peak
+fraction holds. 8-16 nodes at 32-128 MiB: 1.6-2.0, and 1.1-1.8 from 256 MiB to 2 GiB: too
+optimistic, the EFA run's latency is about twice NCCL's network figure, which the model takes for
+every fabric. Gradient buckets (40 M parameters: 80-160 MB) sit in that range, so on EFA the
+bucketed sync is priced low.
 
 Run from the repository root:  .venv/bin/python benchmarks/collectives_table.py
 """
