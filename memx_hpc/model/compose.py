@@ -60,23 +60,19 @@ import math
 import numpy as np
 
 from ..errors import SpecError
-from ..placement import Placement, place, place_groups
-from ..spec import (job_for_plan, BYTES_PER_ELEMENT, RECOMPUTE_MODES, GeneralPlan, LayerShape, Plan, Recompute,
-                    Site, TrainJob)
+from ..placement import Placement, place
+from ..spec import job_for_plan, BYTES_PER_ELEMENT, GeneralPlan, Plan, Recompute, Site, TrainJob
 from . import analytic
 from .api import LayerQuery, forward_fraction
 from .assembled import AssembledCostModel
 from .host import HOST_US_PER_OP, host_bound, host_us_per_op, layer_host_ms_parallel
-from .schedule import in_flight_chunks, in_flight_last_chunk, pipeline_finish_batch
+from .memory import memory_scale_of
+from .queries import MODE_FULL, MODE_NAMES, context_queries, layer_query, shape_of
+from .schedule import in_flight_chunks, in_flight_last_chunk, interleaved_finish
 
 if TYPE_CHECKING:
     from .api import CostModel
     from .links import LinkModel
-
-# Codes of the per-layer recompute mode used by the vectorised cost composition: positions in
-# the one vocabulary of modes (spec.RECOMPUTE_MODES), from profile points to rendered flags.
-MODE_NAMES = RECOMPUTE_MODES
-MODE_NONE, MODE_SELECTIVE, MODE_FULL = (MODE_NAMES.index(m) for m in ("none", "selective", "full"))
 
 #: Bytes per parameter of the gradients that DP synchronises (see the module docstring).
 GRAD_BYTES_PER_PARAM = {"bf16": 4, "fp16": 2, "fp32": 4}
@@ -200,13 +196,6 @@ class Prediction:
 
 
 # --------------------------------------------------------------------------- shared pieces
-
-
-def shape_of(job: TrainJob) -> LayerShape:
-    """The layer shape the cost model is asked about: the model's layer (an MoE model's MoE
-    layer, whose router, routed experts and shared experts the cost model prices; a model
-    whose first layers are dense, ``moe_layer_freq``, is priced as MoE layers throughout)."""
-    return LayerShape.of(job.model, moe=job.model.is_moe)
 
 
 def _expert_share(job: TrainJob) -> float:
@@ -335,21 +324,6 @@ def stage_state(job: TrainJob, n: int, *, first: bool, last: bool, tp: int, pp: 
     return params, experts, state
 
 
-def interleaved_finish(forward_ms, backward_ms, link_ms, num_microbatches: int, virtual_stages: int = 1):
-    """Each stage's finish time under 1F1B, or with ``v`` model chunks per stage under interleaved
-    1F1B, priced as 1F1B of ``m·v`` micro-batches of ``1/v`` of each stage's time: the
-    warm-up/cool-down bubble shrinks to ``(p-1)/(v·m)`` of the steady state (Narayanan et al.
-    2021, §2.2.2) and every stage boundary carries ``v`` times the messages, as interleaving
-    sends them. The embedding and the head sit in the first / last chunk in Megatron; here
-    they are spread over the stage's chunks (:func:`memx_hpc.model.schedule.simulate_interleaved`
-    is the exact schedule; tests/unit/test_schedule_interleaved.py compares the two)."""
-    v = int(virtual_stages)
-    if v == 1:
-        return pipeline_finish_batch(forward_ms, backward_ms, link_ms, num_microbatches)
-    return pipeline_finish_batch(np.asarray(forward_ms) / v, np.asarray(backward_ms) / v, link_ms,
-                                 num_microbatches * v)
-
-
 def in_flight_units(pp, stage, num_microbatches, virtual_stages=1):
     """A stage's in-flight activations in units of one micro-batch through all its layers:
     ``min(p - i, m)`` under 1F1B; with ``v`` chunks, :func:`memx_hpc.model.schedule.in_flight_chunks`
@@ -367,23 +341,6 @@ def in_flight_heads(pp, stage, num_microbatches, virtual_stages=1):
     if virtual_stages == 1:
         return in_flight(pp, stage, num_microbatches)
     return in_flight_last_chunk(int(stage), int(pp), int(num_microbatches), int(virtual_stages))
-
-
-def layer_query(job: TrainJob, gpu_type: str, *, kind: str, tp: int, micro_batch_size: int, recompute: str,
-                sequence_parallel: bool) -> LayerQuery:
-    return LayerQuery(gpu_type=gpu_type, kind=kind, shape=shape_of(job), tp=tp, micro_batch_size=micro_batch_size,
-                      recompute=recompute, precision=job.precision, attention=job.attention,
-                      sequence_parallel=sequence_parallel and tp > 1, fp8=job.fp8 if kind == "layer" else "")
-
-
-def context_queries(job: TrainJob, gpu_type: str, tp: int, mbs: int, sp: bool) -> list[LayerQuery]:
-    """The five queries one (GPU type, TP, micro-batch) context needs: a layer under each
-    recompute mode, the embedding and the head."""
-    q = [layer_query(job, gpu_type, kind="layer", tp=tp, micro_batch_size=mbs, recompute=m, sequence_parallel=sp)
-         for m in MODE_NAMES]
-    q += [layer_query(job, gpu_type, kind=k, tp=tp, micro_batch_size=mbs, recompute="none", sequence_parallel=sp)
-          for k in ("embedding", "head")]
-    return q
 
 
 def p2p_bytes(job: TrainJob, *, micro_batch_size: int, tp: int, sequence_parallel: bool) -> float:
@@ -458,20 +415,6 @@ def link_model_for(site: Site, cost_model: "CostModel | AssembledCostModel | Non
         return LinkModel(site)
     lm = cost_model.links
     return lm if lm.site is site else LinkModel(site, lm.curves)
-
-
-def memory_scale_of(cost_model, site: Site):
-    """``gpu_type -> a`` of the device-memory model: the cost model's (a calibration fitted
-    it on end-to-end runs), else the prior of the GPU's vendor (:data:`memx_hpc.model.memory.PRIORS`)."""
-    f = getattr(cost_model, "memory_scale", None)
-    if callable(f):
-        return f
-    from .memory import prior_for
-
-    def prior(gpu_type: str) -> float:
-        return prior_for(site.gpu(gpu_type).vendor).a
-
-    return prior
 
 
 def send_ms(links, job: TrainJob, *, micro_batch_size: int, tp: int, sequence_parallel: bool, a: str | None,
