@@ -68,7 +68,10 @@ from .assembled import AssembledCostModel
 from .host import HOST_US_PER_OP, host_bound, host_us_per_op, layer_host_ms_parallel
 from .memory import memory_scale_of
 from .queries import MODE_FULL, MODE_NAMES, context_queries, layer_query, shape_of
-from .schedule import in_flight_chunks, in_flight_last_chunk, interleaved_finish
+from .schedule import interleaved_finish
+from .stage_memory import (activations_as_run, dense_stage_state, fits, held_activation_bytes, in_flight_heads,
+                           in_flight_units, logits_transient_bytes, memory_limit, stage_activation_bytes,
+                           stage_peak_bytes, stage_state)
 
 if TYPE_CHECKING:
     from .api import CostModel
@@ -78,32 +81,6 @@ if TYPE_CHECKING:
 GRAD_BYTES_PER_PARAM = {"bf16": 4, "fp16": 2, "fp32": 4}
 
 Predictions = Mapping[LayerQuery, tuple[float, float]]
-
-
-def dropout_mask_bytes(job: TrainJob, q: LayerQuery) -> float:
-    """The hidden-dropout masks (1 byte per element) the cost model's activation answer for
-    ``q`` holds and ``job`` does not keep: ``2·s·b·h`` per layer (after attention and after the
-    MLP; none under full recompute, whose layer keeps its input alone), ``s·b·h`` on the
-    embedding (Korthikanti et al. 2022, §4.1 and 4.3; divided by TP under sequence
-    parallelism), when the model's ``hidden_dropout`` is 0 -- torch's dropout keeps no mask at
-    p = 0 (torch/_decomp/decompositions.py ``dropout``). Profiles and the analytic formula
-    are taken at Megatron-LM's default dropout (0.1), which keeps them."""
-    if job.model.hidden_dropout > 0 or q.kind == "head" or (q.kind == "layer" and q.recompute == "full"):
-        return 0.0
-    sbh = float(q.shape.seq_length * q.micro_batch_size * q.shape.hidden_size)
-    masks = 2.0 if q.kind == "layer" else 1.0
-    return masks * sbh / (q.tp if q.sequence_parallel else 1)
-
-
-def activations_as_run(job: TrainJob, queries: Sequence[LayerQuery], values) -> np.ndarray:
-    """``values`` (time, activation bytes per query) with what the job does not keep taken
-    out of the activations (:func:`dropout_mask_bytes`), never below zero."""
-    out = np.array(values, dtype=np.float64).reshape(len(queries), 2)
-    if job.model.hidden_dropout > 0:
-        return out
-    masks = np.array([dropout_mask_bytes(job, q) for q in queries])
-    out[:, 1] = np.maximum(out[:, 1] - masks, 0.0)
-    return out
 
 
 def grad_bytes_per_param(job: TrainJob) -> int:
@@ -300,49 +277,6 @@ def _host_floor_extras(job: TrainJob, *, tp: int, cp: int, ep: int, layer_scale:
     return xf + max(0.0, hf - dev_f - xf), xb + max(0.0, hb - dev_b - xb)
 
 
-def stage_state(job: TrainJob, n: int, *, first: bool, last: bool, tp: int, pp: int, dp: int, cp: int = 1,
-                ep: int = 1, etp: int | None = None) -> tuple[int, int, int]:
-    """``(parameters, routed-expert parameters, state bytes)`` of one rank of a stage of ``n``
-    layers: weights, gradients and optimizer states with the distributed optimizer sharding
-    the dense parameters over the ``dp x cp`` ranks that reduce their gradients and the
-    routed experts over the expert data-parallel ``tp x cp x dp / (etp x ep)`` ranks
-    (megatron-core's ``dp_cp`` and ``edp`` groups)."""
-    from ..params import expert_params
-
-    params = analytic.stage_params(job.model, n, first=first, last=last, tp=tp, pp=pp, ep=ep, etp=etp)
-    et = tp if etp is None else etp
-    start = analytic.stage_first_layer(job.model, n, first=first, last=last)
-    experts = expert_params(job.model, start, n, ep=ep, etp=et) if job.model.is_moe and n else 0
-    kw = dict(precision=job.precision, optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer,
-              grad_reduce_in_fp32=job.grad_reduce_in_fp32)
-    state = analytic.state_bytes(params - experts, dp=dp * cp, **kw)
-    if experts:
-        state += analytic.state_bytes(experts, dp=max(1, tp * cp * dp // (et * ep)), **kw)
-    if job.fp8:  # the FP8 weights of the stage's layers (not of its embedding / head)
-        base = analytic.stage_params(job.model, 0, first=first, last=last, tp=tp, pp=pp, ep=ep, etp=etp)
-        state += float(fp8_state_bytes(job, params - base))
-    return params, experts, state
-
-
-def in_flight_units(pp, stage, num_microbatches, virtual_stages=1):
-    """A stage's in-flight activations in units of one micro-batch through all its layers:
-    ``min(p - i, m)`` under 1F1B; with ``v`` chunks, :func:`memx_hpc.model.schedule.in_flight_chunks`
-    chunks of ``1/v`` of the layers each (interleaving's warm-up holds more)."""
-    if virtual_stages == 1:
-        return in_flight(pp, stage, num_microbatches)
-    return in_flight_chunks(int(stage), int(pp), int(num_microbatches), int(virtual_stages)) / virtual_stages
-
-
-def in_flight_heads(pp, stage, num_microbatches, virtual_stages=1):
-    """Micro-batches whose output-layer and loss activations the last stage holds at once:
-    one under 1F1B, and under interleaving too (the last chunk's backward follows its
-    forward; :func:`memx_hpc.model.schedule.in_flight_last_chunk`), not the in-flight
-    units of its earlier chunks; ``m`` when every forward is in the warm-up."""
-    if virtual_stages == 1:
-        return in_flight(pp, stage, num_microbatches)
-    return in_flight_last_chunk(int(stage), int(pp), int(num_microbatches), int(virtual_stages))
-
-
 def p2p_bytes(job: TrainJob, *, micro_batch_size: int, tp: int, sequence_parallel: bool) -> float:
     """One activation (or its gradient) sent between stages: ``s·b·h`` elements."""
     m = job.model
@@ -498,31 +432,6 @@ def tp_internode_ms(links, job: TrainJob, *, partition: str | None, gpu_type: st
 TP_COLLECTIVE_UNITS = (2.0, 3.0, 0.5, 0.5)
 
 
-def fp8_param_gather_active(job: TrainJob) -> bool:
-    """Whether the layers' weights are FP8 tensors (``--fp8-param-gather``; Megatron-LM
-    accepts it with the distributed optimizer only, megatron/training/arguments.py)."""
-    return bool(job.fp8 and job.fp8_param_gather and job.distributed_optimizer)
-
-
-def fp8_state_bytes(job: TrainJob, layer_params):
-    """What FP8 adds to :func:`memx_hpc.model.analytic.state_bytes` for ``layer_params``
-    parameters of a stage's layers (array or float; 0 without FP8): Transformer Engine's FP8
-    weight and transpose (:func:`memx_hpc.model.analytic.fp8_weight_bytes`), less the 16-bit
-    weight ``state_bytes`` counts when the FP8 tensor is the weight (``--fp8-param-gather``:
-    megatron-core distributed_data_parallel.py gives a Float8Tensor a uint8 parameter buffer,
-    and an MXFP8 one shares the gradient buffer for its all-gather, param_and_grad_buffer.py)."""
-    if not job.fp8:
-        return 0.0 * layer_params
-    per = analytic.fp8_weight_bytes(1.0, job.fp8_recipe)
-    if fp8_param_gather_active(job):
-        per -= BYTES_PER_ELEMENT[job.precision]
-    return per * layer_params
-
-
-def _limit(site: Site) -> float:
-    return 1.0 - site.memory_safety_margin
-
-
 # --------------------------------------------------------------------------- the stage formulas
 #
 # One implementation of each rule of the module docstring, written with operators that
@@ -539,46 +448,6 @@ def stage_time_ms(k, nb, t_full, t_base, ff_base, first, last, t_emb, t_head):
     fwd = k * t_full * ff_full + nb * t_base * ff_base + ends * ff_none
     total = k * t_full + nb * t_base + ends
     return fwd, total
-
-
-def stage_activation_bytes(k, nb, a_full, a_base, a_none, first, last, a_emb, a_head, logits=0.0):
-    """(activation bytes kept per in-flight micro-batch, the transient on top of them: the
-    larger of a recomputing stage's one layer of full activations rebuilt during its
-    backward and, on the last stage, the logits the loss holds beside their fp32 copy
-    (``logits``: :func:`~memx_hpc.model.analytic.head_logits_transient_bytes`); the two are
-    never live at once -- the loss runs before the layers' backward)."""
-    act = k * a_full + nb * a_base + first * a_emb + last * a_head
-    transient = np.maximum(np.where(k > 0, a_none - a_full, 0.0), last * logits)
-    return act, transient
-
-
-def logits_transient_bytes(job: TrainJob, tp: int, micro_batch_size: int) -> float:
-    """:func:`~memx_hpc.model.analytic.head_logits_transient_bytes` of ``job``'s model."""
-    return float(analytic.head_logits_transient_bytes(shape_of(job), micro_batch_size=micro_batch_size, tp=tp,
-                                                      precision=job.precision))
-
-
-def in_flight(pp, stage, num_microbatches):
-    """Micro-batches whose activations a 1F1B stage holds at once (Narayanan et al. 2021, §2.2)."""
-    return np.minimum(pp - stage, num_microbatches)
-
-
-def held_activation_bytes(inflight, act, transient, head=0.0, heads=1.0):
-    """Activation bytes a stage holds at its peak: ``inflight`` units of ``act`` plus the
-    transient, where ``head`` (the part of ``act`` that is the last stage's output layer and
-    loss) is held for ``heads`` micro-batches (:func:`in_flight_heads`) instead."""
-    return inflight * (act - head) + heads * head + transient
-
-
-def stage_peak_bytes(state, inflight, act, transient, scale, overhead, head=0.0, heads=1.0):
-    """What the device reports: ``a·A + b`` of the allocator peak ``A`` (state + the
-    activations :func:`held_activation_bytes` counts; :mod:`memx_hpc.model.memory`)."""
-    return scale * (state + held_activation_bytes(inflight, act, transient, head, heads)) + overhead
-
-
-def fits(peak, capacity, site: Site):
-    """Whether a peak stays under the capacity less the site's safety margin."""
-    return peak <= capacity * _limit(site)
 
 
 def exposed_sync_ms(sync, backward, options: CostOptions):
@@ -1072,17 +941,10 @@ def _replica_times(c: _Composing, i: int, n: int, base: str, kk: int, v, x: Stag
 def _replica_state(c: _Composing, i: int, n: int, r: _Replica) -> tuple[float, float, float]:
     """``(params, expert params, state bytes)`` of replica ``r`` of stage ``i``: the caller's
     ``state_of``, else the dense rule."""
-    first, last, job, p = i == 0, i == c.pp - 1, c.job, c.pp
+    first, last = i == 0, i == c.pp - 1
     if c.state_of is not None:
         return c.state_of(i, n, first, last, r.tp)
-    params = analytic.stage_params(job.model, n, first=first, last=last, tp=r.tp, pp=p)
-    state = analytic.state_bytes(params, precision=job.precision, optimizer=job.optimizer,
-                                 distributed_optimizer=job.distributed_optimizer, dp=c.dp_per_stage[i],
-                                 grad_reduce_in_fp32=job.grad_reduce_in_fp32)
-    if job.fp8:
-        state += float(fp8_state_bytes(job, params - analytic.stage_params(
-            job.model, 0, first=first, last=last, tp=r.tp, pp=p)))
-    return params, 0, state
+    return dense_stage_state(c.job, n, first=first, last=last, tp=r.tp, pp=c.pp, dp=c.dp_per_stage[i])
 
 
 def _replica_prediction(c: _Composing, i: int, ri: int, stage, r: _Replica, v, x: StageExtras,
@@ -1164,7 +1026,7 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
     c = _Composing(site=site, job=job, micro_batch_size=mbs, pp=p, microbatches=tuple(ms), most_microbatches=m,
                    dp_per_stage=tuple(dp_per_stage), cp=cp, virtual_stages=virtual_stages, options=options,
                    overhead_of=overhead_of, memory_scale=memory_scale, sync_of=sync_of, state_of=state_of)
-    limit = _limit(site)
+    limit = memory_limit(site)
     per: list[dict] = []
     fwd_stage, bwd_stage = [], []
     for i, stage in enumerate(stages):
@@ -1371,7 +1233,7 @@ def _known(site: Site, name: str) -> bool:
 
 
 __all__ = ["Block", "BlockCost", "Composer", "CompositionInputs", "Layout", "CostOptions", "GRAD_BYTES_PER_PARAM",
-           "grad_bytes_per_param", "fp8_param_gather_active", "dropout_mask_bytes", "activations_as_run",
+           "grad_bytes_per_param", "activations_as_run",
            "StageExtras", "stage_extras", "stage_state", "stage_sync_ms",
            "interleaved_finish", "in_flight_units", "in_flight_heads", "held_activation_bytes",
            "Prediction", "StagePrediction",
