@@ -847,6 +847,29 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
     Stages with different replica counts process different numbers of micro-batches; the
     schedule is evaluated with the largest count and each stage's time scaled by its share.
     """
+    stages = _general_stages(plan, site, job)
+    _check_general_fits(plan, site, stages)
+    lm = link_model_for(site, cost_model, links)
+    link_ms, groups = _general_links(site, job, lm, stages, plan.micro_batch_size)
+
+    def sync_of(i: int, params: float) -> float:
+        parts, one, streams = groups[i]
+        return dp_sync_ms(lm, job, dp=len(parts), params=params, partitions=parts, one_node=one, streams=streams)
+
+    first, lastp = stages[0][3][0], stages[-1][3][0]
+    return _predict_from(site, job, cost_model.predict, cost_model.overhead_bytes,
+                         micro_batch_size=plan.micro_batch_size, stages=stages,
+                         dp_per_stage=[len(s.replicas) for s in plan.stages], link_ms=link_ms, sync_of=sync_of,
+                         tied_ms=tied_sync_ms(lm, job, first.tp, len(stages), first.partition, lastp.partition),
+                         sequence_parallel=False, options=options or CostOptions(),
+                         memory_scale=memory_scale_of(cost_model, site), host_us=host_us_per_op(cost_model),
+                         links=lm)
+
+
+def _general_stages(plan: GeneralPlan, site: Site, job: TrainJob) -> list:
+    """Per stage of a general plan (layers, base mode, fully recomputed layers, replicas), each
+    replica on its partition (or its GPU type's first) and synchronising the stage's largest
+    shard; SpecError naming the field where a stage, GPU type, partition or TP is wrong."""
     if sum(s.num_layers for s in plan.stages) != job.model.num_layers:
         raise SpecError(f"stages hold {sum(s.num_layers for s in plan.stages)} layers, the model has "
                         f"{job.model.num_layers}", field="stages")
@@ -876,10 +899,14 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
         reps = [_Replica(gpu_type=r.gpu_type, tp=r.tp, partition=r.partition, sync_tp=tmin) for r in reps]
         base, k = s.recompute.split(s.num_layers, f"stages[{i}].recompute")
         stages.append((s.num_layers, base, k, reps))
-    _check_general_fits(plan, site, stages)
+    return stages
 
-    lm = link_model_for(site, cost_model, links)
-    # placement: replicas packed onto their partition's GPUs in stage order, tp GPUs each
+
+def _general_links(site: Site, job: TrainJob, lm, stages: list,
+                   micro_batch_size: int) -> tuple[list[float], list[tuple[list, bool, int]]]:
+    """A general plan's links: the slowest send across each stage boundary, and per stage its
+    DP group (partitions, on one node, streams), with the replicas packed onto their
+    partition's GPUs in stage order, ``tp`` GPUs each."""
     used: dict[str, int] = {}
     slots: list[list[int | None]] = []
     for _, _, _, reps in stages:
@@ -904,7 +931,7 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
             peer = nxt[k]
             same = (r.partition is not None and r.partition == peer.partition
                     and node(r.partition, slots[i][j]) == node(peer.partition, slots[i + 1][k]))
-            worst = max(worst, send_ms(lm, job, micro_batch_size=plan.micro_batch_size, tp=r.tp,
+            worst = max(worst, send_ms(lm, job, micro_batch_size=micro_batch_size, tp=r.tp,
                                        sequence_parallel=False, a=r.partition, b=peer.partition, same_node=same))
         link_ms.append(worst)
     groups = []
@@ -916,19 +943,7 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
         streams = min(min(r.tp for r in reps), min(site.partition(p).gpus_per_node for p in parts if p) if any(parts)
                       else 1)
         groups.append((parts, one, streams))
-
-    def sync_of(i: int, params: float) -> float:
-        parts, one, streams = groups[i]
-        return dp_sync_ms(lm, job, dp=len(parts), params=params, partitions=parts, one_node=one, streams=streams)
-
-    first, lastp = stages[0][3][0], stages[-1][3][0]
-    return _predict_from(site, job, cost_model.predict, cost_model.overhead_bytes,
-                         micro_batch_size=plan.micro_batch_size, stages=stages,
-                         dp_per_stage=[len(s.replicas) for s in plan.stages], link_ms=link_ms, sync_of=sync_of,
-                         tied_ms=tied_sync_ms(lm, job, first.tp, len(stages), first.partition, lastp.partition),
-                         sequence_parallel=False, options=options or CostOptions(),
-                         memory_scale=memory_scale_of(cost_model, site), host_us=host_us_per_op(cost_model),
-                         links=lm)
+    return link_ms, groups
 
 
 def _known(site: Site, name: str) -> bool:
