@@ -168,6 +168,7 @@ def p2p_bytes(job: TrainJob, *, micro_batch_size: int, tp: int, sequence_paralle
 
 
 def transfer_ms(nbytes: float, gbps: float) -> float:
+    """``nbytes`` at a flat ``gbps`` (GB/s): the site's figure where no link curve applies."""
     return nbytes / (gbps * 1e6)
 
 
