@@ -21,7 +21,9 @@ from ..spec import LayerSample, Site, TrainJob
 from .api import AnalyticCostModel, Basis, kernels_of, with_store_figures
 from .assembled import AssembledCostModel
 from .calibrate import CalibratedCostModel
-from .compose import layer_query, memory_scale_of, predict_plan
+from .compose import predict_plan
+from .memory import memory_scale_of
+from .queries import layer_query
 from .links import LinkModel, link_notes, load_links
 from .routed import RoutedCostModel
 from .sources import SourceReport, cases_from_records, resolve, shipped_preferences

@@ -152,7 +152,7 @@ class _Memo:
         self.table: dict[LayerQuery, tuple[float, float]] = {}
         self.overheads: dict[str, int] = {}
         self.links = links  # what every run is composed over (None: the site's figures)
-        from .compose import memory_scale_of
+        from .memory import memory_scale_of
         self.memory_scale = memory_scale_of(base, site)
 
     def predict(self, queries: Sequence[LayerQuery]) -> np.ndarray:

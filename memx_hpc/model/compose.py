@@ -3,45 +3,24 @@
 Per stage ``i`` of a plan (``n_i`` layers, ``k_i`` of them under full recompute, the
 rest under the stage's base mode ``none`` or ``selective``), from the cost model's
 per-layer answers ``t`` (forward+backward ms per micro-batch) and ``a`` (activation
-bytes kept per in-flight micro-batch):
+bytes kept per in-flight micro-batch; the questions: :mod:`memx_hpc.model.queries`):
 
 * each layer's time is at least its host-dispatch floor (:mod:`memx_hpc.model.host`:
   eager operators x host cost per operator; ``max(device, host)``);
 * time per micro-batch ``T_i = k_i t_full + (n_i - k_i) t_base`` + embedding (first
   stage) + output layer and loss (last stage), split into forward and backward with
-  :func:`memx_hpc.model.api.forward_fraction`;
-* activations ``A_i = k_i a_full + (n_i - k_i) a_base`` (+ embedding / head), held for
-  ``min(p - i, m)`` in-flight micro-batches under 1F1B (Narayanan et al. 2021, §2.2:
-  stage i runs ``p - i - 1`` warm-up forwards before its first backward; interleaving
-  holds more chunks, but the last stage's output layer and loss for one micro-batch only,
-  since its last chunk's backward follows its forward), plus, when a stage recomputes,
-  one layer's full activations rebuilt during its backward;
-* weights, gradients and optimizer states from :mod:`memx_hpc.model.analytic`
-  (``stage_params`` -> ``state_bytes``): with the activations, the allocator peak ``A``.
-  What the device reports is ``a·A + b`` (:mod:`memx_hpc.model.memory`): the cost
-  model's ``memory_scale`` (``a``; the vendor prior's when it has none) and ``overhead_bytes`` (``b``:
-  context, communication buffers). A plan is infeasible when any GPU's peak exceeds its
-  capacity times ``1 - site.memory_safety_margin``;
-* point-to-point sends between stages: each TP rank sends the ``s·b·h`` activation
-  (divided by TP under sequence parallelism; Megatron-core's ``p2p_communication`` has
-  no scatter-gather), all TP ranks of a node at once, over the link between the two
-  stages' GPUs: inside a node, between nodes of a partition, or between partitions. Every
-  link is a curve of message size -> time (:class:`memx_hpc.model.links.LinkModel`:
-  measured, else Sailor's imported curves, else the site's figure);
+  :func:`memx_hpc.model.api.forward_fraction` (:func:`stage_time_ms`);
+* memory: the activations held by the in-flight micro-batches, weights, gradients and
+  optimizer states, as the device reports them (``a·A + b``), against the capacity less the
+  site's safety margin (:mod:`memx_hpc.model.stage_memory`);
+* communication: point-to-point sends between stages over the link between their GPUs,
+  each stage's gradient synchronisation over its data-parallel group after its last
+  backward, the tied-embedding all-reduce, TP across nodes, context and expert parallel's
+  exchanges (:mod:`memx_hpc.model.comm_costs`);
 * the pipeline: Megatron's 1F1B schedule evaluated exactly (see
-  :mod:`memx_hpc.model.schedule`), giving each stage's finish time;
-* after its last backward each stage synchronises gradients over its data-parallel
-  group — a ring all-reduce (Patarasuk & Yuan 2009: ``2(d-1)`` steps of ``bytes/d`` on the
-  group's slowest link curve, all the stage's TP ranks of a node running their rings at
-  once), or with the distributed optimizer reduce-scatter of gradients then all-gather
-  of parameters, half a ring each (Rajbhandari et al. 2020, ZeRO §5) — then steps its
-  optimizer. Tied
-  embeddings add the first/last-stage embedding-gradient all-reduce (Megatron-LM
-  ``_allreduce_word_embedding_grads``). The iteration ends when the last stage does.
-
-Gradients travel in fp32 under bf16 (Megatron-LM sets ``accumulate_allreduce_grads_in_fp32``
-for bf16 in ``megatron/training/arguments.py``) unless the job reduces them in bf16
-(``grad_reduce_in_fp32`` off: ``--grad-reduce-in-bf16``), in the parameter dtype otherwise.
+  :mod:`memx_hpc.model.schedule`), giving each stage's finish time; each stage then
+  synchronises its gradients and steps its optimizer. The iteration ends when the last
+  stage does.
 
 :class:`Composer` evaluates :class:`Block` s of plans with numpy, from plain inputs (the
 layouts' placements, the recompute levels: :class:`CompositionInputs`); :func:`predict_plan`
@@ -53,69 +32,32 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import math
 
 import numpy as np
 
 from ..errors import SpecError
-from ..placement import Placement, place, place_groups
-from ..spec import (job_for_plan, BYTES_PER_ELEMENT, RECOMPUTE_MODES, GeneralPlan, LayerShape, Plan, Recompute,
-                    Site, TrainJob)
+from ..placement import Placement, place
+from ..spec import job_for_plan, GeneralPlan, Plan, Recompute, Site, TrainJob
 from . import analytic
 from .api import LayerQuery, forward_fraction
-from .assembled import AssembledCostModel
-from .host import HOST_US_PER_OP, host_bound, host_us_per_op, layer_host_ms_parallel
-from .schedule import in_flight_chunks, in_flight_last_chunk, pipeline_finish_batch
-
-if TYPE_CHECKING:
-    from .api import CostModel
-    from .links import LinkModel
-
-# Codes of the per-layer recompute mode used by the vectorised cost composition: positions in
-# the one vocabulary of modes (spec.RECOMPUTE_MODES), from profile points to rendered flags.
-MODE_NAMES = RECOMPUTE_MODES
-MODE_NONE, MODE_SELECTIVE, MODE_FULL = (MODE_NAMES.index(m) for m in ("none", "selective", "full"))
-
-#: Bytes per parameter of the gradients that DP synchronises (see the module docstring).
-GRAD_BYTES_PER_PARAM = {"bf16": 4, "fp16": 2, "fp32": 4}
+from .comm_costs import (TP_COLLECTIVE_UNITS, StageExtras, dp_sync_ms, exposed_sync_ms, link_model_for, send_ms,
+                         stage_extras, stage_links, stage_sync_ms, tied_sync_ms, tp_internode_ms)
+from .host import HOST_US_PER_OP, host_bound, host_us_per_op
+from .memory import memory_scale_of
+from .queries import MODE_FULL, MODE_NAMES, context_queries, layer_query
+from .schedule import interleaved_finish
+from .stage_memory import (activations_as_run, dense_stage_state, fits, held_activation_bytes, in_flight_heads,
+                           in_flight_units, logits_transient_bytes, memory_limit, stage_activation_bytes,
+                           stage_peak_bytes, stage_state)
+# Not used here: re-exported for the tests and benchmarks that import them from this module.
+from .comm_costs import p2p_bytes, stage_layout, sync_ms_per_param  # noqa: F401
+from .queries import shape_of  # noqa: F401
+from .stage_memory import fp8_state_bytes  # noqa: F401
 
 Predictions = Mapping[LayerQuery, tuple[float, float]]
-
-
-def dropout_mask_bytes(job: TrainJob, q: LayerQuery) -> float:
-    """The hidden-dropout masks (1 byte per element) the cost model's activation answer for
-    ``q`` holds and ``job`` does not keep: ``2·s·b·h`` per layer (after attention and after the
-    MLP; none under full recompute, whose layer keeps its input alone), ``s·b·h`` on the
-    embedding (Korthikanti et al. 2022, §4.1 and 4.3; divided by TP under sequence
-    parallelism), when the model's ``hidden_dropout`` is 0 -- torch's dropout keeps no mask at
-    p = 0 (torch/_decomp/decompositions.py ``dropout``). Profiles and the analytic formula
-    are taken at Megatron-LM's default dropout (0.1), which keeps them."""
-    if job.model.hidden_dropout > 0 or q.kind == "head" or (q.kind == "layer" and q.recompute == "full"):
-        return 0.0
-    sbh = float(q.shape.seq_length * q.micro_batch_size * q.shape.hidden_size)
-    masks = 2.0 if q.kind == "layer" else 1.0
-    return masks * sbh / (q.tp if q.sequence_parallel else 1)
-
-
-def activations_as_run(job: TrainJob, queries: Sequence[LayerQuery], values) -> np.ndarray:
-    """``values`` (time, activation bytes per query) with what the job does not keep taken
-    out of the activations (:func:`dropout_mask_bytes`), never below zero."""
-    out = np.array(values, dtype=np.float64).reshape(len(queries), 2)
-    if job.model.hidden_dropout > 0:
-        return out
-    masks = np.array([dropout_mask_bytes(job, q) for q in queries])
-    out[:, 1] = np.maximum(out[:, 1] - masks, 0.0)
-    return out
-
-
-def grad_bytes_per_param(job: TrainJob) -> int:
-    """Bytes per parameter of the gradients DP synchronises: :data:`GRAD_BYTES_PER_PARAM`,
-    bf16 gradients in bf16 where the job reduces them so (``grad_reduce_in_fp32`` off)."""
-    if job.precision == "bf16" and not job.grad_reduce_in_fp32:
-        return 2
-    return GRAD_BYTES_PER_PARAM[job.precision]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,384 +144,6 @@ class Prediction:
 # --------------------------------------------------------------------------- shared pieces
 
 
-def shape_of(job: TrainJob) -> LayerShape:
-    """The layer shape the cost model is asked about: the model's layer (an MoE model's MoE
-    layer, whose router, routed experts and shared experts the cost model prices; a model
-    whose first layers are dense, ``moe_layer_freq``, is priced as MoE layers throughout)."""
-    return LayerShape.of(job.model, moe=job.model.is_moe)
-
-
-def _expert_share(job: TrainJob) -> float:
-    """The routed experts' part of an MoE layer's forward FLOPs on a rank
-    (:func:`memx_hpc.model.analytic.moe_layer_flops` at EP 1): what the imbalance margin of
-    expert parallel widens; 0 for a dense model."""
-    if not job.model.is_moe:
-        return 0.0
-    parts = analytic.moe_layer_flops(shape_of(job), micro_batch_size=1, tp=1, ep=1)
-    return parts["routed"] / sum(parts.values())
-
-
-@dataclass(frozen=True, kw_only=True)
-class StageExtras:
-    """What context and expert parallel change of one stage's per-layer answers: time scales
-    of the layers and of the embedding/head, the activation scale, and the exposed
-    communication per layer (forward, backward ms per micro-batch): ring attention's K/V
-    steps that attention does not hide, and the experts' all-to-all dispatch and combine."""
-
-    layer_scale: float = 1.0
-    ends_scale: float = 1.0
-    act_scale: float = 1.0
-    extra_fwd_ms: float = 0.0
-    extra_bwd_ms: float = 0.0
-
-
-def stage_extras(links, job: TrainJob, *, partition: str | None, tasks_per_node: int, tp: int, cp: int, ep: int,
-                 etp: int | None, micro_batch_size: int, layer_fwd_ms: float,
-                 host_us: float = HOST_US_PER_OP) -> StageExtras:
-    """:class:`StageExtras` of a stage on ``partition`` whose component runs ``tasks_per_node``
-    ranks a node; ``layer_fwd_ms``: one layer's forward at the whole sequence (the cost model's,
-    before the CP split).
-
-    * Context parallel ``c``: each rank computes ``1/c`` of a layer's work (Megatron splits the
-      sequence into ``2c`` chunks, rank r taking r and ``2c-1-r``, so causal attention
-      balances) and keeps ``1/c`` of its activations. Ring attention runs ``c - 1`` K/V steps
-      per layer, each overlapping the attention on the block held: per step
-      ``max(attention / c, send)`` (:func:`memx_hpc.model.analytic.cp_kv_exchange_bytes`, K and V
-      split over TP), the send over the CP group's link (inside a node when the component's
-      tasks per node are a multiple of ``tp x c``; Megatron's order puts the CP peers TP
-      apart), all the node's ranks sending at once; backward moves twice the bytes.
-    * Expert parallel ``ep``: the cost model prices the MoE layer at EP 1 (every expert on the
-      rank: no imbalance, no all-to-all); with ``ep > 1`` the routed experts' compute is
-      widened by :func:`memx_hpc.model.analytic.moe_imbalance` (the most loaded rank), and
-      each MoE layer adds a dispatch and a combine all-to-all forward and again backward
-      (:func:`memx_hpc.model.analytic.moe_alltoall_bytes` for the rank's ``1/(tp x c)`` of the
-      tokens) over the EP group's link, not overlapped (Megatron's default), the most loaded
-      rank's share set by the same margin.
-    * The host floor (:func:`memx_hpc.model.host.layer_host_ms_parallel`): every rank of the
-      group dispatches all of the layer's operators and those ring attention and the MoE
-      layer add, so a layer whose device work the split makes small still takes its host
-      time; the forward and backward are raised to it where the device part (layer time x
-      scale + the exposed communication above) is shorter. Large layers are unchanged.
-    """
-    m = job.model
-    imbalance = analytic.moe_imbalance(ep) if m.is_moe else 1.0
-    layer_scale = (1.0 + (imbalance - 1.0) * _expert_share(job)) / cp
-    xf = xb = 0.0
-    if partition is not None and cp > 1:
-        f_bytes, b_bytes = analytic.cp_kv_exchange_bytes(shape_of(job), micro_batch_size=micro_batch_size,
-                                                          precision=job.precision, cp=cp)
-        streams = max(1, min(tp * cp, tasks_per_node))
-        same = tasks_per_node % (tp * cp) == 0
-        att = layer_fwd_ms / cp * (analytic.attention_score_flops(shape_of(job), micro_batch_size=micro_batch_size)
-                                   / analytic.layer_flops(shape_of(job), micro_batch_size=micro_batch_size))
-        for nbytes, work, is_f in ((f_bytes, att, True), (b_bytes, 2.0 * att, False)):
-            step = links.p2p(nbytes / (cp - 1) / tp * streams, partition, partition, same_node=same,
-                             streams=streams).ms
-            exposed = (cp - 1) * max(0.0, step - work / cp)
-            if is_f:
-                xf += exposed
-            else:
-                xb += exposed
-    if partition is not None and ep > 1 and m.is_moe:
-        et = tp if etp is None else etp
-        frac = sum(m.moe_layers) / m.num_layers
-        out = analytic.moe_alltoall_bytes(m, micro_batch_size=micro_batch_size, precision=job.precision, ep=ep) \
-            / (tp * cp)
-        streams = max(1, min(et * ep, tasks_per_node))
-        same = tasks_per_node % (et * ep) == 0
-        a2a = links.p2p(out * streams, partition, partition, same_node=same, streams=streams).ms * imbalance
-        xf += 2.0 * a2a * frac
-        xb += 2.0 * a2a * frac
-    xf, xb = _host_floor_extras(job, tp=tp, cp=cp, ep=ep, layer_scale=layer_scale, layer_fwd_ms=layer_fwd_ms,
-                                xf=xf, xb=xb, host_us=host_us)
-    return StageExtras(layer_scale=layer_scale, ends_scale=1.0 / cp, act_scale=1.0 / cp, extra_fwd_ms=xf,
-                       extra_bwd_ms=xb)
-
-
-def _host_floor_extras(job: TrainJob, *, tp: int, cp: int, ep: int, layer_scale: float, layer_fwd_ms: float,
-                       xf: float, xb: float, host_us: float) -> tuple[float, float]:
-    """The exposed per-layer forward/backward extras ``xf, xb`` raised so that the layer's
-    forward (``layer_fwd_ms x layer_scale + xf``) and backward (twice the forward's layer part
-    + ``xb``: :func:`memx_hpc.model.api.forward_fraction`) take at least the host time of a rank
-    of its CP/EP group (:func:`memx_hpc.model.host.layer_host_ms_parallel`)."""
-    m = job.model
-    frac = sum(m.moe_layers) / m.num_layers if m.is_moe else 0.0
-    local = m.num_experts // max(1, ep) if m.is_moe else 1
-    hf, hb = layer_host_ms_parallel("none", tp, cp=cp, moe_share=frac, local_experts=local, ep=ep, us_per_op=host_us)
-    dev_f = layer_fwd_ms * layer_scale
-    dev_b = 2.0 * layer_fwd_ms * layer_scale
-    return xf + max(0.0, hf - dev_f - xf), xb + max(0.0, hb - dev_b - xb)
-
-
-def stage_state(job: TrainJob, n: int, *, first: bool, last: bool, tp: int, pp: int, dp: int, cp: int = 1,
-                ep: int = 1, etp: int | None = None) -> tuple[int, int, int]:
-    """``(parameters, routed-expert parameters, state bytes)`` of one rank of a stage of ``n``
-    layers: weights, gradients and optimizer states with the distributed optimizer sharding
-    the dense parameters over the ``dp x cp`` ranks that reduce their gradients and the
-    routed experts over the expert data-parallel ``tp x cp x dp / (etp x ep)`` ranks
-    (megatron-core's ``dp_cp`` and ``edp`` groups)."""
-    from ..params import expert_params
-
-    params = analytic.stage_params(job.model, n, first=first, last=last, tp=tp, pp=pp, ep=ep, etp=etp)
-    et = tp if etp is None else etp
-    start = analytic.stage_first_layer(job.model, n, first=first, last=last)
-    experts = expert_params(job.model, start, n, ep=ep, etp=et) if job.model.is_moe and n else 0
-    kw = dict(precision=job.precision, optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer,
-              grad_reduce_in_fp32=job.grad_reduce_in_fp32)
-    state = analytic.state_bytes(params - experts, dp=dp * cp, **kw)
-    if experts:
-        state += analytic.state_bytes(experts, dp=max(1, tp * cp * dp // (et * ep)), **kw)
-    if job.fp8:  # the FP8 weights of the stage's layers (not of its embedding / head)
-        base = analytic.stage_params(job.model, 0, first=first, last=last, tp=tp, pp=pp, ep=ep, etp=etp)
-        state += float(fp8_state_bytes(job, params - base))
-    return params, experts, state
-
-
-def interleaved_finish(forward_ms, backward_ms, link_ms, num_microbatches: int, virtual_stages: int = 1):
-    """Each stage's finish time under 1F1B, or with ``v`` model chunks per stage under interleaved
-    1F1B, priced as 1F1B of ``m·v`` micro-batches of ``1/v`` of each stage's time: the
-    warm-up/cool-down bubble shrinks to ``(p-1)/(v·m)`` of the steady state (Narayanan et al.
-    2021, §2.2.2) and every stage boundary carries ``v`` times the messages, as interleaving
-    sends them. The embedding and the head sit in the first / last chunk in Megatron; here
-    they are spread over the stage's chunks (:func:`memx_hpc.model.schedule.simulate_interleaved`
-    is the exact schedule; tests/unit/test_schedule_interleaved.py compares the two)."""
-    v = int(virtual_stages)
-    if v == 1:
-        return pipeline_finish_batch(forward_ms, backward_ms, link_ms, num_microbatches)
-    return pipeline_finish_batch(np.asarray(forward_ms) / v, np.asarray(backward_ms) / v, link_ms,
-                                 num_microbatches * v)
-
-
-def in_flight_units(pp, stage, num_microbatches, virtual_stages=1):
-    """A stage's in-flight activations in units of one micro-batch through all its layers:
-    ``min(p - i, m)`` under 1F1B; with ``v`` chunks, :func:`memx_hpc.model.schedule.in_flight_chunks`
-    chunks of ``1/v`` of the layers each (interleaving's warm-up holds more)."""
-    if virtual_stages == 1:
-        return in_flight(pp, stage, num_microbatches)
-    return in_flight_chunks(int(stage), int(pp), int(num_microbatches), int(virtual_stages)) / virtual_stages
-
-
-def in_flight_heads(pp, stage, num_microbatches, virtual_stages=1):
-    """Micro-batches whose output-layer and loss activations the last stage holds at once:
-    one under 1F1B, and under interleaving too (the last chunk's backward follows its
-    forward; :func:`memx_hpc.model.schedule.in_flight_last_chunk`), not the in-flight
-    units of its earlier chunks; ``m`` when every forward is in the warm-up."""
-    if virtual_stages == 1:
-        return in_flight(pp, stage, num_microbatches)
-    return in_flight_last_chunk(int(stage), int(pp), int(num_microbatches), int(virtual_stages))
-
-
-def layer_query(job: TrainJob, gpu_type: str, *, kind: str, tp: int, micro_batch_size: int, recompute: str,
-                sequence_parallel: bool) -> LayerQuery:
-    return LayerQuery(gpu_type=gpu_type, kind=kind, shape=shape_of(job), tp=tp, micro_batch_size=micro_batch_size,
-                      recompute=recompute, precision=job.precision, attention=job.attention,
-                      sequence_parallel=sequence_parallel and tp > 1, fp8=job.fp8 if kind == "layer" else "")
-
-
-def context_queries(job: TrainJob, gpu_type: str, tp: int, mbs: int, sp: bool) -> list[LayerQuery]:
-    """The five queries one (GPU type, TP, micro-batch) context needs: a layer under each
-    recompute mode, the embedding and the head."""
-    q = [layer_query(job, gpu_type, kind="layer", tp=tp, micro_batch_size=mbs, recompute=m, sequence_parallel=sp)
-         for m in MODE_NAMES]
-    q += [layer_query(job, gpu_type, kind=k, tp=tp, micro_batch_size=mbs, recompute="none", sequence_parallel=sp)
-          for k in ("embedding", "head")]
-    return q
-
-
-def p2p_bytes(job: TrainJob, *, micro_batch_size: int, tp: int, sequence_parallel: bool) -> float:
-    """One activation (or its gradient) sent between stages: ``s·b·h`` elements."""
-    m = job.model
-    n = m.seq_length * micro_batch_size * m.hidden_size * BYTES_PER_ELEMENT[job.precision]
-    return n / tp if sequence_parallel and tp > 1 else float(n)
-
-
-def transfer_ms(nbytes: float, gbps: float) -> float:
-    return nbytes / (gbps * 1e6)
-
-
-def sync_ms_per_param(job: TrainJob, dp: int, gbps: float) -> float:
-    """Milliseconds per parameter (per GPU) of the data-parallel gradient synchronisation."""
-    if dp <= 1:
-        return 0.0
-    g = grad_bytes_per_param(job)
-    if job.distributed_optimizer:
-        per_param = (dp - 1) / dp * (g + BYTES_PER_ELEMENT[job.precision])  # reduce-scatter + all-gather
-    else:
-        per_param = 2.0 * (dp - 1) / dp * g  # ring all-reduce
-    return per_param / (gbps * 1e6)
-
-
-def tied_embedding_sync_ms(site: Site, job: TrainJob, tp: int, pp: int, first_partition: str | None,
-                           last_partition: str | None) -> float:
-    """The first/last-stage all-reduce of the shared word-embedding gradients (two ranks)."""
-    if pp <= 1 or not job.model.tied_embeddings:
-        return 0.0
-    nbytes = analytic.embedding_params(job.model, tp) * grad_bytes_per_param(job)
-    if first_partition and last_partition:
-        gbps = site.link_gbps(first_partition, last_partition)
-    else:
-        gbps = site.inter_partition_gbps
-    return transfer_ms(nbytes, gbps)  # 2 (n-1)/n with n = 2
-
-
-def stage_layout(site: Site, placement: Placement) -> tuple[list[float], list[float]]:
-    """Link bandwidths (GB/s) between consecutive stages and of each stage's DP group.
-
-    A stage boundary inside a partition uses the intra-node link when every sending GPU's
-    peer is on its node (the nodes of :class:`~memx_hpc.placement.Placement`, as the
-    rendered job's components take them), the partition's network otherwise; across
-    partitions the site's link. A DP group inside one node uses the intra-node link.
-    """
-    bounds, one_node = stage_links(placement)
-    links = [site.intra_gbps(a) if same else site.link_gbps(a, b) for a, b, same in bounds]
-    dps = [site.intra_gbps(name) if one else site.link_gbps(name, name)
-           for name, one in zip(placement.stage_partitions, one_node)]
-    return links, dps
-
-
-def stage_links(placement: Placement) -> tuple[list[tuple[str, str, bool]], list[bool]]:
-    """Where each stage boundary and each DP group runs: ``(sender partition, receiver
-    partition, same node)`` per boundary and ``one node`` per stage's DP group."""
-    names = placement.stage_partitions
-    bounds = [(names[i], names[i + 1], placement.boundary_same_node(i)) for i in range(len(names) - 1)]
-    return bounds, [placement.stage_on_one_node(i) for i in range(len(names))]
-
-
-def link_model_for(site: Site, cost_model: "CostModel | AssembledCostModel | None" = None,
-                   links: "LinkModel | None" = None) -> "LinkModel":
-    """The links to compose with: ``links`` if given, else an assembled cost model's
-    (:class:`~memx_hpc.model.assembled.AssembledCostModel`: the store's measured and imported
-    curves, the site's figures for the rest), for ``site`` (a part or a scaled copy of the
-    site it was assembled for keeps its curves), else the site's figures alone."""
-    from .links import LinkModel
-    if links is not None:
-        return links
-    if not isinstance(cost_model, AssembledCostModel):
-        return LinkModel(site)
-    lm = cost_model.links
-    return lm if lm.site is site else LinkModel(site, lm.curves)
-
-
-def memory_scale_of(cost_model, site: Site):
-    """``gpu_type -> a`` of the device-memory model: the cost model's (a calibration fitted
-    it on end-to-end runs), else the prior of the GPU's vendor (:data:`memx_hpc.model.memory.PRIORS`)."""
-    f = getattr(cost_model, "memory_scale", None)
-    if callable(f):
-        return f
-    from .memory import prior_for
-
-    def prior(gpu_type: str) -> float:
-        return prior_for(site.gpu(gpu_type).vendor).a
-
-    return prior
-
-
-def send_ms(links, job: TrainJob, *, micro_batch_size: int, tp: int, sequence_parallel: bool, a: str | None,
-            b: str | None, same_node: bool, cp: int = 1) -> float:
-    """One activation (or gradient) between two stages: every TP rank sends its copy
-    (``s·b·h``, or its ``1/tp`` under sequence parallelism; ``1/cp`` of the sequence under
-    context parallel), those of a node at once."""
-    msg = p2p_bytes(job, micro_batch_size=micro_batch_size, tp=tp, sequence_parallel=sequence_parallel) / cp
-    if a is None or b is None:
-        return transfer_ms(msg, links.site.inter_partition_gbps)
-    streams = min(tp * cp, links.site.partition(a).gpus_per_node)
-    return links.p2p(msg * streams, a, b, same_node=same_node, streams=streams).ms
-
-
-def dp_sync_ms(links, job: TrainJob, *, dp: int, params: float, partitions: Sequence[str | None], one_node: bool,
-               streams: int = 1) -> float:
-    """The data-parallel gradient synchronisation of ``params`` parameters per GPU."""
-    if dp <= 1 or params <= 0:
-        return 0.0
-    g = grad_bytes_per_param(job)
-    parts = [p for p in partitions if p is not None]
-    if len(parts) < len(partitions) or not parts:
-        per_param = sync_ms_per_param(job, dp, links.site.inter_partition_gbps)
-        return params * per_param
-    streams = 1 if one_node else streams
-
-    def ar(nbytes: float) -> float:
-        return links.allreduce(nbytes, dp, parts, one_node=one_node, streams=streams).ms
-
-    if job.distributed_optimizer:  # reduce-scatter of gradients + all-gather of parameters: half a ring each
-        return 0.5 * ar(params * g) + 0.5 * ar(params * BYTES_PER_ELEMENT[job.precision])
-    return ar(params * g)
-
-
-def stage_sync_ms(links, job: TrainJob, *, dp: int, cp: int, tp: int, ep: int, etp: int | None, params: float,
-                  expert_params: float, partition: str | None, one_node: bool, streams: int) -> float:
-    """A stage's gradient synchronisation: the dense parameters over its ``dp x cp`` ranks
-    (megatron-core's ``dp_cp`` group: CP ranks hold the same weights), the routed experts over
-    the expert data-parallel ranks ``tp x cp x dp / (etp x ep)``."""
-    et = tp if etp is None else etp
-    out = dp_sync_ms(links, job, dp=dp * cp, params=params - expert_params, partitions=[partition],
-                     one_node=one_node, streams=streams)
-    if expert_params:
-        out += dp_sync_ms(links, job, dp=max(1, tp * cp * dp // (et * ep)), params=expert_params,
-                          partitions=[partition], one_node=one_node, streams=streams)
-    return out
-
-
-def tied_sync_ms(links, job: TrainJob, tp: int, pp: int, first: str | None, last: str | None) -> float:
-    """The first/last-stage all-reduce of the shared word-embedding gradients (two ranks)."""
-    if pp <= 1 or not job.model.tied_embeddings:
-        return 0.0
-    nbytes = analytic.embedding_params(job.model, tp) * grad_bytes_per_param(job)
-    if first is None or last is None:
-        return transfer_ms(nbytes, links.site.inter_partition_gbps)
-    return links.allreduce(nbytes, 2, [first, last]).ms
-
-
-def tp_internode_ms(links, job: TrainJob, *, partition: str | None, gpu_type: str, tp: int,
-                    micro_batch_size: int) -> float:
-    """Extra ms of ONE layer's forward TP collectives when its TP group spans nodes.
-
-    A TP group of whole nodes (:func:`memx_hpc.placement.tp_spans_nodes`) runs its two
-    all-reduces of the ``s·b·h`` activation per layer forward (or, under sequence
-    parallelism, all-gather + reduce-scatter of the same volume) as a ring whose slowest hop
-    is the inter-node link: priced on the partition's inter-node curve
-    (:meth:`memx_hpc.model.links.LinkModel.allreduce`). The layer's cost model priced them
-    over the GPU's intra-node link (its roofline's ``comm_ms``, what measured TP groups inside
-    a node ran), so only the difference is added. A layer's forward + backward holds two such
-    forwards' worth (three under full recompute), the embedding and the head half of one
-    (one all-reduce each). 0 where the group stays inside a node."""
-    if partition is None or tp <= links.site.partition(partition).gpus_per_node:
-        return 0.0
-    nbytes = analytic.tp_allreduce_bytes(shape_of(job), micro_batch_size=micro_batch_size, precision=job.precision)
-    inter = links.allreduce(nbytes, tp, [partition], one_node=False).ms
-    intra = analytic.ring_allreduce_ms(nbytes, tp, links.site.gpu(gpu_type).link_gbps)
-    return max(0.0, inter - intra)
-
-
-#: TP-collective forwards per (layer under none/selective, layer under full, embedding, head)
-TP_COLLECTIVE_UNITS = (2.0, 3.0, 0.5, 0.5)
-
-
-def fp8_param_gather_active(job: TrainJob) -> bool:
-    """Whether the layers' weights are FP8 tensors (``--fp8-param-gather``; Megatron-LM
-    accepts it with the distributed optimizer only, megatron/training/arguments.py)."""
-    return bool(job.fp8 and job.fp8_param_gather and job.distributed_optimizer)
-
-
-def fp8_state_bytes(job: TrainJob, layer_params):
-    """What FP8 adds to :func:`memx_hpc.model.analytic.state_bytes` for ``layer_params``
-    parameters of a stage's layers (array or float; 0 without FP8): Transformer Engine's FP8
-    weight and transpose (:func:`memx_hpc.model.analytic.fp8_weight_bytes`), less the 16-bit
-    weight ``state_bytes`` counts when the FP8 tensor is the weight (``--fp8-param-gather``:
-    megatron-core distributed_data_parallel.py gives a Float8Tensor a uint8 parameter buffer,
-    and an MXFP8 one shares the gradient buffer for its all-gather, param_and_grad_buffer.py)."""
-    if not job.fp8:
-        return 0.0 * layer_params
-    per = analytic.fp8_weight_bytes(1.0, job.fp8_recipe)
-    if fp8_param_gather_active(job):
-        per -= BYTES_PER_ELEMENT[job.precision]
-    return per * layer_params
-
-
-def _limit(site: Site) -> float:
-    return 1.0 - site.memory_safety_margin
-
-
 # --------------------------------------------------------------------------- the stage formulas
 #
 # One implementation of each rule of the module docstring, written with operators that
@@ -596,52 +160,6 @@ def stage_time_ms(k, nb, t_full, t_base, ff_base, first, last, t_emb, t_head):
     fwd = k * t_full * ff_full + nb * t_base * ff_base + ends * ff_none
     total = k * t_full + nb * t_base + ends
     return fwd, total
-
-
-def stage_activation_bytes(k, nb, a_full, a_base, a_none, first, last, a_emb, a_head, logits=0.0):
-    """(activation bytes kept per in-flight micro-batch, the transient on top of them: the
-    larger of a recomputing stage's one layer of full activations rebuilt during its
-    backward and, on the last stage, the logits the loss holds beside their fp32 copy
-    (``logits``: :func:`~memx_hpc.model.analytic.head_logits_transient_bytes`); the two are
-    never live at once -- the loss runs before the layers' backward)."""
-    act = k * a_full + nb * a_base + first * a_emb + last * a_head
-    transient = np.maximum(np.where(k > 0, a_none - a_full, 0.0), last * logits)
-    return act, transient
-
-
-def logits_transient_bytes(job: TrainJob, tp: int, micro_batch_size: int) -> float:
-    """:func:`~memx_hpc.model.analytic.head_logits_transient_bytes` of ``job``'s model."""
-    return float(analytic.head_logits_transient_bytes(shape_of(job), micro_batch_size=micro_batch_size, tp=tp,
-                                                      precision=job.precision))
-
-
-def in_flight(pp, stage, num_microbatches):
-    """Micro-batches whose activations a 1F1B stage holds at once (Narayanan et al. 2021, §2.2)."""
-    return np.minimum(pp - stage, num_microbatches)
-
-
-def held_activation_bytes(inflight, act, transient, head=0.0, heads=1.0):
-    """Activation bytes a stage holds at its peak: ``inflight`` units of ``act`` plus the
-    transient, where ``head`` (the part of ``act`` that is the last stage's output layer and
-    loss) is held for ``heads`` micro-batches (:func:`in_flight_heads`) instead."""
-    return inflight * (act - head) + heads * head + transient
-
-
-def stage_peak_bytes(state, inflight, act, transient, scale, overhead, head=0.0, heads=1.0):
-    """What the device reports: ``a·A + b`` of the allocator peak ``A`` (state + the
-    activations :func:`held_activation_bytes` counts; :mod:`memx_hpc.model.memory`)."""
-    return scale * (state + held_activation_bytes(inflight, act, transient, head, heads)) + overhead
-
-
-def fits(peak, capacity, site: Site):
-    """Whether a peak stays under the capacity less the site's safety margin."""
-    return peak <= capacity * _limit(site)
-
-
-def exposed_sync_ms(sync, backward, options: CostOptions):
-    """The gradient synchronisation the iteration waits for: all of it, or under
-    ``--overlap-grad-reduce`` what the stage's last backward does not hide."""
-    return np.maximum(0.0, sync - backward) if options.overlap_grad_reduce else sync
 
 
 # --------------------------------------------------------------------------- vectorised composition
@@ -1017,7 +535,8 @@ class Composer:
         balance = umax * pp / util.sum(axis=1)
         iteration = np.full(B, np.inf)
         if feasible.any():
-            sync = exposed_sync_ms(self._sync[g["sync"], ni], bwd, self.options)
+            sync = exposed_sync_ms(self._sync[g["sync"], ni], bwd,
+                                   overlap_grad_reduce=self.options.overlap_grad_reduce)
             tail = sync + self._opt[g["opt"], ni] + g["tied"]
             m = self._sk_m[sk]
             vp = self._sk_vp[sk]
@@ -1129,17 +648,10 @@ def _replica_times(c: _Composing, i: int, n: int, base: str, kk: int, v, x: Stag
 def _replica_state(c: _Composing, i: int, n: int, r: _Replica) -> tuple[float, float, float]:
     """``(params, expert params, state bytes)`` of replica ``r`` of stage ``i``: the caller's
     ``state_of``, else the dense rule."""
-    first, last, job, p = i == 0, i == c.pp - 1, c.job, c.pp
+    first, last = i == 0, i == c.pp - 1
     if c.state_of is not None:
         return c.state_of(i, n, first, last, r.tp)
-    params = analytic.stage_params(job.model, n, first=first, last=last, tp=r.tp, pp=p)
-    state = analytic.state_bytes(params, precision=job.precision, optimizer=job.optimizer,
-                                 distributed_optimizer=job.distributed_optimizer, dp=c.dp_per_stage[i],
-                                 grad_reduce_in_fp32=job.grad_reduce_in_fp32)
-    if job.fp8:
-        state += float(fp8_state_bytes(job, params - analytic.stage_params(
-            job.model, 0, first=first, last=last, tp=r.tp, pp=p)))
-    return params, 0, state
+    return dense_stage_state(c.job, n, first=first, last=last, tp=r.tp, pp=c.pp, dp=c.dp_per_stage[i])
 
 
 def _replica_prediction(c: _Composing, i: int, ri: int, stage, r: _Replica, v, x: StageExtras,
@@ -1164,7 +676,7 @@ def _replica_prediction(c: _Composing, i: int, ri: int, stage, r: _Replica, v, x
     sync_params = params if r.sync_tp in (None, r.tp) else analytic.stage_params(
         job.model, n, first=first, last=last, tp=r.sync_tp, pp=p)
     synced = c.sync_of(i, float(sync_params), float(experts)) if experts else c.sync_of(i, float(sync_params))
-    sync = float(exposed_sync_ms(synced, total - fwd, c.options))
+    sync = float(exposed_sync_ms(synced, total - fwd, overlap_grad_reduce=c.options.overlap_grad_reduce))
     opt = analytic.optimizer_step_ms(params, site.gpu(r.gpu_type), precision=job.precision,
                                      optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer,
                                      dp=c.dp_per_stage[i] * c.cp)
@@ -1221,7 +733,7 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
     c = _Composing(site=site, job=job, micro_batch_size=mbs, pp=p, microbatches=tuple(ms), most_microbatches=m,
                    dp_per_stage=tuple(dp_per_stage), cp=cp, virtual_stages=virtual_stages, options=options,
                    overhead_of=overhead_of, memory_scale=memory_scale, sync_of=sync_of, state_of=state_of)
-    limit = _limit(site)
+    limit = memory_limit(site)
     per: list[dict] = []
     fwd_stage, bwd_stage = [], []
     for i, stage in enumerate(stages):
@@ -1335,6 +847,29 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
     Stages with different replica counts process different numbers of micro-batches; the
     schedule is evaluated with the largest count and each stage's time scaled by its share.
     """
+    stages = _general_stages(plan, site, job)
+    _check_general_fits(plan, site, stages)
+    lm = link_model_for(site, cost_model, links)
+    link_ms, groups = _general_links(site, job, lm, stages, plan.micro_batch_size)
+
+    def sync_of(i: int, params: float) -> float:
+        parts, one, streams = groups[i]
+        return dp_sync_ms(lm, job, dp=len(parts), params=params, partitions=parts, one_node=one, streams=streams)
+
+    first, lastp = stages[0][3][0], stages[-1][3][0]
+    return _predict_from(site, job, cost_model.predict, cost_model.overhead_bytes,
+                         micro_batch_size=plan.micro_batch_size, stages=stages,
+                         dp_per_stage=[len(s.replicas) for s in plan.stages], link_ms=link_ms, sync_of=sync_of,
+                         tied_ms=tied_sync_ms(lm, job, first.tp, len(stages), first.partition, lastp.partition),
+                         sequence_parallel=False, options=options or CostOptions(),
+                         memory_scale=memory_scale_of(cost_model, site), host_us=host_us_per_op(cost_model),
+                         links=lm)
+
+
+def _general_stages(plan: GeneralPlan, site: Site, job: TrainJob) -> list:
+    """Per stage of a general plan (layers, base mode, fully recomputed layers, replicas), each
+    replica on its partition (or its GPU type's first) and synchronising the stage's largest
+    shard; SpecError naming the field where a stage, GPU type, partition or TP is wrong."""
     if sum(s.num_layers for s in plan.stages) != job.model.num_layers:
         raise SpecError(f"stages hold {sum(s.num_layers for s in plan.stages)} layers, the model has "
                         f"{job.model.num_layers}", field="stages")
@@ -1364,10 +899,14 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
         reps = [_Replica(gpu_type=r.gpu_type, tp=r.tp, partition=r.partition, sync_tp=tmin) for r in reps]
         base, k = s.recompute.split(s.num_layers, f"stages[{i}].recompute")
         stages.append((s.num_layers, base, k, reps))
-    _check_general_fits(plan, site, stages)
+    return stages
 
-    lm = link_model_for(site, cost_model, links)
-    # placement: replicas packed onto their partition's GPUs in stage order, tp GPUs each
+
+def _general_links(site: Site, job: TrainJob, lm, stages: list,
+                   micro_batch_size: int) -> tuple[list[float], list[tuple[list, bool, int]]]:
+    """A general plan's links: the slowest send across each stage boundary, and per stage its
+    DP group (partitions, on one node, streams), with the replicas packed onto their
+    partition's GPUs in stage order, ``tp`` GPUs each."""
     used: dict[str, int] = {}
     slots: list[list[int | None]] = []
     for _, _, _, reps in stages:
@@ -1392,7 +931,7 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
             peer = nxt[k]
             same = (r.partition is not None and r.partition == peer.partition
                     and node(r.partition, slots[i][j]) == node(peer.partition, slots[i + 1][k]))
-            worst = max(worst, send_ms(lm, job, micro_batch_size=plan.micro_batch_size, tp=r.tp,
+            worst = max(worst, send_ms(lm, job, micro_batch_size=micro_batch_size, tp=r.tp,
                                        sequence_parallel=False, a=r.partition, b=peer.partition, same_node=same))
         link_ms.append(worst)
     groups = []
@@ -1404,19 +943,7 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
         streams = min(min(r.tp for r in reps), min(site.partition(p).gpus_per_node for p in parts if p) if any(parts)
                       else 1)
         groups.append((parts, one, streams))
-
-    def sync_of(i: int, params: float) -> float:
-        parts, one, streams = groups[i]
-        return dp_sync_ms(lm, job, dp=len(parts), params=params, partitions=parts, one_node=one, streams=streams)
-
-    first, lastp = stages[0][3][0], stages[-1][3][0]
-    return _predict_from(site, job, cost_model.predict, cost_model.overhead_bytes,
-                         micro_batch_size=plan.micro_batch_size, stages=stages,
-                         dp_per_stage=[len(s.replicas) for s in plan.stages], link_ms=link_ms, sync_of=sync_of,
-                         tied_ms=tied_sync_ms(lm, job, first.tp, len(stages), first.partition, lastp.partition),
-                         sequence_parallel=False, options=options or CostOptions(),
-                         memory_scale=memory_scale_of(cost_model, site), host_us=host_us_per_op(cost_model),
-                         links=lm)
+    return link_ms, groups
 
 
 def _known(site: Site, name: str) -> bool:
@@ -1427,11 +954,10 @@ def _known(site: Site, name: str) -> bool:
         return False
 
 
-__all__ = ["Block", "BlockCost", "Composer", "CompositionInputs", "Layout", "CostOptions", "GRAD_BYTES_PER_PARAM",
-           "grad_bytes_per_param", "fp8_param_gather_active", "dropout_mask_bytes", "activations_as_run",
-           "StageExtras", "stage_extras", "stage_state", "stage_sync_ms",
-           "interleaved_finish", "in_flight_units", "in_flight_heads", "held_activation_bytes",
-           "Prediction", "StagePrediction",
-           "context_queries", "p2p_bytes", "predict_general", "predict_plan", "required_queries",
-           "stage_layout", "stage_links", "send_ms", "dp_sync_ms", "tied_sync_ms", "link_model_for",
-           "memory_scale_of", "sync_ms_per_param", "tied_embedding_sync_ms", "transfer_ms"]
+__all__ = ["Block", "BlockCost", "Composer", "CompositionInputs", "Layout", "CostOptions", "Prediction",
+           "Predictions", "StagePrediction", "predict_general", "predict_plan", "required_queries", "stage_time_ms",
+           # re-exported for tests and benchmarks
+           "TP_COLLECTIVE_UNITS", "context_queries", "fp8_state_bytes", "in_flight_heads", "in_flight_units",
+           "interleaved_finish", "layer_query", "link_model_for", "logits_transient_bytes", "memory_scale_of",
+           "p2p_bytes", "shape_of", "stage_activation_bytes", "stage_extras", "stage_layout", "sync_ms_per_param",
+           "tp_internode_ms"]

@@ -51,13 +51,15 @@ Sailor's GH200 runs the device reports ~14 % more than the allocator peak plus ~
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ..errors import SpecError
+from ..spec import Site
 
-__all__ = ["MemoryPrior", "DeviceMemoryModel", "PRIORS", "NOISE_FRACTION", "prior_for", "fit_device_memory"]
+__all__ = ["MemoryPrior", "DeviceMemoryModel", "PRIORS", "NOISE_FRACTION", "prior_for", "memory_scale_of",
+           "fit_device_memory"]
 
 GiB = 2**30
 #: Run-to-run spread of measured device peaks (relative standard deviation). Sailor's
@@ -95,6 +97,19 @@ def prior_for(vendor: str) -> MemoryPrior:
     if vendor not in PRIORS:
         raise SpecError("unknown vendor", field="vendor", found=vendor, allowed=", ".join(PRIORS))
     return PRIORS[vendor]
+
+
+def memory_scale_of(cost_model, site: Site) -> Callable[[str], float]:
+    """``gpu_type -> a`` of the device-memory model: the cost model's (a calibration fitted
+    it on end-to-end runs), else the prior of the GPU's vendor (:data:`PRIORS`)."""
+    f = getattr(cost_model, "memory_scale", None)
+    if callable(f):
+        return f
+
+    def prior(gpu_type: str) -> float:
+        return prior_for(site.gpu(gpu_type).vendor).a
+
+    return prior
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import SpecError
 
-__all__ = ["Op", "Simulation", "closed_form_ms", "in_flight_chunks", "in_flight_last_chunk", "interleaved_warmup", "pipeline_finish_batch",
+__all__ = ["Op", "Simulation", "closed_form_ms", "in_flight_chunks", "in_flight_last_chunk", "interleaved_finish", "interleaved_warmup", "pipeline_finish_batch",
            "schedule_1f1b", "schedule_interleaved", "simulate_1f1b", "simulate_interleaved", "uniform_closed_form_ms"]
 
 
@@ -443,3 +443,18 @@ def closed_form_ms(forward_ms, backward_ms, link_ms, num_microbatches):
     c = np.asarray(link_ms, dtype=np.float64)
     t = f + b
     return np.sum(t, axis=-1) + 2.0 * np.sum(c, axis=-1) + (np.asarray(num_microbatches) - 1) * np.max(t, axis=-1)
+
+
+def interleaved_finish(forward_ms, backward_ms, link_ms, num_microbatches: int, virtual_stages: int = 1):
+    """Each stage's finish time under 1F1B, or with ``v`` model chunks per stage under interleaved
+    1F1B, priced as 1F1B of ``m·v`` micro-batches of ``1/v`` of each stage's time: the
+    warm-up/cool-down bubble shrinks to ``(p-1)/(v·m)`` of the steady state (Narayanan et al.
+    2021, §2.2.2) and every stage boundary carries ``v`` times the messages, as interleaving
+    sends them. The embedding and the head sit in the first / last chunk in Megatron; here
+    they are spread over the stage's chunks (:func:`simulate_interleaved` is the exact
+    schedule; tests/unit/test_schedule_interleaved.py compares the two)."""
+    v = int(virtual_stages)
+    if v == 1:
+        return pipeline_finish_batch(forward_ms, backward_ms, link_ms, num_microbatches)
+    return pipeline_finish_batch(np.asarray(forward_ms) / v, np.asarray(backward_ms) / v, link_ms,
+                                 num_microbatches * v)

@@ -26,8 +26,10 @@ import numpy as np
 
 from ..errors import MemxError, SpecError, SystemFailure
 from ..model.api import CostModel, LayerQuery
-from ..model.compose import (MODE_NAMES, Composer, CompositionInputs, CostOptions, Prediction, context_queries,
-                             link_model_for, memory_scale_of, predict_plan, required_queries)
+from ..model.comm_costs import link_model_for
+from ..model.compose import Composer, CompositionInputs, CostOptions, Prediction, predict_plan, required_queries
+from ..model.memory import memory_scale_of
+from ..model.queries import MODE_NAMES, context_queries
 from ..model.host import host_us_per_op
 from ..spec import Plan
 from .cache import CacheStats, PredictionCache, signature
