@@ -58,15 +58,14 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import SpecError
-    from ..train.prepare import prepare
-    from ..train.tokenizer import load_tokenizer
+    from ..planner import DataRequest, prepare_data
 
     if args.data_command != "prepare":
         raise SpecError("name a data subcommand", field="data", allowed="prepare")
-    tok = load_tokenizer(args.tokenizer_type, model=args.tokenizer_model, vocab_file=args.vocab_file,
-                         merge_file=args.merge_file)
-    out = prepare(args.input, args.output_prefix, tok, json_key=args.json_key, append_eod=not args.no_append_eod,
-                  overwrite=args.overwrite)
+    out = prepare_data(DataRequest(inputs=args.input, output_prefix=args.output_prefix,
+                                   tokenizer_type=args.tokenizer_type, tokenizer_model=args.tokenizer_model,
+                                   vocab_file=args.vocab_file, merge_file=args.merge_file, json_key=args.json_key,
+                                   append_eod=not args.no_append_eod, overwrite=args.overwrite))
     tokenizer = {"type": args.tokenizer_type}
     for key, value in (("model", args.tokenizer_model), ("vocab_file", args.vocab_file),
                        ("merge_file", args.merge_file)):

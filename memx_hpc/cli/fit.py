@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from .common import add_json, add_site, emit_json, step, table
 
@@ -37,50 +36,16 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import SpecError
-    from ..model.api import with_store_figures
-    from ..model.predictor import Predictor, cross_validate
-    from ..planner import store_paths
-    from ..profile.store import ProfileStore
-    from ..spec import load_site
+    from ..planner import FitRequest, fit
 
-    site = load_site(args.site)
-    store_path = store_paths(site, args.store).store
-    from ..planner import start_store
-    start_notes: list[str] = []
-    start_store(site, store_path, start_notes, reference=False if args.no_reference else None)
-    for n in start_notes:
-        print(n, file=sys.stderr)
-    if not store_path.is_file():
-        raise SpecError("profile store not found; run 'memx-hpc profile' or 'memx-hpc profile import' first",
-                        file=str(store_path))
-    with step(f"fit: reading {store_path}"):
-        store = ProfileStore(store_path)
-        samples = store.samples()
-        gpus = with_store_figures(site, store)  # CPU "devices": the speeds measured when profiling
-    if not samples:
-        raise SpecError("the profile store holds no samples", file=str(store_path))
-    kw = {"augment": not args.no_augment}
-    cv = None
-    if not args.no_cv:
-        from ..search.report import ProgressBar
-        with step(f"fit: cross-validation on {len(samples):,} samples (one fit per held-out micro-batch size)"):
-            cv = cross_validate(samples, gpus, progress=ProgressBar("fit: cross-validation folds"), **kw)
-    with step(f"fit: fitting the predictor on {len(samples):,} samples"):
-        predictor = Predictor(**kw)
-        predictor.progress = lambda line: print(line, file=sys.stderr, flush=True)  # every 2 s of boosting
-        predictor.fit(samples, gpus)
-        predictor.progress = None
-    out = Path(args.out) if args.out else store_paths(site, store_path).predictor
-    predictor.save(out)
-    gpu_types = sorted({s.point.gpu_type for s in samples})
-    result = {"store": str(store_path), "predictor": str(out), "identity": predictor.identity,
-              "data_hash": predictor.data_hash_, "samples": len(samples), "rows_fitted": predictor.n_samples_,
-              "provenance": {g: predictor.provenance(g) for g in gpu_types}, "cross_validation": cv}
+    res = fit(FitRequest(site=args.site, store=args.store, out=args.out, cross_validate=not args.no_cv,
+                         augment=not args.no_augment, reference=False if args.no_reference else None),
+              step=step, note=lambda n: print(n, file=sys.stderr))
+    predictor, cv, store_path, out = res.predictor, res.cross_validation, res.store, res.path
     if args.json:
-        emit_json(result)
+        emit_json(res.to_json())
         return 0
-    print(f"fitted on {len(samples)} samples ({predictor.n_samples_} rows with augmentation) from {store_path}")
+    print(f"fitted on {res.samples} samples ({predictor.n_samples_} rows with augmentation) from {store_path}")
     print(f"saved {out}  (identity {predictor.identity[:12]})")
     if cv is None:
         return 0

@@ -84,8 +84,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import SpecError, SystemFailure
-    from ..planner import parse_finish, plan, submit_best, submit_finish
+    from ..errors import SpecError
+    from ..planner import parse_finish, plan, require_slurm, submit_best, submit_finish
     from .search import report, request_from_args
 
     if args.iters is not None and args.iters < 1:
@@ -96,17 +96,10 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--finish sets the iterations of the scripts it renders; leave out --iters",
                         field="--iters", found=args.iters)
     if args.finish is not None:
-        from ..slurm.local_cluster import START_HINT, slurm_available
-
-        if not slurm_available(timeout=5.0):
-            raise SystemFailure(f"--finish asks Slurm when each plan would start, and Slurm does not answer "
-                                f"(sinfo). {START_HINT}")
+        require_slurm("--finish asks Slurm when each plan would start, and Slurm does not answer (sinfo).")
     if args.submit:
-        from ..slurm.local_cluster import START_HINT, slurm_available
-
         # before the search: no point planning for minutes to find there is nowhere to submit
-        if not slurm_available(timeout=5.0):
-            raise SystemFailure(f"--submit: Slurm does not answer (sinfo), nothing was submitted. {START_HINT}")
+        require_slurm("--submit: Slurm does not answer (sinfo), nothing was submitted.")
     request = request_from_args(args, profile=True)
     if args.resume:
         import dataclasses

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
 import sys
-from pathlib import Path
 
 from ..errors import SpecError
 from .common import TABLE_WIDTH, add_json, emit_json, table
@@ -95,52 +92,26 @@ def _common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
                        help="print machine-readable JSON instead of tables")
 
 
-def _store_path(args: argparse.Namespace, site=None) -> Path:
-    if args.store:
-        return Path(args.store)
-    if site is not None:
-        return site.store
-    env = os.environ.get("MEMX_STORE")
-    if env:
-        return Path(env)
-    raise SpecError("no profile store given", field="--store",
-                    allowed="--store PATH, or --site SITE.yaml (its 'store'), or the MEMX_STORE environment variable")
-
-
-def _load_site(args: argparse.Namespace):
-    if not args.site:
-        return None
-    from ..spec import load_site
-
-    return load_site(args.site)
+def _store_request(args: argparse.Namespace) -> dict:
+    return {"site": args.site or None, "store": args.store}
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..profile.store import ProfileStore
-
     if args.action is None:
         return _profile(args)
-    store = ProfileStore(_store_path(args, _load_site(args)))
-    return {"ls": _ls, "import": _import, "export": _export}[args.action](store, args)
+    return {"ls": _ls, "import": _import, "export": _export}[args.action](args)
 
 
-def _ls(store, args: argparse.Namespace) -> int:
-    if not store.exists():
-        raise SpecError("profile store does not exist (yet)", file=str(store.path))
-    rows = store.summary()
-    site = _load_site(args)
-    cover = None
-    if site is not None:
-        from ..search.report import coverage
-        cover = coverage(site, rows, store.e2e_records(site=site.name))
-    disagree = source_disagreements(store, site)
+def _ls(args: argparse.Namespace) -> int:
+    from ..planner import StoreRequest, list_store
+
+    listing = list_store(StoreRequest(**_store_request(args)))
+    rows, disagree, site, cover = listing.gpu_types, listing.disagreements, listing.site, listing.coverage
     if args.json:
-        emit_json({"store": str(store.path), "content_hash": store.content_hash(), "gpu_types": rows,
-                   "source_disagreements": disagree.to_json(),
-                   **({"site_gpu_types": cover} if cover is not None else {})})
+        emit_json(listing.to_json())
         return 0
     kinds = ("layer", "embedding", "head", "optimizer", "allreduce", "p2p")
-    print(f"store: {store.path}")
+    print(f"store: {listing.store}")
     table([[r["gpu_type"], r["samples"], *[r["by_kind"].get(k, 0) for k in kinds],
             r["by_origin"].get("measured", 0), r["by_origin"].get("imported", 0),
             r["by_origin"].get("augmented", 0), r["infeasible"],
@@ -160,107 +131,55 @@ def _ls(store, args: argparse.Namespace) -> int:
     return 0
 
 
-def source_disagreements(store, site):
-    """Where two sources in the store disagree for one GPU type and kind, and which one the
-    predictor follows by the site's ``prefer_source`` or the shipped evidence (the store's
-    own end-to-end runs are weighed when planning: :func:`memx_hpc.planner.consistent_sources`)."""
-    from ..spec.catalog import catalog
-    from ..model.sources import resolve, shipped_preferences
-    gpus = site if site is not None else catalog()
-    prefer = dict(site.prefer_source) if site is not None and site.prefer_source else None
-    return resolve(store.samples(), gpus, prefer=prefer, prior=shipped_preferences())[1]
+def _import(args: argparse.Namespace) -> int:
+    from ..planner import ImportRequest, import_samples
 
-
-def _import(store, args: argparse.Namespace) -> int:
-    path = Path(args.path)
-    if not path.exists():
-        raise SpecError("file or folder not found", file=str(path))
-    if args.format == "csv":
-        from ..profile.csvio import read_csv
-
-        samples = read_csv(path)
-    else:
-        try:
-            from ..profile.importers import import_cephalo, import_sailor
-        except ImportError as e:
-            raise SpecError(f"the {args.format} importer is not available in this installation ({e})") from None
-        samples = import_sailor(path) if args.format == "sailor" else import_cephalo(path)
-    added = store.append(samples)
-    curves = 0
-    if args.format == "sailor" and (path / "network_coeffs_all_homo.json").is_file():
-        from ..profile.comm import import_sailor_comm, write_comm_curves
-        curves = write_comm_curves(store.path, import_sailor_comm(path))  # Sailor's network curves
+    res = import_samples(ImportRequest(path=args.path, format=args.format, **_store_request(args)))
     if args.json:
-        emit_json({"store": str(store.path), "read": len(samples), "added": added,
-                   "duplicates_skipped": len(samples) - added, "link_curves": curves})
+        emit_json(res.to_json())
     else:
-        print(f"{store.path}: read {len(samples)} samples from {path} ({args.format}), added {added}, "
-              f"skipped {len(samples) - added} already stored" + (f"; {curves} network curves" if curves else ""))
+        print(f"{res.store}: read {res.read} samples from {res.path} ({res.format}), added {res.added}, "
+              f"skipped {res.read - res.added} already stored"
+              + (f"; {res.link_curves} network curves" if res.link_curves else ""))
     return 0
 
 
-def _export(store, args: argparse.Namespace) -> int:
-    from ..profile.csvio import write_csv
+def _export(args: argparse.Namespace) -> int:
+    from ..planner import ExportRequest, export_samples
 
-    if not store.exists():
-        raise SpecError("profile store does not exist (yet)", file=str(store.path))
-    n = write_csv(store.samples(), args.csv)
+    res = export_samples(ExportRequest(csv=args.csv, **_store_request(args)))
     if args.json:
-        emit_json({"store": str(store.path), "csv": args.csv, "rows": n})
+        emit_json(res.to_json())
     else:
-        print(f"wrote {n} samples to {args.csv}")
+        print(f"wrote {res.rows} samples to {res.csv}")
     return 0
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from ..profile.runner import RunSettings
-    from ..profile.store import ProfileStore
-    from ..profile.campaign import profile
-    from ..spec import load_job
+    from ..planner import ProfileRequest, profile_site
 
     if not args.site or not args.job:
         raise SpecError("profiling needs --site and --job (or an action: ls, import, export)",
                         field="--site" if not args.site else "--job")
-    site = _load_site(args)
-    job = load_job(args.job)
-    if not args.dry_run:
-        from ..planner import start_store
-        start_notes: list[str] = []
-        start_store(site, _store_path(args, site), start_notes, reference=False if args.no_reference else None,
-                    progress=not args.json)
-        for n in start_notes:
-            print(n, file=sys.stderr)
-    store = ProfileStore(_store_path(args, site))
-    kw = {}
-    if args.iters is not None:
-        kw["iters"] = args.iters
-    if args.warmup is not None:
-        kw["warmup"] = args.warmup
-    settings = RunSettings(**kw)
-    report = profile(site, job, store, partitions=args.partition, dry_run=args.dry_run,
-                     progress=not args.no_progress and not args.json, max_retries=args.max_retries,
-                     settings=settings, **({"points_per_task": args.points_per_task}
-                                           if args.points_per_task else {}))
-    links = None
-    if args.links and not report.dry_run:
-        if report.scheduler != "slurm":
-            print("links: not measured (the comm jobs need Slurm: a hetjob per pair of partitions)", file=sys.stderr)
-        else:
-            from ..profile.link_campaign import profile_comm
-            links = profile_comm(site, store.path, site.resolve(site.work_dir) / "comm")
-    links_failed = bool(links and links.failures)
+    res = profile_site(ProfileRequest(site=args.site, job=args.job, store=args.store, partitions=args.partition,
+                                      dry_run=args.dry_run, max_retries=args.max_retries, iters=args.iters,
+                                      warmup=args.warmup, points_per_task=args.points_per_task, links=args.links,
+                                      reference=False if args.no_reference else None,
+                                      progress=not args.no_progress and not args.json, store_progress=not args.json),
+                       note=lambda n: print(n, file=sys.stderr))
+    report, links = res.report, res.links
+    if res.links_skipped:
+        print(f"links: not measured ({res.links_skipped})", file=sys.stderr)
     if args.json:
-        emit_json({"store": str(store.path), **report.to_json(),
-                   **({"links": {"curves": links.written, "jobs": [dataclasses.asdict(j) for j in links.jobs], "failures": links.failures,
-                                 "task_seconds": links.task_seconds}} if links else {})})
-        return 2 if (report.failed or links_failed) and not report.dry_run else 0
+        emit_json(res.to_json())
+        return 2 if res.failed else 0
     rows = []
     for p in report.plans:
         share = p.minimal_layer_points / p.full_grid_layer_points if p.full_grid_layer_points else 0.0
         rows.append([p.gpu_type, p.minimal_layer_points, p.full_grid_layer_points, f"{100 * share:.1f}%",
                      p.minimal_points, p.full_grid_points, p.missing_points, p.est_minimal_gpu_s,
                      p.est_full_grid_gpu_s, p.est_missing_gpu_s])
-    print(f"store: {store.path}")
+    print(f"store: {res.store}")
     table(rows, ["gpu type", "layer pts", "layer grid", "share", "all pts", "all grid", "missing",
                  "est GPU-s min", "est GPU-s grid", "est GPU-s missing"])
     if report.dry_run:
@@ -281,4 +200,4 @@ def _profile(args: argparse.Namespace) -> int:
         print(f"links: {links.written} curves from {len(links.jobs)} job(s), {links.task_seconds:.0f} task-seconds")
         for f in links.failures:
             print(f"  links failed: {f}", file=sys.stderr)
-    return 2 if report.failed or links_failed else 0
+    return 2 if res.failed else 0

@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def space_options(args: argparse.Namespace):
-    from ..search.space import SpaceOptions
+    from ..planner import SpaceOptions
     return SpaceOptions(layer_granularity=args.layer_granularity, max_pipeline_stages=args.max_stages,
                         tp_degrees=args.tp or (), micro_batch_sizes=args.micro_batch_sizes or (),
                         full_recompute_steps=args.full_recompute_steps, recompute_spread=args.recompute_spread,
@@ -177,8 +177,7 @@ def space_options(args: argparse.Namespace):
 def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=None, job=None):
     """The :class:`~memx_hpc.planner.PlanRequest` the search options describe; ``site`` and
     ``job`` replace the files named by --site/--job when given (already loaded)."""
-    from ..model.compose import CostOptions
-    from ..planner import MIN_PLANS_PER_RANK, PlanRequest
+    from ..planner import MIN_PLANS_PER_RANK, CostOptions, PlanRequest
 
     no_profile = profile and getattr(args, "no_profile", False)
     finish = getattr(args, "finish", None)
@@ -232,8 +231,8 @@ def report(run, args: argparse.Namespace) -> None:
     if not run.search.top:
         site, job = run.site, run.job
         if run.search.stats.plans == 0:
-            from ..search.space import PlanSpace
-            field, why = PlanSpace(site, job, space_options(args)).why_empty()
+            from ..planner import why_empty
+            field, why = why_empty(site, job, space_options(args))
             raise SpecError(f"no plan was generated, so none was predicted: {why}", field=field,
                             file=job.source_file if field not in ("--tp", "--micro-batch-sizes", "--max-stages")
                             else None)

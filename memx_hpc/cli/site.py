@@ -95,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..errors import SpecError, SystemFailure
-    from ..sitegen import discover, parse_map
-    from ..slurm.discover import read_cluster
+    from ..planner import discover_site
+    from ..sitegen import parse_map
     from ..spec import load_site
 
     if args.site_command != "discover":
@@ -110,13 +110,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("exists; give --force to replace it", file=str(out))
     types = _gpu_types(args.gpu_types)
     mapping = parse_map(args.map, types)
-    from ..slurm.local_cluster import START_HINT, slurm_available
-
-    # a controller that is down makes every scontrol call retry for long: ask sinfo once, briefly
-    if not slurm_available(timeout=5.0):
-        raise SystemFailure(f"Slurm does not answer (sinfo): site discover reads the cluster through it. {START_HINT}")
-    view = read_cluster()
-    found = discover(view, mapping=mapping, partitions=args.partition, site_types=types, name=args.name)
+    found = discover_site(mapping=mapping, partitions=args.partition, site_types=types, name=args.name)
     if args.skip_unknown:
         found = found.named()
     text = found.yaml()  # SpecError listing the unnamed GRES types

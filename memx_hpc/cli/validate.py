@@ -49,7 +49,7 @@ def site_summary(site) -> dict:
 
 
 def _job_dict(job) -> dict:
-    from ..search.space import CP_MIN_TOKENS, DEFAULT_VIRTUAL_STAGES
+    from ..planner import CP_MIN_TOKENS, DEFAULT_VIRTUAL_STAGES
     m = job.model
     d = {"job": job.name, "file": job.source_file, "model": m.name, "num_layers": m.num_layers,
          "hidden_size": m.hidden_size, "num_attention_heads": m.num_attention_heads,

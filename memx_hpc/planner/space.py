@@ -1,4 +1,5 @@
-"""The search space as far as ``render`` would launch its plans (:func:`launchable_space`)."""
+"""The search space as far as ``render`` would launch its plans (:func:`launchable_space`), and why
+a space holds no plan at all (:func:`why_empty`)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ import dataclasses
 
 from ..errors import SpecError
 from ..placement import comm_vendor
-from ..search.space import SpaceOptions
+from ..search.space import PlanSpace, SpaceOptions
 from ..slurm.cmdline import project_entry_refusal
 from ..slurm.render import sequence_parallel_refusal
 from ..spec import Site, TrainJob
 
-__all__ = ["launchable_space"]
+__all__ = ["launchable_space", "why_empty"]
 
 
 def launchable_space(site: Site, job: TrainJob, options: SpaceOptions) -> tuple[SpaceOptions, list[str]]:
@@ -36,6 +37,12 @@ def launchable_space(site: Site, job: TrainJob, options: SpaceOptions) -> tuple[
     note = (f"cross-vendor plans left out of the search (partitions of {', '.join(vendors)} are not mixed in one "
             f"plan): render would refuse them: " + "; ".join(why))
     return dataclasses.replace(options, single_vendor=True), notes + [note]
+
+
+def why_empty(site: Site, job: TrainJob, options: SpaceOptions) -> tuple[str, str]:
+    """For a space of ``job`` on ``site`` that holds no plan: the option or job field that
+    left it empty and why (:meth:`memx_hpc.search.space.PlanSpace.why_empty`)."""
+    return PlanSpace(site, job, options).why_empty()
 
 
 def _launchable_sequence_parallel(site: Site, options: SpaceOptions) -> tuple[SpaceOptions, list[str]]:

@@ -31,7 +31,7 @@ from typing import Iterable
 
 from ..errors import SpecError
 from ..spec import LayerSample, Provenance, open_regular_file
-from .store import COLUMN_NAMES, COLUMNS, Column, row_to_sample, sample_to_row
+from .store_format import COLUMN_NAMES, COLUMNS, Column, row_to_sample, sample_to_row
 
 __all__ = ["write_csv", "read_csv", "CSV_COLUMNS"]
 
