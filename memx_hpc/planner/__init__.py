@@ -12,6 +12,7 @@ and prints. The rooms, one purpose each:
 - :mod:`~memx_hpc.planner.finish`: plans ranked by when Slurm would finish them (``--finish``);
 - :mod:`~memx_hpc.planner.verify`: plans measured for real and the calibration refitted;
 - :mod:`~memx_hpc.planner.resume`: a job continued from a checkpoint of its model;
+- :mod:`~memx_hpc.planner.runs`: where a rendered run stands (its segments, checkpoint, why it stopped);
 - :mod:`~memx_hpc.planner.space`: the plan space as far as ``render`` would launch it.
 
 The cost model itself is assembled in :mod:`memx_hpc.model.assemble` (re-exported here).
@@ -38,6 +39,7 @@ from .finish import (FinishCandidate, FinishGoal, FinishRanking, cluster_view, f
 from .predict import PredictRequest, PredictResult, predict
 from .request import PlanRequest, PlanResult, Prepared
 from .resume import model_differences, resume_job
+from .runs import RunStatus, Segment, run_status
 from .simulate import ScaledSearch, ScaleResult, best_plan_check, max_scale_gpus, scale_site, simulate_scales
 from .space import launchable_space
 from .verify import (VerifyRequest, VerifyResult, VerifyRow, _rows_mape, _verify_row,  # noqa: F401 - tests read these
@@ -51,4 +53,4 @@ __all__ = ["CostOptions", "MIN_TYPES_FOR_DATASHEET_TRANSFER", "MIN_PLANS_PER_RAN
            "VerifyRequest", "VerifyResult", "VerifyRow", "plan_file_entries", "verify", "FinishGoal",
            "parse_finish", "FinishCandidate", "FinishRanking", "usable_site", "cluster_view", "rank_by_finish",
            "finish_order", "submit_finish", "resume_job", "model_differences", "PredictRequest", "PredictResult",
-           "predict"]
+           "predict", "RunStatus", "Segment", "run_status"]

@@ -48,7 +48,7 @@ from .groups import GroupBackend, cross_vendor_unsupported, encode_rank_vendors,
 from .request import PartitionEnvironment, SlurmOption, SlurmRequest
 
 __all__ = ["SUPPORTED_MEGATRON_VERSIONS", "EnvVar", "Component", "LaunchRequest", "Continuation", "STATE_FILE",
-           "TRACKER_FILE", "run_folder", "warning_signal",
+           "TRACKER_FILE", "CHECKPOINT_POINTER", "run_folder", "warning_signal",
            "VendorLaunch", "describe", "render", "render_request", "pipeline_layout", "recompute_args",
            "process_groups", "rank_vendors", "sequence_parallel_refusal", "fp8_refusal", "PROJECT_ENTRY", "TEMPLATE"]
 
@@ -155,6 +155,8 @@ class Component:
 STATE_FILE = "segments.jsonl"
 #: Megatron-LM's checkpoint tracker: the latest saved iteration (megatron/training/checkpointing.py)
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
+#: the run folder's note of its checkpoint folder (one line)
+CHECKPOINT_POINTER = "checkpoint_dir.txt"
 #: signals the warning cannot be: TERM is what Slurm sends to cancel, preempt or end a job (the
 #: script must tell the warning from those), the others cannot be trapped or stop the shell
 _NOT_A_WARNING = ("TERM", "KILL", "STOP", "CONT", "INT", "HUP", "QUIT", "PIPE", "CHLD", "TSTP")
@@ -262,6 +264,7 @@ class LaunchRequest:
 
     state_file_name: str = STATE_FILE
     tracker_file_name: str = TRACKER_FILE
+    checkpoint_pointer_name: str = CHECKPOINT_POINTER
 
     @property
     def group_lines(self) -> list[str]:
