@@ -799,3 +799,15 @@ def test_a_warning_the_script_cannot_tell_from_a_cancel_is_refused(signal_spec: 
     # no checkpoints to continue from: one job, the site's own signal, no continuation
     once = render(PLAN2, dataclasses.replace(site, signal="USR1@60"), dataclasses.replace(job, checkpoint=None))
     assert "#SBATCH --signal=USR1@60" in once and "MEMX_STATE_FILE" not in once and "sbatch --parsable" not in once
+
+
+def test_cli_render_names_the_run_folder_and_the_continuation(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("name: cont\nmodel: {preset: tiny-gpt}\nglobal_batch_size: 8\ntrain_iters: 7\n"
+                   f"checkpoint: {{save: {tmp_path / 'ck'}, interval: 1}}\n")
+    rc = main(["render", "--plan", str(GOLDEN / "plans" / "local-pp2-a100-mi250.json"), "--site", str(LOCAL),
+               "--job", str(job), "--out", str(tmp_path / "t.sbatch"), "--log-dir", str(tmp_path / "logs"),
+               "--no-test-only"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert f"run folder: {tmp_path / 'logs' / 'cont'}" in out and "until iteration 7" in out
