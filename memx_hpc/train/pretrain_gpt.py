@@ -9,7 +9,10 @@ a tokenizer from local files: :mod:`memx_hpc.train.tokenizer`) or on synthetic d
 (``--mock-data``) with megatron-core's 1F1B schedule (``get_forward_backward_func``) and its
 optimizer, evaluates, saves and loads megatron-core distributed checkpoints
 (:mod:`memx_hpc.train.checkpoint`), and logs iteration time and memory in Megatron-LM's
-format (:mod:`memx_hpc.train.logs`).
+format (:mod:`memx_hpc.train.logs`), also as TensorBoard events (``--tensorboard-dir``).
+With ``--exit-signal-handler``, SIGTERM saves after the current iteration and exits cleanly:
+what the rendered script's time-limit warning sends every rank before it submits the run's
+next segment (memx_hpc/slurm/render.py).
 
 On a CPU-only PyTorch (this machine, the local Slurm cluster) it uses gloo and the
 redirections of :mod:`memx_hpc.train.cpu`; a few arguments that need a GPU are
@@ -858,6 +861,28 @@ class _Loop:
         return 0
 
 
+def _writer_ignores_sigterm() -> None:
+    """Start megatron-core's checkpoint-writer results queue (a ``spawn`` Manager process,
+    filesystem_async._get_write_results_queue) with SIGTERM ignored, which the new interpreter
+    keeps (an ignored signal survives exec; a Python handler does not). Slurm's SIGTERM reaches
+    every process of a step (scancel --signal, the time limit, preemption): a Manager with the
+    default action would die, and the save that the signal asks for would fail (BrokenPipeError)."""
+    import signal
+
+    try:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
+    except ImportError:
+        return
+    getter = getattr(fa, "_get_write_results_queue", None)
+    if getter is None:
+        return
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        getter()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 class _StopRequest:
     """Megatron-LM's --exit-signal-handler: SIGTERM (Slurm's time limit, scancel, preemption)
     asks the run to save and stop after the current iteration instead of dying mid-step."""
@@ -867,6 +892,7 @@ class _StopRequest:
         if enabled:
             import signal
 
+            _writer_ignores_sigterm()
             signal.signal(signal.SIGTERM, self._handler)
 
     def _handler(self, signum: int, frame: Any) -> None:  # noqa: ARG002 - signal's signature
