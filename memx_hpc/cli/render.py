@@ -116,7 +116,11 @@ def run(args: argparse.Namespace) -> int:
                             "tasks_per_node": c.tasks_per_node, "layers": c.num_layers,
                             "recompute": c.recompute.label()} for c in request.components],
             "test_only": None if verdict is None else {"accepted": verdict.accepted, "message": verdict.message},
-            "job_id": job_id,
+            "job_id": job_id, "run_dir": request.run_dir,
+            "continues": None if request.continuation is None else {
+                "signal": request.continuation.slurm_signal, "target_iters": request.continuation.target_iters,
+                "max_segments": request.continuation.max_segments,
+                "state_file": request.continuation.state_file},
         })
     else:
         print(f"wrote {shown(out)}: {len(request.components)} hetjob component(s), {request.world_size} rank(s)")
@@ -125,6 +129,13 @@ def run(args: argparse.Namespace) -> int:
                   f"{c.nodes} node(s) x {c.tasks_per_node} task(s), layers {c.layers_label}, "
                   f"recompute {c.recompute_label}")
         print("bash -n: ok")
+        if request.run_dir is not None:
+            print(f"run folder: {request.run_dir} (TensorBoard events in tensorboard/"
+                  + ("; the run's segments: memx-hpc status " + request.run_dir + ")" if request.continuation else ")"))
+        if request.continuation is not None:
+            k = request.continuation
+            print(f"continues by itself: Slurm warns it {k.warning_s} s before the time limit (SIG{k.signal}), it "
+                  f"saves and submits itself again until iteration {k.target_iters} (at most {k.max_segments} jobs)")
         if verdict is not None:
             print(f"sbatch --test-only: {'accepted' if verdict.accepted else 'REJECTED'}: {verdict.message}")
         elif not args.no_test_only:

@@ -1,4 +1,5 @@
-"""``memx-hpc status``: what the tool sees — the site, Slurm, the store, the predictor, the cache."""
+"""``memx-hpc status``: what the tool sees — the site, Slurm, the store, the predictor, the cache;
+``memx-hpc status RUN``: where a training run stands (memx_hpc/planner/runs.py)."""
 
 from __future__ import annotations
 
@@ -7,30 +8,43 @@ import shutil
 
 from .common import add_json, add_site, emit_json, table
 
-HELP = "show what is in place: Slurm, the profile store, the fitted predictor, the cache"
+HELP = "show what is in place (Slurm, the store, the predictor), or where a training run stands"
 DESCRIPTION = """\
 Show the state a plan would start from: whether Slurm answers (and its partitions),
 what the profile store holds per GPU type (measured, imported, augmented samples),
 whether a fitted predictor is saved next to the store, and the prediction cache.
 
-example:
+With a run (its folder, its checkpoint folder or the rendered script): the Slurm jobs
+(segments) it went through, with their states where sacct answers, the latest checkpoint
+iteration of the training length, and why it stopped if it did.
+
+examples:
   memx-hpc status --site site_configs/local.yaml
+  memx-hpc status memx-local/runs/tiny-gpt-data
 """
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("status", help=HELP, description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_site(p)
+    p.add_argument("run", nargs="?", metavar="RUN",
+                   help="a training run: its folder (<log dir>/<job name>), checkpoint folder or rendered script")
+    add_site(p, required=False)
     p.add_argument("--store", metavar="PATH", help="profile store (default: the site's, then $MEMX_STORE)")
     add_json(p)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..errors import SpecError
     from ..slurm.local_cluster import partitions, slurm_available
     from ..spec import load_site
 
+    if args.run is not None:
+        return _run_status(args)
+    if args.site is None:
+        raise SpecError("give a site file (what is in place) or a run (where it stands)", field="--site",
+                        allowed="--site SITE.yaml, or RUN")
     site = load_site(args.site)
     from ..planner import store_paths
     paths = store_paths(site, args.store)  # the same rule as plan/search
@@ -83,4 +97,29 @@ def run(args: argparse.Namespace) -> int:
           + (" (plan, search and predict calibrate with them)" if out["e2e_runs"] else " (memx-hpc verify adds them)"))
     print(f"predictor: {out['predictor'] or 'not fitted yet (memx-hpc fit, or plan fits it)'}")
     print(f"cache: {cache_path}" + ("" if cache_path.exists() else " (none yet)"))
+    return 0
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    from ..planner import run_status
+
+    st = run_status(args.run)
+    if args.json:
+        import dataclasses
+
+        emit_json(dataclasses.asdict(st))
+        return 0
+    print(f"run: {st.run_dir or '(no run folder known)'}")
+    print(f"checkpoints: {st.checkpoint_dir or '(unknown)'}; latest iteration "
+          f"{st.checkpoint_iteration if st.checkpoint_iteration is not None else 'none yet'}"
+          + (f" of {st.target_iters}" if st.target_iters else ""))
+    if st.segments:
+        table([(s.segment, s.job_id + (f" (restart {s.restart})" if s.restart else ""), s.slurm_state or "-",
+                "-" if s.start_iteration is None else s.start_iteration,
+                "-" if s.end_iteration is None else s.end_iteration, s.outcome,
+                "-" if s.exit_code is None else s.exit_code) for s in st.segments],
+              ["segment", "job", "slurm", "from iter", "to iter", "outcome", "exit"])
+    if st.skipped_lines:
+        print(f"({st.skipped_lines} malformed line(s) of the state file left out)")
+    print(f"{st.state}: {st.why}")
     return 0

@@ -12,6 +12,7 @@ and prints. The rooms, one purpose each:
 - :mod:`~memx_hpc.planner.finish`: plans ranked by when Slurm would finish them (``--finish``);
 - :mod:`~memx_hpc.planner.verify`: plans measured for real and the calibration refitted;
 - :mod:`~memx_hpc.planner.resume`: a job continued from a checkpoint of its model;
+- :mod:`~memx_hpc.planner.runs`: where a rendered run stands (its segments, checkpoint, why it stopped);
 - :mod:`~memx_hpc.planner.space`: the plan space as far as ``render`` would launch it, and why
   a space holds no plan;
 - :mod:`~memx_hpc.planner.fit`: the predictor fitted on the store and cross-validated (``fit``);
@@ -56,6 +57,7 @@ from .profiling import (IMPORT_FORMATS, ExportRequest, ExportResult, ImportReque
                         profile_site, profile_store_path, source_disagreements)
 from .request import PlanRequest, PlanResult, Prepared
 from .resume import model_differences, resume_job
+from .runs import RunStatus, Segment, run_status
 from .simulate import ScaledSearch, ScaleResult, best_plan_check, max_scale_gpus, scale_site, simulate_scales
 from .space import launchable_space, why_empty
 from .verify import (VerifyRequest, VerifyResult, VerifyRow, _rows_mape, _verify_row,  # noqa: F401 - tests read these
@@ -73,4 +75,5 @@ __all__ = ["CostOptions", "MIN_TYPES_FOR_DATASHEET_TRANSFER", "MIN_PLANS_PER_RAN
            "StoreRequest", "StoreListing", "list_store", "ImportRequest", "ImportResult", "import_samples",
            "ExportRequest", "ExportResult", "export_samples", "ProfileRequest", "ProfileResult", "profile_site",
            "profile_store_path", "source_disagreements", "require_slurm", "discover_site",
-           "CP_MIN_TOKENS", "DEFAULT_VIRTUAL_STAGES", "DataRequest", "prepare_data"]
+           "CP_MIN_TOKENS", "DEFAULT_VIRTUAL_STAGES", "DataRequest", "prepare_data", "RunStatus", "Segment",
+           "run_status"]

@@ -31,7 +31,7 @@ from ..spec import PROJECT_ENTRY_TOKENIZERS, ModelSpec, Plan, Recompute, Stage, 
 __all__ = ["SYNTHETIC_TRAIN_ITERS", "RUN_KINDS", "TrainingLength", "ComponentShape", "CommandLine",
            "training_length", "command_line", "pipeline_layout", "recompute_args", "virtual_recompute_refusal",
            "project_entry_plan_refusal", "project_entry_refusal", "Refusal",
-           "CHECKPOINT_FORMAT"]
+           "CHECKPOINT_FORMAT", "exit_duration_min"]
 
 #: The length of a synthetic-data run whose job names none (what the job file used to default to).
 SYNTHETIC_TRAIN_ITERS = 20
@@ -396,8 +396,9 @@ def _checkpoint_args(job: TrainJob, kind: str, *, exit_duration_min: int | None)
     if ck.save_dir is not None or ck.load_dir is not None:
         a.append(("--ckpt-format", CHECKPOINT_FORMAT))
     if ck.save_dir is not None:
-        # SIGTERM (scancel, preemption, the time limit) saves after the current iteration
-        # before Slurm's KillWait runs out; the same script, submitted again, loads it
+        # SIGTERM saves after the current iteration and exits cleanly: what the rendered script's
+        # warning trap sends every rank before Slurm's time limit (the script then submits its
+        # continuation, which loads the checkpoint), and what scancel and preemption send
         a.append(("--exit-signal-handler",))
     if ck.save_dir is not None and exit_duration_min is not None:
         # save and stop cleanly before Slurm's time limit kills the job; the same script,
@@ -406,13 +407,42 @@ def _checkpoint_args(job: TrainJob, kind: str, *, exit_duration_min: int | None)
     return a
 
 
+def _logging_args(job: TrainJob, kind: str, *, run_dir: str | None) -> list[tuple[str, ...]]:
+    """Where the run's metrics go besides its text log (Megatron-LM core_r0.16.0's
+    LoggerConfig names): TensorBoard events in ``run_dir/tensorboard`` every log interval, with
+    throughput (TFLOP/s per GPU: written to TensorBoard only beside ``--log-timers-to-tensorboard``,
+    training.py's training_log), memory and the iteration time; Weights & Biases when the job
+    names a project, its local files in ``run_dir/wandb``. A measurement run logs nothing more."""
+    lg = job.logging
+    if kind == "measure" or run_dir is None:
+        return []
+    a: list[tuple[str, ...]] = []
+    if lg.tensorboard:
+        a += [("--tensorboard-dir", f"{run_dir}/tensorboard"), ("--tensorboard-log-interval", str(job.log_interval)),
+              ("--log-throughput",), ("--log-memory-to-tensorboard",), ("--log-timers-to-tensorboard",)]
+    if lg.wandb_project is not None:
+        a += [("--wandb-project", lg.wandb_project), ("--wandb-exp-name", lg.wandb_exp_name or job.name),
+              ("--wandb-save-dir", f"{run_dir}/wandb")]
+    return a
+
+
+def exit_duration_min(time_limit_min: int | None) -> int | None:
+    """When a run that saves stops by itself (``--exit-duration-in-mins``): 10 % of the Slurm
+    time limit, at least 2 and at most 30 minutes, before it (None: a limit of 4 minutes or less)."""
+    if time_limit_min is None or time_limit_min <= 4:
+        return None
+    return time_limit_min - min(30, max(2, time_limit_min // 10))
+
+
 def command_line(plan: Plan, job: TrainJob, *, components: Sequence[ComponentShape], cross_vendor: bool,
                  pipeline_backend: str, kind: str, iters: int | None = None,
-                 time_limit_min: int | None = None) -> CommandLine:
+                 time_limit_min: int | None = None, run_dir: str | None = None) -> CommandLine:
     """The Megatron-LM command line of every component of ``plan`` for a run of ``kind``.
 
     ``time_limit_min`` is the job's Slurm time limit: a training run that saves checkpoints
-    stops (and saves) 10 % of it, at least 2 and at most 30 minutes, before the limit.
+    stops (and saves) 10 % of it, at least 2 and at most 30 minutes, before the limit
+    (:func:`exit_duration_min`). ``run_dir`` is the run's folder, where its TensorBoard and
+    Weights & Biases files go (:func:`_logging_args`).
     """
     if kind not in RUN_KINDS:
         raise SpecError("unknown kind of run (internal error)", found=kind, allowed=", ".join(RUN_KINDS))
@@ -424,10 +454,8 @@ def command_line(plan: Plan, job: TrainJob, *, components: Sequence[ComponentSha
     common += _precision_args(job)
     common += _schedule_args(job, length, global_batch_size=plan.global_batch_size, kind=kind)
     common += _eval_args(job, kind)
-    exit_min = None
-    if time_limit_min is not None and time_limit_min > 4:
-        exit_min = time_limit_min - min(30, max(2, time_limit_min // 10))
-    common += _checkpoint_args(job, kind, exit_duration_min=exit_min)
+    common += _checkpoint_args(job, kind, exit_duration_min=exit_duration_min(time_limit_min))
+    common += _logging_args(job, kind, run_dir=run_dir)
     if kind == "train":
         common += _data_args(job)
     else:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+import signal as _signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -46,7 +47,8 @@ from .cmdline import (CommandLine, ComponentShape, command_line, pipeline_layout
 from .groups import GroupBackend, cross_vendor_unsupported, encode_rank_vendors, format_map, group_backends
 from .request import PartitionEnvironment, SlurmOption, SlurmRequest
 
-__all__ = ["SUPPORTED_MEGATRON_VERSIONS", "EnvVar", "Component", "LaunchRequest",
+__all__ = ["SUPPORTED_MEGATRON_VERSIONS", "EnvVar", "Component", "LaunchRequest", "Continuation", "STATE_FILE",
+           "TRACKER_FILE", "CHECKPOINT_POINTER", "run_folder", "warning_signal",
            "VendorLaunch", "describe", "render", "render_request", "pipeline_layout", "recompute_args",
            "process_groups", "rank_vendors", "sequence_parallel_refusal", "fp8_refusal", "PROJECT_ENTRY", "TEMPLATE"]
 
@@ -149,6 +151,90 @@ class Component:
         return self.recompute.label()
 
 
+#: the run folder's state file: one JSON line per segment event (memx_hpc/planner/runs.py reads it)
+STATE_FILE = "segments.jsonl"
+#: Megatron-LM's checkpoint tracker: the latest saved iteration (megatron/training/checkpointing.py)
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+#: the run folder's note of its checkpoint folder (one line)
+CHECKPOINT_POINTER = "checkpoint_dir.txt"
+#: signals the warning cannot be: TERM is what Slurm sends to cancel, preempt or end a job (the
+#: script must tell the warning from those), the others cannot be trapped or stop the shell
+_NOT_A_WARNING = ("TERM", "KILL", "STOP", "CONT", "INT", "HUP", "QUIT", "PIPE", "CHLD", "TSTP")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Continuation:
+    """How a run that saves checkpoints goes on past Slurm's time limit, one Slurm job (a
+    *segment*) after another (the template's continuation block does it):
+
+    * Slurm sends ``signal`` to the batch shell ``warning_s`` seconds before the time limit
+      (``#SBATCH --signal=B:SIG@S``: the shell only, so that it stays in charge); its trap
+      sends SIGTERM to every rank (``scancel --signal=TERM``: all steps of all hetjob
+      components), which Megatron-LM's ``--exit-signal-handler`` turns into a save after the
+      current iteration and a clean exit;
+    * when the step has ended, the shell reads the checkpoint tracker: a newer iteration than
+      the segment started from is progress, and the same script is submitted again with
+      ``--dependency=afterany:<this job>`` (it starts when this job ends, from the latest
+      checkpoint: ``--load`` is the save folder from the second segment on);
+    * the chain stops, saying why in the log and the state file, when the tracker reaches
+      ``target_iters``, when a segment wrote no newer checkpoint, after ``max_segments``
+      segments, or when Slurm ends the job itself (scancel, preemption, node failure: with
+      ``--requeue`` Slurm starts a preempted job again, which resumes the same way).
+
+    A dependent job rather than ``scontrol requeue``: Slurm 22.05 requeues a heterogeneous job
+    too, but holds a requeued job for about two minutes (its BeginTime), kills its batch shell at
+    once (no bookkeeping after the requeue) and keeps one job id and one log for every segment;
+    a dependent job starts when this one ends, with its own id, log and accounting record.
+    """
+
+    run_dir: str  # the run's folder: the state file, tensorboard/, wandb/
+    checkpoint_dir: str  # Megatron-LM's --save folder, whose tracker measures progress
+    target_iters: int  # the training length in iterations (samples: whole global batches)
+    max_segments: int
+    signal: str  # the warning's name, without SIG (USR1)
+    warning_s: int
+
+    @property
+    def state_file(self) -> str:
+        return f"{self.run_dir}/{STATE_FILE}"
+
+    @property
+    def slurm_signal(self) -> str:
+        return f"B:{self.signal}@{self.warning_s}"
+
+
+def run_folder(out_dir: str, job_name: str) -> str:
+    """The run's folder: ``<log dir>/<job name>`` (its state file and TensorBoard events)."""
+    return f"{out_dir.rstrip('/') or '/'}/{job_name}".replace("//", "/")
+
+
+def warning_signal(site: Site, time_limit_min: int) -> tuple[str, int]:
+    """The warning a continuing run asks of Slurm: ``(name, seconds before the limit)``. The
+    site's ``slurm.signal`` when it names one (its ``B:``/no prefix alike: the batch shell gets
+    it; no ``@``: Slurm's 60 s), else USR1 at 10 % of the limit, 2 to 30 minutes, and at most
+    half of a limit shorter than that. Slurm may send it up to a minute early (sbatch(1))."""
+    default_s = min(60 * min(30, max(2, time_limit_min // 10)), max(30, time_limit_min * 30))
+    if site.signal is None:
+        return "USR1", default_s
+    spec = site.signal
+    if spec.startswith("R:"):
+        raise SpecError("a run that continues itself needs Slurm's warning in its batch shell (B:); R: asks for it "
+                        "only when a reservation ends", field="slurm.signal", found=spec, allowed="USR1@300, B:USR2@600")
+    spec = spec.removeprefix("B:")
+    name, _, secs = spec.partition("@")
+    if name.isdigit():
+        try:
+            name = _signal.Signals(int(name)).name
+        except ValueError:
+            raise SpecError("not a signal number of this system", field="slurm.signal", found=site.signal) from None
+    name = name.removeprefix("SIG")
+    if name in _NOT_A_WARNING:
+        raise SpecError(f"SIG{name} cannot be the time-limit warning of a run that continues itself: Slurm sends "
+                        f"SIGTERM to cancel or preempt a job, and the script must tell the two apart",
+                        field="slurm.signal", found=site.signal, allowed="USR1@300, USR2@600 (B: optional)")
+    return name, int(secs) if secs else 60
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaunchRequest:
     """Everything the template needs, checked: the one object it is rendered from."""
@@ -173,6 +259,12 @@ class LaunchRequest:
     banner: str = ""  # one line: what kind of run this is, first in the script and in its log
     master_port_base: int = 20000
     master_port_span: int = 20000
+    run_dir: str | None = None  # the run's folder (TensorBoard events, the state file of a continuing run)
+    continuation: Continuation | None = None  # None: one Slurm job (no checkpoints to continue from)
+
+    state_file_name: str = STATE_FILE
+    tracker_file_name: str = TRACKER_FILE
+    checkpoint_pointer_name: str = CHECKPOINT_POINTER
 
     @property
     def group_lines(self) -> list[str]:
@@ -231,7 +323,18 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
     cross_vendor = _check_vendors(plan, site, placement)
     name = job_name or job.name
     out_dir = log_dir if log_dir is not None else os.path.normpath(site.resolve(site.work_dir))
-    leader = _JobWide(name=name, output=f"{out_dir.rstrip('/')}/{name}-%j.out", chdir=workdir)
+    run_dir = _no_control(run_folder(out_dir, name), "log_dir")
+    ck = job.checkpoint
+    continuation = None
+    if not mock_data and ck is not None and ck.save_dir is not None:
+        limit = min(site.partition(pc.partition).time_limit_min or site.time_limit_min for pc in placement.components)
+        sig, warn_s = warning_signal(site, limit)
+        continuation = Continuation(run_dir=run_dir, checkpoint_dir=ck.save_dir, target_iters=0,
+                                    max_segments=ck.max_segments, signal=sig, warning_s=warn_s)
+    leader = _JobWide(name=name, output=f"{out_dir.rstrip('/')}/{name}-%j.out", chdir=workdir,
+                      signal=continuation.slurm_signal if continuation else None,
+                      requeue=(True if site.requeue is None else site.requeue) if continuation else None,
+                      open_mode="append" if continuation else None)
     groups = group_backends(placement.rank_vendors(), tp=plan.tp, dp=plan.dp, pp=plan.pp, cp=plan.cp, ep=plan.ep,
                             etp=plan.etp, cross_vendor_backend=site.pipeline_comm_backend)
     unsupported = cross_vendor_unsupported(groups)
@@ -239,7 +342,12 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
         raise SpecError("; ".join(unsupported), field="pipeline_comm.backend", found=site.pipeline_comm_backend)
     comps = [_component(plan, site, placement, pc, groups=groups, cross_vendor=cross_vendor,
                         leader=leader if pc.index == 0 else None) for pc in placement.components]
-    cmd = _command_line(plan, site, job, comps, cross_vendor=cross_vendor, iters=iters, measure=bool(mock_data))
+    cmd = _command_line(plan, site, job, comps, cross_vendor=cross_vendor, iters=iters, measure=bool(mock_data),
+                        run_dir=run_dir)
+    if continuation is not None:
+        n = cmd.length
+        continuation = dataclasses.replace(continuation, target_iters=n.iters if n.iters is not None
+                                           else max(1, n.samples // plan.global_batch_size))
     comps = [dataclasses.replace(c, args=a) for c, a in zip(comps, cmd.per_component)]
     for k, e in enumerate(extra):
         _no_control(e, f"extra[{k}]")
@@ -253,7 +361,7 @@ def describe(plan: Plan, site: Site, job: TrainJob, *, iters: int | None = None,
         summary=summary, tp=plan.tp, pp=plan.pp, dp=plan.dp, world_size=plan.world_size,
         layout=pipeline_layout(plan.stages, plan.virtual_stages) if plan.pp > 1 else None, components=tuple(comps),
         common_args=cmd.common, groups=groups, cross_vendor=cross_vendor, preflight_code=_preflight_source(),
-        extra_args=tuple(extra), run_kind=cmd.kind, banner=cmd.banner)
+        extra_args=tuple(extra), run_kind=cmd.kind, banner=cmd.banner, run_dir=run_dir, continuation=continuation)
 
 
 def _check_plan(plan: Plan, site: Site, job: TrainJob) -> None:
@@ -344,6 +452,9 @@ class _JobWide:
     name: str
     output: str
     chdir: str | None
+    signal: str | None = None  # None: the site's (a continuing run asks for its warning: Continuation)
+    requeue: bool | None = None  # None: the site's
+    open_mode: str | None = None  # append: a requeued (preempted) segment keeps its earlier output
 
 
 def _field_of(site: Site, partition: str) -> str:
@@ -356,7 +467,10 @@ def _component(plan: Plan, site: Site, placement: Placement, pc: ComponentPlacem
     """The placed component ``pc``: what it asks of Slurm (the job-wide options when it is the
     ``leader``), its environment and its ranks' launcher (its arguments: :func:`_command_line`)."""
     p = site.partition(pc.partition)
-    job_wide = {} if leader is None else {"job_name": leader.name, "output": leader.output, "chdir": leader.chdir}
+    job_wide: dict = {} if leader is None else {"job_name": leader.name, "output": leader.output,
+                                                "chdir": leader.chdir}
+    if leader is not None and leader.signal is not None:
+        job_wide.update(signal=leader.signal, requeue=leader.requeue, open_mode=leader.open_mode)
     request = SlurmRequest.of(site, p, nodes=pc.nodes, tasks_per_node=pc.tasks_per_node, job_wide=leader is not None,
                               **job_wide)
     my_ranks = set(range(pc.first_rank, pc.first_rank + pc.num_ranks))
@@ -396,7 +510,7 @@ def _component_env(plan: Plan, site: Site, placement: Placement, p: Partition, p
 
 
 def _command_line(plan: Plan, site: Site, job: TrainJob, comps: Sequence[Component], *, cross_vendor: bool,
-                  iters: int | None, measure: bool) -> CommandLine:
+                  iters: int | None, measure: bool, run_dir: str | None = None) -> CommandLine:
     """The run's Megatron-LM arguments (memx_hpc.slurm.cmdline): a measurement run, a training
     run on the job's data, or a synthetic-data run when it has none."""
     kind = "measure" if measure else ("train" if job.data is not None else "synthetic")
@@ -417,7 +531,7 @@ def _command_line(plan: Plan, site: Site, job: TrainJob, comps: Sequence[Compone
               for c in comps]
     cmd = command_line(plan, job, components=shapes, cross_vendor=cross_vendor,
                        pipeline_backend=site.pipeline_comm_backend, kind=kind, iters=iters,
-                       time_limit_min=min(c.slurm.time_limit_min for c in comps))
+                       time_limit_min=min(c.slurm.time_limit_min for c in comps), run_dir=run_dir)
     _no_control(cmd.banner, "data.paths")  # it goes into comment lines
     return cmd
 

@@ -21,8 +21,9 @@ What goes in, and how:
   ``--mem=512M``): a whole-GiB value truncated from 0.5 would be ``--mem=0``, which Slurm
   reads as all of the node's memory.
 * **Account, QoS, time limit, exclusive**: the partition's value, else the site's
-  ``slurm:`` value. **Signal** and **requeue** are job-wide (site only, on the first
-  component of a hetjob, with the job name, output file and working directory).
+  ``slurm:`` value. **Signal** and **requeue** are job-wide (the site's, or what a run that
+  continues itself asks for, on the first component of a hetjob, with the job name, output
+  file, working directory and ``--open-mode``).
 * **Container**: the site's ``slurm.container_runtime`` starts a partition's ``container``
   image: ``pyxis`` adds ``--container-image=IMAGE`` to the step (srun), ``apptainer`` runs
   ``apptainer exec [--nv|--rocm] IMAGE python``.
@@ -125,6 +126,7 @@ class SlurmRequest:
     chdir: str | None = None
     signal: str | None = None
     requeue: bool | None = None
+    open_mode: str | None = None  # append | truncate (Slurm's default: truncate)
     container: Container | None = None
     environment: PartitionEnvironment = PartitionEnvironment()
 
@@ -147,9 +149,12 @@ class SlurmRequest:
     @classmethod
     def of(cls, site: Site, partition: Partition | str, *, nodes: int, tasks_per_node: int,
            job_name: str | None = None, output: str | None = None, chdir: str | None = None,
-           job_wide: bool = True) -> "SlurmRequest":
+           job_wide: bool = True, signal: Any = ..., requeue: Any = ...,
+           open_mode: str | None = None) -> "SlurmRequest":
         """The request of ``nodes`` x ``tasks_per_node`` ranks on ``partition`` of ``site``.
-        ``job_wide`` False: a later hetjob component (no signal/requeue of its own)."""
+        ``job_wide`` False: a later hetjob component (no signal/requeue of its own).
+        ``signal`` / ``requeue`` given: what the job asks instead of the site's values (a run
+        that continues itself: memx_hpc/slurm/render.py)."""
         p = site.partition(partition) if isinstance(partition, str) else partition
         vendor = site.gpu(p.gpu_type).vendor
         if p.gres_type is not None:
@@ -168,7 +173,9 @@ class SlurmRequest:
             account=p.account or site.account, qos=p.qos or site.qos,
             exclusive=site.exclusive if p.exclusive is None else p.exclusive,
             job_name=job_name, output=output, chdir=chdir,
-            signal=site.signal if job_wide else None, requeue=site.requeue if job_wide else None,
+            signal=(site.signal if signal is ... else signal) if job_wide else None,
+            requeue=(site.requeue if requeue is ... else requeue) if job_wide else None,
+            open_mode=open_mode if job_wide else None,
             container=container, environment=PartitionEnvironment.of(p))
 
     # ------------------------------------------------------------------ sbatch
@@ -285,6 +292,7 @@ _SLURM_NAMES = (
     _SlurmName(field="exclusive", slurm=lambda v: ("exclusive", True if v else None)),
     _SlurmName(field="signal", slurm=_as("signal"), submitit="signal"),
     _SlurmName(field="requeue", slurm=lambda v: ("requeue" if v else "no-requeue", True), submitit="additional"),
+    _SlurmName(field="open_mode", slurm=_as("open-mode"), submitit="additional"),
 )
 
 

@@ -1,6 +1,7 @@
 """What to train: :class:`TrainJob` (a model, the batch, precision, optimizer and the degrees
 the search may choose among), with its data (:class:`TrainData`), learning-rate schedule
-(:class:`LRSchedule`) and checkpointing (:class:`Checkpointing`)."""
+(:class:`LRSchedule`), checkpointing (:class:`Checkpointing`) and where its metrics go
+(:class:`TrainLogging`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Literal
 from ..errors import SpecError
 from ..shellsafe import check_path
 from .checks import (MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICRO_BATCH_CHOICES, MAX_SEQ_LENGTH, MAX_TRAIN_ITERS,
-                     _choice, _degrees, _real, _safe_name, _short, _whole)
+                     _choice, _degrees, _real, _safe_name, _short, _text, _whole)
 from .model import ModelSpec
 from .modes import (ATTENTIONS, BYTES_PER_ELEMENT, FP8_FORMATS, FP8_RECIPES, LR_DECAY_STYLES, OPTIMIZERS, PRECISIONS,
                     RECOMPUTE_MODES, TOKENIZER_TYPES, Attention, Fp8Format, Fp8Recipe, LrDecayStyle, Optimizer,
@@ -70,13 +71,23 @@ class LRSchedule:
         _whole(self.decay_iters, "decay_iters", 1, MAX_TRAIN_ITERS, optional=True)
 
 
+#: The most Slurm jobs one run may continue through (a last guard against a chain that never
+#: ends: each segment must also write a newer checkpoint than the one it started from).
+DEFAULT_MAX_SEGMENTS = 1000
+MAX_SEGMENTS = 100_000
+
+
 @dataclass(frozen=True, kw_only=True)
 class Checkpointing:
-    """Where checkpoints go and come from (``--save``, ``--load``, ``--save-interval``)."""
+    """Where checkpoints go and come from (``--save``, ``--load``, ``--save-interval``), and how
+    many Slurm jobs (segments) a run that saves may continue through (``max_segments``): the
+    rendered script submits its own continuation at Slurm's time limit
+    (memx_hpc/slurm/render.py)."""
 
     save_dir: str | None = None
     load_dir: str | None = None
     save_interval: int | None = None
+    max_segments: int = DEFAULT_MAX_SEGMENTS
 
     def __post_init__(self) -> None:
         for name in ("save_dir", "load_dir"):
@@ -85,6 +96,39 @@ class Checkpointing:
         _whole(self.save_interval, "interval", 1, MAX_TRAIN_ITERS, optional=True)
         if self.save_interval is not None and self.save_dir is None:
             raise SpecError("a save interval needs a save directory", field="interval", found=self.save_interval)
+        _whole(self.max_segments, "max_segments", 1, MAX_SEGMENTS)
+
+
+#: Weights & Biases names: what its web interface shows; single words keep them out of trouble
+#: in a shell line and a URL
+_WANDB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+MAX_WANDB_NAME_CHARS = 128
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainLogging:
+    """Where a training run's metrics go besides its text log: TensorBoard event files in the
+    run's folder (``tensorboard``, on by default: Megatron-LM's ``--tensorboard-dir`` with its
+    throughput, memory and timer scalars) and Weights & Biases when ``wandb_project`` is named
+    (``--wandb-project``, ``--wandb-exp-name``: default the job's name)."""
+
+    tensorboard: bool = True
+    wandb_project: str | None = None
+    wandb_exp_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tensorboard, bool):
+            raise SpecError("expected true or false", field="tensorboard", found=_short(self.tensorboard))
+        for name in ("wandb_project", "wandb_exp_name"):
+            v = getattr(self, name)
+            _text(v, name, optional=True)
+            if v is not None and (not _WANDB_NAME.fullmatch(v) or len(v) > MAX_WANDB_NAME_CHARS):
+                raise SpecError("not a Weights & Biases name", field=name, found=_short(v),
+                                allowed=f"letters, digits, '_', '.', '+', '-' (first a letter or digit); "
+                                        f"at most {MAX_WANDB_NAME_CHARS} characters")
+        if self.wandb_exp_name is not None and self.wandb_project is None:
+            raise SpecError("an experiment name needs a project", field="wandb_exp_name", found=self.wandb_exp_name,
+                            allowed="wandb_project: NAME beside it")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,13 +185,15 @@ class TrainJob:
     data: TrainData | None = None
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
     checkpoint: Checkpointing | None = None
+    logging: TrainLogging = field(default_factory=TrainLogging)
     source_file: str | None = None
 
     def __post_init__(self) -> None:
         _safe_name(self.name, "name")
-        for name, cls in (("data", TrainData), ("lr_schedule", LRSchedule), ("checkpoint", Checkpointing)):
+        for name, cls in (("data", TrainData), ("lr_schedule", LRSchedule), ("checkpoint", Checkpointing),
+                          ("logging", TrainLogging)):
             v = getattr(self, name)
-            if not isinstance(v, cls) and not (v is None and name != "lr_schedule"):
+            if not isinstance(v, cls) and not (v is None and name not in ("lr_schedule", "logging")):
                 raise SpecError(f"expected a {name} section", field=name, found=_short(v))
         if not isinstance(self.model, ModelSpec):
             raise SpecError("expected a model", field="model", found=_short(self.model))

@@ -18,7 +18,7 @@ from .catalog import model_presets
 from .checks import MAX_PARTITIONS, _build, _short, _suggest, _wrap_file
 from .gpu import GpuType
 from .hfconfig import HfModel, read_hf
-from .job import Checkpointing, LRSchedule, TrainData, TrainJob
+from .job import DEFAULT_MAX_SEGMENTS, Checkpointing, LRSchedule, TrainData, TrainJob, TrainLogging
 from .model import MODEL_FIELD_KEYS, ModelSpec, model_from_fields
 from .modes import CONTAINER_RUNTIMES, FP8_FORMATS, RECOMPUTE_MODES
 from .site import Link, Partition, Site
@@ -189,7 +189,7 @@ def find_relative_to_site(path: str, source_file: str | None) -> Path | None:
 JOB_KEYS = ("name", "model", "global_batch_size", "precision", "optimizer", "distributed_optimizer",
             "attention", "micro_batch_sizes", "recompute_modes", "train_iters", "train_samples", "train_tokens",
             "log_interval", "eval_interval", "eval_iters", "max_pipeline_stages", "data", "lr_schedule", "checkpoint",
-            "virtual_stages", "context_parallel_sizes", "expert_parallel_sizes", "expert_tensor_parallel_sizes",
+            "logging", "virtual_stages", "context_parallel_sizes", "expert_parallel_sizes", "expert_tensor_parallel_sizes",
             "fp8", "fp8_recipe", "grad_reduce_in_fp32", "fp8_param_gather")
 MODEL_KEYS = ("preset", "hf_config") + MODEL_FIELD_KEYS
 
@@ -279,8 +279,18 @@ def _checkpoint_from(d: "_Reader | None") -> Checkpointing | None:
     if d is None:
         return None
     out = _build(Checkpointing, d.path, save_dir=d.str("save", None), load_dir=d.str("load", None),
-                 save_interval=d.int("interval", None))
-    d.finish(("save", "load", "interval"))
+                 save_interval=d.int("interval", None), max_segments=d.int("max_segments", DEFAULT_MAX_SEGMENTS))
+    d.finish(("save", "load", "interval", "max_segments"))
+    return out
+
+
+def _logging_from(d: "_Reader | None") -> TrainLogging:
+    """``logging: {tensorboard: true, wandb_project: NAME, wandb_exp_name: NAME}``."""
+    if d is None:
+        return TrainLogging()
+    out = _build(TrainLogging, d.path, tensorboard=d.bool("tensorboard", True),
+                 wandb_project=d.raw("wandb_project", None), wandb_exp_name=d.raw("wandb_exp_name", None))
+    d.finish(("tensorboard", "wandb_project", "wandb_exp_name"))
     return out
 
 
@@ -351,6 +361,7 @@ def job_from_mapping(data: Any, *, source_file: str | None = None) -> TrainJob:
         data=_data_from(r.sub("data")),
         lr_schedule=_lr_from(r.sub("lr_schedule")),
         checkpoint=_checkpoint_from(r.sub("checkpoint")),
+        logging=_logging_from(r.sub("logging")),
         source_file=source_file,
     )
     r.finish(JOB_KEYS)

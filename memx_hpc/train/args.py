@@ -119,6 +119,15 @@ class TrainArgs:
     bf16: bool
     fp16: bool
     ignored: tuple[tuple[str, str], ...]  # (flag, why) for the log
+    #: logging (Megatron-LM's LoggerConfig names): TensorBoard event files, Weights & Biases
+    tensorboard_dir: str | None = None
+    tensorboard_log_interval: int = 1
+    log_throughput: bool = False
+    log_memory_to_tensorboard: bool = False
+    log_timers_to_tensorboard: bool = False
+    wandb_project: str | None = None
+    wandb_exp_name: str | None = None
+    wandb_save_dir: str | None = None
     #: mixture of experts (Megatron-LM's names): None = a dense model
     num_experts: int | None = None
     moe_router_topk: int = 2
@@ -243,6 +252,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="on SIGTERM (Slurm's time limit, scancel, preemption) save and stop after the iteration")
     ck.add_argument("--exit-interval", type=int, default=None, help="save and stop at an iteration divisible by it")
 
+    lg = p.add_argument_group("logging (TensorBoard events on the last rank, as Megatron-LM writes them)")
+    lg.add_argument("--tensorboard-dir", default=None, help="write TensorBoard event files here")
+    lg.add_argument("--tensorboard-log-interval", type=int, default=1)
+    lg.add_argument("--log-throughput", action="store_true",
+                    help="TFLOP/s per device in the log line (and TensorBoard with --log-timers-to-tensorboard)")
+    lg.add_argument("--log-memory-to-tensorboard", action="store_true")
+    lg.add_argument("--log-timers-to-tensorboard", action="store_true")
+    lg.add_argument("--wandb-project", default=None,
+                    help="Weights & Biases project (needs the wandb package; said once in the log when missing)")
+    lg.add_argument("--wandb-exp-name", default=None)
+    lg.add_argument("--wandb-save-dir", default=None)
+
     mp = p.add_argument_group("mixed precision")
     mp.add_argument("--bf16", action="store_true")
     mp.add_argument("--fp16", action="store_true")
@@ -295,7 +316,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
         p.error("--save-interval needs --save")
     for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size",
                  "train_iters", "train_samples", "log_interval", "expert_model_parallel_size", "num_experts",
-                 "expert_tensor_parallel_size", "moe_router_topk"):
+                 "expert_tensor_parallel_size", "moe_router_topk", "tensorboard_log_interval"):
         if getattr(ns, name) is not None and getattr(ns, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     freq = ns.moe_layer_freq.strip()
@@ -350,7 +371,10 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
         save_interval=ns.save_interval, ckpt_format=ns.ckpt_format,
         exit_duration_in_mins=ns.exit_duration_in_mins, exit_signal_handler=ns.exit_signal_handler,
         exit_interval=ns.exit_interval, bf16=ns.bf16, fp16=ns.fp16,
-        ignored=ignored,
+        ignored=ignored, tensorboard_dir=ns.tensorboard_dir, tensorboard_log_interval=ns.tensorboard_log_interval,
+        log_throughput=ns.log_throughput, log_memory_to_tensorboard=ns.log_memory_to_tensorboard,
+        log_timers_to_tensorboard=ns.log_timers_to_tensorboard, wandb_project=ns.wandb_project,
+        wandb_exp_name=ns.wandb_exp_name, wandb_save_dir=ns.wandb_save_dir,
         **{f.name: getattr(ns, f.name) for f in ENTRY_MOE_FIELDS if f.kind != "freq"},
         moe_layer_freq=layer_freq, moe_aux_loss_coeff=ns.moe_aux_loss_coeff,
         expert_model_parallel_size=ns.expert_model_parallel_size,

@@ -13,7 +13,12 @@ resident set (there is no caching allocator); a GPU run reports ``torch.cuda`` f
 
 The trainer also writes one line per rank that says where it ran (``[Rank r] layout | ...``);
 Megatron-LM does not print it, and the parser does not need it for times and memory.
-No torch import here.
+
+:class:`MetricsLog` writes the same numbers as TensorBoard scalars (``--tensorboard-dir``),
+under Megatron-LM's tag names (``training_log``: ``lm loss``, ``learning-rate``, ``grad-norm``,
+``batch-size``, ``iteration-time``, ``throughput``, ``mem-*-bytes``), so one TensorBoard view
+reads a run of either entry; and to Weights & Biases where ``wandb`` is installed.
+No torch import at module level (``--help`` stays instant).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 MB = 1024.0 * 1024.0
 
@@ -38,12 +43,14 @@ _LAYOUT = re.compile(r"\[Rank (?P<rank>\d+)\] layout \| (?P<rest>.*)$")
 
 def iteration_line(*, iteration: int, train_iters: int, consumed_samples: int, elapsed_ms: float,
                    learning_rate: float, global_batch_size: int, lm_loss: float | None,
-                   grad_norm: float | None, timestamp: str) -> str:
+                   grad_norm: float | None, timestamp: str, throughput_tflops: float | None = None) -> str:
     """One ``training_log`` line, in Megatron-LM's layout."""
     s = f" [{timestamp}]"
     s += " iteration {:8d}/{:8d} |".format(iteration, train_iters)
     s += " consumed samples: {:12d} |".format(consumed_samples)
     s += " elapsed time per iteration (ms): {:.1f} |".format(elapsed_ms)
+    if throughput_tflops is not None:
+        s += f" throughput per GPU (TFLOP/s/GPU): {throughput_tflops:.1f} |"
     s += f" learning rate: {learning_rate:.6E} |"
     s += " global batch size: {:5d} |".format(global_batch_size)
     if lm_loss is not None:
@@ -160,3 +167,115 @@ def parse_log(lines: Iterable[str] | str) -> RunLog:
                     d[k.strip()] = v.strip()
             layouts.append(d)
     return RunLog(iterations=tuple(its[k] for k in sorted(its)), memory=tuple(mem), layouts=tuple(layouts))
+
+
+# --------------------------------------------------------------------------- FLOPs, TensorBoard
+
+
+def training_flops(args: Any, *, batch_size: int, padded_vocab_size: int) -> float:
+    """Floating-point operations of one training iteration of ``batch_size`` sequences: Megatron-LM's
+    ``num_floating_point_operations`` (megatron/training/training.py, core_r0.16.0) for the
+    models this entry builds (multi-head or grouped-query attention, dense or all-MoE layers):
+    every GEMM three times (forward, weight and data gradients), 2 FLOPs per multiply-add, the
+    causal half of the attention scores, and the logit layer."""
+    h, s, layers = args.hidden_size, args.seq_length, args.num_layers
+    heads = args.num_attention_heads
+    groups = args.num_query_groups or heads
+    kv = args.kv_channels or h // heads
+    ffn = args.ffn_hidden_size or 4 * h
+    fb, fma = 3, 2
+    ffn_factor = 3 if args.swiglu else 2
+    q, k = kv * heads, kv * groups
+    attn = fb * fma * (h * (q + 2 * k) + q * s / 2 * 2 + q * h)
+    if getattr(args, "num_experts", None):
+        moe_ffn = args.moe_ffn_hidden_size or ffn
+        shared = args.moe_shared_expert_intermediate_size or 0
+        mlp = (moe_ffn * args.moe_router_topk + shared) * ffn_factor * layers
+    else:
+        mlp = ffn * ffn_factor * layers
+    return float(batch_size * s * (fb * fma * h * mlp + attn * layers + fb * fma * h * padded_vocab_size))
+
+
+class MetricsLog:
+    """The run's scalars for TensorBoard (and Weights & Biases), written by one rank -- the last,
+    as Megatron-LM's ``get_tensorboard_writer`` does -- every ``--tensorboard-log-interval``
+    iterations. :meth:`open` returns None where nothing is asked for (or on other ranks)."""
+
+    def __init__(self, *, writer: Any, wandb_run: Any, interval: int, memory: bool, timers: bool,
+                 throughput: bool) -> None:
+        self._writer, self._wandb = writer, wandb_run
+        self.interval, self._memory, self._timers, self._throughput = interval, memory, timers, throughput
+
+    @classmethod
+    def open(cls, args: Any, *, rank: int, world: int, start_iteration: int,
+             say: Callable[[str], None]) -> "MetricsLog | None":
+        """The writer of rank ``world - 1``. A resumed run passes the iteration it starts after:
+        TensorBoard then drops what an earlier segment logged past that checkpoint
+        (``purge_step``), so the curves show each iteration once."""
+        if rank != world - 1 or not (args.tensorboard_dir or args.wandb_project):
+            return None
+        writer = None
+        if args.tensorboard_dir:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:  # tensorboard is a dependency of the training extra
+                say(f"TensorBoard is not installed ({e}): --tensorboard-dir {args.tensorboard_dir} ignored")
+            else:
+                writer = SummaryWriter(log_dir=args.tensorboard_dir, max_queue=1000,
+                                       purge_step=start_iteration + 1 if start_iteration else None)
+                say(f"TensorBoard events in {args.tensorboard_dir}")
+        run = None
+        if args.wandb_project:
+            try:
+                import wandb  # noqa: PLC0415 - optional
+            except ImportError:
+                say(f"wandb is not installed: --wandb-project {args.wandb_project} ignored (pip install wandb)")
+            else:
+                run = wandb.init(project=args.wandb_project, name=args.wandb_exp_name,
+                                 dir=args.wandb_save_dir or args.tensorboard_dir, resume="allow")
+        if writer is None and run is None:
+            return None
+        return cls(writer=writer, wandb_run=run, interval=max(1, args.tensorboard_log_interval),
+                   memory=args.log_memory_to_tensorboard, timers=args.log_timers_to_tensorboard,
+                   throughput=args.log_throughput)
+
+    def _scalar(self, tag: str, value: float, step: int) -> None:
+        if self._writer is not None:
+            self._writer.add_scalar(tag, value, step)
+        if self._wandb is not None and " vs " not in tag:
+            self._wandb.log({tag: value}, step=step)
+
+    def iteration(self, iteration: int, *, consumed_samples: int, lm_loss: float | None, learning_rate: float,
+                  grad_norm: float | None, batch_size: int, iteration_s: float, throughput_tflops: float | None,
+                  memory_bytes: dict[str, int] | None) -> None:
+        """One training iteration's scalars (Megatron-LM's tags; ``memory_bytes`` keys: reserved,
+        allocated, max-allocated)."""
+        if iteration % self.interval:
+            return
+        self._scalar("learning-rate", learning_rate, iteration)
+        self._scalar("learning-rate vs samples", learning_rate, consumed_samples)
+        self._scalar("batch-size", batch_size, iteration)
+        if lm_loss is not None:
+            self._scalar("lm loss", lm_loss, iteration)
+            self._scalar("lm loss vs samples", lm_loss, consumed_samples)
+        if grad_norm is not None:
+            self._scalar("grad-norm", grad_norm, iteration)
+        if self._timers:
+            self._scalar("iteration-time", iteration_s, iteration)
+            if self._throughput and throughput_tflops is not None:
+                self._scalar("throughput", throughput_tflops, iteration)
+        if self._memory and memory_bytes:
+            for key, v in memory_bytes.items():
+                self._scalar(f"mem-{key}-bytes", v, iteration)
+        if self._writer is not None:
+            self._writer.flush()
+
+    def validation(self, iteration: int, *, lm_loss: float, consumed_samples: int) -> None:
+        self._scalar("lm loss validation", lm_loss, iteration)
+        self._scalar("lm loss validation vs samples", lm_loss, consumed_samples)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._wandb is not None:
+            self._wandb.finish()

@@ -9,7 +9,10 @@ a tokenizer from local files: :mod:`memx_hpc.train.tokenizer`) or on synthetic d
 (``--mock-data``) with megatron-core's 1F1B schedule (``get_forward_backward_func``) and its
 optimizer, evaluates, saves and loads megatron-core distributed checkpoints
 (:mod:`memx_hpc.train.checkpoint`), and logs iteration time and memory in Megatron-LM's
-format (:mod:`memx_hpc.train.logs`).
+format (:mod:`memx_hpc.train.logs`), also as TensorBoard events (``--tensorboard-dir``).
+With ``--exit-signal-handler``, SIGTERM saves after the current iteration and exits cleanly:
+what the rendered script's time-limit warning sends every rank before it submits the run's
+next segment (memx_hpc/slurm/render.py).
 
 On a CPU-only PyTorch (this machine, the local Slurm cluster) it uses gloo and the
 redirections of :mod:`memx_hpc.train.cpu`; a few arguments that need a GPU are
@@ -45,7 +48,7 @@ from typing import Any, Iterator, Sequence
 
 from .args import TrainArgs, parse_args
 from ..slurm.groups import GroupBackend, decode_rank_vendors, format_map, group_backends
-from .logs import iteration_line, layout_line, memory_line
+from .logs import MetricsLog, iteration_line, layout_line, memory_line, training_flops
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -638,10 +641,17 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
     except _Refused as e:
         _log(rank, f"error: {e}")
         return 1
+    metrics = MetricsLog.open(args, rank=rank, world=env.world_size, start_iteration=start,
+                              say=partial(_log, rank))
     loop = _Loop(args=args, rank=rank, world=env.world_size, torch=torch, on_cpu=on_cpu, tracker=tracker,
                  batches=b, built=built, schedule_groups=_schedule_groups(pgc, config, args), dp_group=dp_group,
-                 ranks=ranks, ckpt_args=ckpt_args, device=device, valid_data=valid_data)
-    return loop.run(start, data)
+                 ranks=ranks, ckpt_args=ckpt_args, device=device, valid_data=valid_data, metrics=metrics,
+                 flops_per_iteration=training_flops(args, batch_size=b.global_batch_size, padded_vocab_size=built.vocab))
+    try:
+        return loop.run(start, data)
+    finally:
+        if metrics is not None:
+            metrics.close()
 
 
 def _schedule_groups(pgc: Any, config: Any, args: TrainArgs) -> dict[str, Any]:
@@ -675,6 +685,8 @@ class _Loop:
     ckpt_args: Any
     device: Any
     valid_data: Any  # the validation set; None: no evaluation
+    metrics: MetricsLog | None = None  # TensorBoard / Weights & Biases (the last rank only)
+    flops_per_iteration: float = 0.0  # for the throughput (TFLOP/s per device), as Megatron-LM counts them
 
     def _fwd_bwd(self, data: Iterator[dict[str, Any]], *, forward_only: bool) -> list[Any]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -713,12 +725,33 @@ class _Loop:
         b = self.batches
         lm_loss = self.lm_loss_of(losses)
         if self.rank == self.world - 1:
+            ms = sum(interval_ms) / len(interval_ms)
+            # Megatron-LM's throughput: FLOPs of the iteration / (seconds * 1e12 * world size)
+            tflops = self.flops_per_iteration / (ms / 1000.0 * 1e12 * self.world) if ms > 0 else None
+            lr = self.built.optimizer.param_groups[0]["lr"]
+            norm = float(grad_norm) if grad_norm is not None else None
             print(iteration_line(
                 iteration=iteration, train_iters=b.train_iters, consumed_samples=iteration * b.global_batch_size,
-                elapsed_ms=sum(interval_ms) / len(interval_ms),
-                learning_rate=self.built.optimizer.param_groups[0]["lr"], global_batch_size=b.global_batch_size,
-                lm_loss=lm_loss, grad_norm=float(grad_norm) if grad_norm is not None else None, timestamp=_now()),
+                elapsed_ms=ms, learning_rate=lr, global_batch_size=b.global_batch_size, lm_loss=lm_loss,
+                grad_norm=norm, timestamp=_now(), throughput_tflops=tflops if self.args.log_throughput else None),
                 flush=True)
+            if self.metrics is not None:
+                self.metrics.iteration(iteration, consumed_samples=iteration * b.global_batch_size, lm_loss=lm_loss,
+                                       learning_rate=lr, grad_norm=norm, batch_size=b.global_batch_size,
+                                       iteration_s=ms / 1000.0, throughput_tflops=tflops,
+                                       memory_bytes=self.memory_bytes())
+
+    def memory_bytes(self) -> dict[str, int]:
+        """This rank's memory now, as Megatron-LM logs it to TensorBoard (CPU: live tensor storages
+        and the process's resident set, :mod:`memx_hpc.train.cpu`)."""
+        if self.on_cpu:
+            from .cpu import rss_bytes
+
+            return {"reserved": rss_bytes()[0], "allocated": self.tracker.allocated_bytes,
+                    "max-allocated": self.tracker.max_allocated_bytes}
+        torch = self.torch
+        return {"reserved": torch.cuda.memory_reserved(), "allocated": torch.cuda.memory_allocated(),
+                "max-allocated": torch.cuda.max_memory_allocated()}
 
     def report_memory(self, iteration: int) -> None:
         from megatron.core import parallel_state as ps
@@ -765,6 +798,8 @@ class _Loop:
         if self.rank == self.world - 1 and loss is not None:
             print(f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | "
                   f"lm loss PPL: {math.exp(min(loss, 20.0)):.6E} |", flush=True)
+            if self.metrics is not None:
+                self.metrics.validation(iteration, lm_loss=loss, consumed_samples=iteration * b.global_batch_size)
 
     def save(self, iteration: int) -> None:
         from . import checkpoint as ckpt
@@ -826,6 +861,28 @@ class _Loop:
         return 0
 
 
+def _writer_ignores_sigterm() -> None:
+    """Start megatron-core's checkpoint-writer results queue (a ``spawn`` Manager process,
+    filesystem_async._get_write_results_queue) with SIGTERM ignored, which the new interpreter
+    keeps (an ignored signal survives exec; a Python handler does not). Slurm's SIGTERM reaches
+    every process of a step (scancel --signal, the time limit, preemption): a Manager with the
+    default action would die, and the save that the signal asks for would fail (BrokenPipeError)."""
+    import signal
+
+    try:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
+    except ImportError:
+        return
+    getter = getattr(fa, "_get_write_results_queue", None)
+    if getter is None:
+        return
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        getter()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 class _StopRequest:
     """Megatron-LM's --exit-signal-handler: SIGTERM (Slurm's time limit, scancel, preemption)
     asks the run to save and stop after the current iteration instead of dying mid-step."""
@@ -835,6 +892,7 @@ class _StopRequest:
         if enabled:
             import signal
 
+            _writer_ignores_sigterm()
             signal.signal(signal.SIGTERM, self._handler)
 
     def _handler(self, signum: int, frame: Any) -> None:  # noqa: ARG002 - signal's signature

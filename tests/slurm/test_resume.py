@@ -102,14 +102,15 @@ def test_killed_run_resumes_with_the_same_losses_then_goes_on_under_another_plan
     assert outcome.state != "COMPLETED"
     first = _losses(log.read_text())
     assert ITERS not in first  # it really stopped mid-run
-    assert (ck / "latest_checkpointed_iteration.txt").read_text().strip() in ("2", "3")
+    # the interval's checkpoint of iteration 2, or the one SIGTERM saves after the iteration it lands in
+    assert (ck / "latest_checkpointed_iteration.txt").read_text().strip() in ("2", "3", "4")
 
     # the same script again: resumes from the checkpoint
     again = _run(script, tmp_path, "cut")
     assert "resumed from" in again and "same TP/PP: RNG restored" in again
     resumed = _losses(again)
     start = min(resumed)
-    assert start in (3, 4) and sorted(resumed) == list(range(start, ITERS + 1))
+    assert start in (3, 4, 5) and sorted(resumed) == list(range(start, ITERS + 1))
     for it, loss in resumed.items():
         assert loss == pytest.approx(ref[it], rel=1e-5), (it, loss, ref[it])
 

@@ -566,3 +566,27 @@ def test_megatron_lm_accepts_the_top_plans_of_the_new_dimensions(name, dimension
                 layout = PipelineParallelLayerLayout(args.pipeline_model_parallel_layout, plan.pp)
                 layout.validate_layer_layout(job.model.num_layers, None)
                 assert layout.virtual_pipeline_model_parallel_size == plan.virtual_stages
+
+
+def test_megatron_lm_accepts_the_logging_and_continuation_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TensorBoard, throughput/memory/timer logging, Weights & Biases and the exit arguments of a
+    run that continues itself, as Megatron-LM reads them (LoggerConfig, TrainingConfig)."""
+    from memx_hpc.spec import job_from_mapping
+
+    doc = {"name": "tb-run", "model": "tiny-gpt", "global_batch_size": 8, "train_iters": 50, "log_interval": 5,
+           "checkpoint": {"save": "/ck/run", "interval": 10},
+           "logging": {"wandb_project": "memx", "wandb_exp_name": "tiny.1"}}
+    plan = load_plan(GOLDEN / "plans" / "local-pp2-a100-mi250.json")
+    site = load_site(ROOT / "site_configs" / "local.yaml")
+    req = describe(plan, site, job_from_mapping(doc), log_dir="/runs")
+    assert req.run_dir == "/runs/tb-run" and req.continuation is not None
+    text = render(plan, site, job_from_mapping(doc), log_dir="/runs")
+    for c in range(len(req.components)):
+        args = judge(_argv_of(text, c), req.world_size, monkeypatch, _judged_env(text, c))
+        assert (args.tensorboard_dir, args.tensorboard_log_interval) == ("/runs/tb-run/tensorboard", 5)
+        assert args.log_throughput and args.log_memory_to_tensorboard and args.log_timers_to_tensorboard
+        assert (args.wandb_project, args.wandb_exp_name, args.wandb_save_dir) == ("memx", "tiny.1", "/runs/tb-run/wandb")
+        assert args.exit_signal_handler and args.save == "/ck/run"
+        # what a later segment appends: the save folder as --load (the last flag wins)
+        again = judge(_argv_of(text, c) + ["--load", "/ck/run"], req.world_size, monkeypatch, _judged_env(text, c))
+        assert again.load == "/ck/run"

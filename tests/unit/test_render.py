@@ -37,6 +37,8 @@ CASES = [
     ("local-pp3", LOCAL, "tiny-gpt", "local-pp3", 3),
     ("cross-vendor-gpt3-2.7b", CROSS, "gpt3-2.7b", "cross-vendor-gpt3-2.7b", 20),
     ("cross-vendor-llama2-7b", CROSS, "llama2-7b", "cross-vendor-llama2-7b", None),
+    # a run on data with checkpoints: it continues itself past the time limit (the continuation block)
+    ("local-pp2-data-continues", LOCAL, "tiny-gpt-data", "local-pp2-a100-mi250", None),
 ]
 
 
@@ -608,3 +610,204 @@ def test_context_parallel_is_refused_where_the_local_layer_trains() -> None:
     with pytest.raises(SpecError) as e:
         describe(plan, site, job)
     assert e.value.field == "cp" and "Transformer Engine" in str(e.value)
+
+
+# --------------------------------------------------------------------------- a run that continues itself
+
+
+def _trainer_standin(tmp: Path) -> Path:
+    """A stand-in python for the continuation's bash: the preflight passes; the "training" moves
+    the checkpoint tracker of --save on by $FAKE_STEP iterations (rank 0), records its argv, and with
+    $FAKE_WAIT waits for SIGTERM first (saving then, as --exit-signal-handler does)."""
+    p = tmp / "fake-python"
+    p.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import json, os, signal, sys, time
+        if sys.argv[1] == "-c":
+            sys.exit(0)
+        argv = sys.argv[1:]
+        rank = os.environ["RANK"]
+        with open(os.path.join({str(tmp)!r}, "argv%s.json" % rank), "w") as f:
+            json.dump(argv, f)
+        save = argv[argv.index("--save") + 1]
+        total = int(argv[argv.index("--train-iters") + 1])
+        tracker = os.path.join(save, "latest_checkpointed_iteration.txt")
+        if os.environ.get("FAKE_WAIT"):
+            hit = []
+            signal.signal(signal.SIGTERM, lambda *a: hit.append(1))
+            with open(os.path.join({str(tmp)!r}, "pid%s" % rank), "w") as f:
+                f.write(str(os.getpid()))
+            while not hit:
+                time.sleep(0.05)
+        if rank == "0":
+            os.makedirs(save, exist_ok=True)
+            cur = int(open(tracker).read()) if os.path.exists(tracker) else 0
+            with open(tracker, "w") as f:
+                f.write(str(min(total, cur + int(os.environ.get("FAKE_STEP", "2")))))
+        sys.exit(int(os.environ.get("FAKE_RC", "0")))
+        """))
+    p.chmod(0o755)
+    return p
+
+
+def _slurm_clients(tmp: Path) -> Path:
+    """sbatch and scancel stand-ins beside scontrol and srun: sbatch records its arguments and
+    prints a job id; scancel records its own and sends SIGTERM to the stand-in ranks."""
+    b = _fake_bin(tmp)
+    (b / "sbatch").write_text(f"#!/bin/bash\nprintf '%s\\n' \"$@\" > {shlex.quote(str(tmp))}/sbatch-args\necho 777\n")
+    (b / "scancel").write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        printf '%s\\n' "$@" > {shlex.quote(str(tmp))}/scancel-args
+        for f in {shlex.quote(str(tmp))}/pid*; do kill -TERM "$(cat "$f")"; done
+        """))
+    for f in ("sbatch", "scancel"):
+        (b / f).chmod(0o755)
+    return b
+
+
+def _continuing(tmp: Path, log_dir: str, *, iters: int = 5, max_segments: int = 1000) -> tuple[str, Path]:
+    from memx_hpc.spec import job_from_mapping
+
+    py = _trainer_standin(tmp)
+    site = site_from_mapping(_site_with(tmp, lambda d: [p.update(python=str(py)) for p in d["partitions"]]))
+    ck = tmp / "ck"
+    job = job_from_mapping({"name": "cont", "model": "tiny-gpt", "global_batch_size": 8, "precision": "fp32",
+                            "train_iters": iters, "checkpoint": {"save": str(ck), "interval": 1,
+                                                                 "max_segments": max_segments}})
+    return render(PLAN2, site, job, log_dir=log_dir), ck
+
+
+def _segment(tmp: Path, text: str, segment: int | None = None, **env_more: str) -> subprocess.CompletedProcess:
+    script = tmp / "job.sbatch"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    for f in tmp.glob("sbatch-args"):
+        f.unlink()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MEMX_"))}
+    env.update(PATH=f"{_slurm_clients(tmp)}:{os.environ['PATH']}", SLURM_JOB_ID="4242",
+               SLURM_JOB_NODELIST_HET_GROUP_0="a100n0", **env_more)
+    if segment is not None:
+        env["MEMX_SEGMENT"] = str(segment)
+    return subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp, timeout=60)
+
+
+def _states(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "segments.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("raw", ["plain", "a'; echo pwned $(touch {marker})"])
+def test_a_run_continues_segment_after_segment_until_its_length(raw: str, tmp_path: Path) -> None:
+    """The rendered bash, without Slurm: each segment that moves the checkpoint on submits the same
+    script as a dependent job (the next segment number in its environment); the next one loads the
+    checkpoint; the one that reaches train_iters says so and submits nothing. A hostile log folder
+    is one word everywhere."""
+    marker = tmp_path / "pwned"
+    log_dir = str(tmp_path / raw.format(marker=marker))
+    text, ck = _continuing(tmp_path, log_dir)
+    head = text.split("\nset -euo pipefail", 1)[0]
+    assert "#SBATCH --signal=B:USR1@180" in head and "#SBATCH --requeue" in head
+    assert "#SBATCH --open-mode=append" in head
+    run_dir = Path(log_dir) / "cont"
+    seen = []
+    segment = None
+    for n in (1, 2, 3):
+        r = _segment(tmp_path, text, segment)
+        assert r.returncode == 0, r.stdout + r.stderr
+        argv = json.loads((tmp_path / "argv0.json").read_text())
+        seen.append(argv[-2:] if argv[-2] == "--load" else None)
+        if n < 3:
+            args = (tmp_path / "sbatch-args").read_text().splitlines()
+            assert args[:3] == ["--parsable", "--dependency=afterany:4242", f"--export=ALL,MEMX_SEGMENT={n + 1}"]
+            assert args[3] == str(tmp_path / "job.sbatch")  # the same script
+            segment = n + 1
+        else:
+            assert not (tmp_path / "sbatch-args").exists()
+            assert "training is complete: checkpoint iteration 5 of 5" in r.stdout
+    assert seen == [None, ["--load", str(ck)], ["--load", str(ck)]]
+    assert argv[argv.index("--tensorboard-dir") + 1] == f"{run_dir}/tensorboard"
+    states = _states(run_dir)
+    assert [(s["event"], s["outcome"], s["segment"], s["iteration"]) for s in states] == [
+        ("start", "running", 1, 0), ("end", "continued", 1, 2), ("start", "running", 2, 2),
+        ("end", "continued", 2, 4), ("start", "running", 3, 4), ("end", "complete", 3, 5)]
+    assert states[1]["next_job_id"] == "777" and states[1]["job_id"] == "4242"
+    assert not marker.exists()
+    # submitted once more after the end: nothing to do
+    r = _segment(tmp_path, text, 4)
+    assert r.returncode == 0 and "training is complete" in r.stdout and not (tmp_path / "sbatch-args").exists()
+
+
+def test_a_segment_without_a_new_checkpoint_ends_the_run_with_a_message(tmp_path: Path) -> None:
+    text, ck = _continuing(tmp_path, str(tmp_path / "logs"))
+    r = _segment(tmp_path, text, FAKE_STEP="2")
+    assert r.returncode == 0
+    r = _segment(tmp_path, text, 2, FAKE_STEP="0", FAKE_RC="1")
+    assert r.returncode == 1 and not (tmp_path / "sbatch-args").exists()
+    assert "segment 2 wrote no checkpoint newer than iteration 2 (step exit code 1" in r.stderr
+    assert _states(tmp_path / "logs" / "cont")[-1] | {"time": ""} == {
+        "event": "end", "outcome": "no-progress", "segment": 2, "job_id": "4242", "restart": 0, "iteration": 2,
+        "target_iters": 5, "exit_code": 1, "next_job_id": "", "time": ""}
+
+
+def test_the_segment_bound_stops_a_run_that_would_go_on(tmp_path: Path) -> None:
+    text, _ = _continuing(tmp_path, str(tmp_path / "logs"), max_segments=2)
+    assert _segment(tmp_path, text).returncode == 0
+    r = _segment(tmp_path, text, 2)
+    assert r.returncode == 1 and "after 2 segments (checkpoint.max_segments)" in r.stderr
+    assert not (tmp_path / "sbatch-args").exists()
+    assert _states(tmp_path / "logs" / "cont")[-1]["outcome"] == "max-segments"
+
+
+def test_the_warning_signal_makes_every_rank_save_then_the_run_goes_on(tmp_path: Path) -> None:
+    """Slurm's warning (B:USR1) reaches the batch shell while its step runs: the trap sends SIGTERM
+    to the job's steps (scancel --signal=TERM), the ranks save and exit, the next segment is submitted."""
+    import signal
+    import time
+
+    text, _ = _continuing(tmp_path, str(tmp_path / "logs"))
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MEMX_"))}
+    env.update(PATH=f"{_slurm_clients(tmp_path)}:{os.environ['PATH']}", SLURM_JOB_ID="4242",
+               SLURM_JOB_NODELIST_HET_GROUP_0="a100n0", FAKE_WAIT="1")
+    p = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         cwd=tmp_path)
+    deadline = time.monotonic() + 30
+    while not ((tmp_path / "pid0").exists() and (tmp_path / "pid1").exists()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    p.send_signal(signal.SIGUSR1)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, out + err
+    assert (tmp_path / "scancel-args").read_text().split() == ["--signal=TERM", "4242"]
+    assert "SIGUSR1 from Slurm: the time limit is near" in out and "segment 2 is job 777" in out
+    assert _states(tmp_path / "logs" / "cont")[-1]["outcome"] == "continued"
+
+
+@pytest.mark.parametrize("signal_spec,field_words", [("TERM@60", "SIGTERM cannot be"), ("B:15@60", "SIGTERM cannot"),
+                                                     ("R:USR1@60", "reservation")])
+def test_a_warning_the_script_cannot_tell_from_a_cancel_is_refused(signal_spec: str, field_words: str) -> None:
+    from memx_hpc.spec import job_from_mapping
+
+    site, _ = _local()
+    job = job_from_mapping({"name": "cont", "model": "tiny-gpt", "global_batch_size": 8, "train_iters": 5,
+                            "checkpoint": {"save": "/ck"}})
+    with pytest.raises(SpecError) as e:
+        render(PLAN2, dataclasses.replace(site, signal=signal_spec), job)
+    assert e.value.field == "slurm.signal" and field_words in str(e.value)
+    text = render(PLAN2, dataclasses.replace(site, signal="USR2@600", requeue=False), job)
+    assert "#SBATCH --signal=B:USR2@600" in text and "#SBATCH --no-requeue" in text and "' USR2\n" in text
+    # no checkpoints to continue from: one job, the site's own signal, no continuation
+    once = render(PLAN2, dataclasses.replace(site, signal="USR1@60"), dataclasses.replace(job, checkpoint=None))
+    assert "#SBATCH --signal=USR1@60" in once and "MEMX_STATE_FILE" not in once and "sbatch --parsable" not in once
+
+
+def test_cli_render_names_the_run_folder_and_the_continuation(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("name: cont\nmodel: {preset: tiny-gpt}\nglobal_batch_size: 8\ntrain_iters: 7\n"
+                   f"checkpoint: {{save: {tmp_path / 'ck'}, interval: 1}}\n")
+    rc = main(["render", "--plan", str(GOLDEN / "plans" / "local-pp2-a100-mi250.json"), "--site", str(LOCAL),
+               "--job", str(job), "--out", str(tmp_path / "t.sbatch"), "--log-dir", str(tmp_path / "logs"),
+               "--no-test-only"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert f"run folder: {tmp_path / 'logs' / 'cont'}" in out and "until iteration 7" in out

@@ -276,3 +276,42 @@ def test_measurement_records_keys_and_torn_lines(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as e:
         read_records(path)
     assert e.value.field == "line 1"
+
+
+def _scalars(folder: Path) -> dict[str, dict[int, float]]:
+    """Every scalar of the TensorBoard event files in ``folder``, read back by TensorBoard's own
+    reader: tag -> step -> value."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, dict[int, float]] = {}
+    for f in sorted(folder.glob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            out.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
+    return out
+
+
+def test_tensorboard_events_hold_loss_learning_rate_throughput_and_memory(tmp_path: Path) -> None:
+    """--tensorboard-dir: real event files, Megatron-LM's tags, one value per logged iteration, on the
+    last rank; --wandb-project without wandb installed is said once and ignored."""
+    pytest.importorskip("tensorboard")
+    tb = tmp_path / "tb"
+    r0, r1 = _launch([*TINY, "--train-iters", "3", "--pipeline-model-parallel-size", "2",
+                      "--tensorboard-dir", str(tb), "--tensorboard-log-interval", "1", "--log-throughput",
+                      "--log-memory-to-tensorboard", "--log-timers-to-tensorboard", "--wandb-project", "p",
+                      "--wandb-exp-name", "e", "--wandb-save-dir", str(tmp_path / "wandb")], 2)
+    assert r0.returncode == 0 and r1.returncode == 0, r0.stdout[-3000:] + r1.stdout[-3000:]
+    assert "TensorBoard events in" in r1.stdout and "TensorBoard" not in r0.stdout
+    got = _scalars(tb)
+    for tag in ("lm loss", "learning-rate", "throughput", "iteration-time", "grad-norm", "mem-allocated-bytes",
+                "mem-max-allocated-bytes", "mem-reserved-bytes", "batch-size"):
+        assert sorted(got[tag]) == [1, 2, 3], tag
+    losses = {r.iteration: r.lm_loss for r in parse_log(r1.stdout).iterations}
+    for it, loss in losses.items():
+        assert got["lm loss"][it] == pytest.approx(loss, rel=1e-5)
+    assert all(v > 0 for v in got["throughput"].values()) and "throughput per GPU (TFLOP/s/GPU)" in r1.stdout
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        assert "wandb is not installed" in r1.stdout
