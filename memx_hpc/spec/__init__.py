@@ -42,7 +42,7 @@ from .yamlio import (DeprecatedField, MAX_DEPTH, MAX_DOCUMENT_BYTES, MAX_EXPANDE
                      NotARegularFile, RENAMED_RATE_FIELDS, _Reader, load_json, load_yaml, open_regular_file,
                      parse_json, parse_yaml, read_regular_file)
 from .gpu import GpuType, check_gpu_names
-from .site import FABRICS, GENERIC_INTER_NODE_GBPS, Link, Partition, Site
+from .site import FABRICS, GENERIC_INTER_NODE_GBPS, MAX_NICS_PER_NODE, Fabric, Link, Partition, Site
 from .model import (DENSE_SHAPE_FIELDS, LayerShape, MAX_EXPERTS, MODEL_EXTENSION_FIELDS, MODEL_FIELD_KEYS, MOE_FIELDS,
                     ModelSpec, MoeField, model_from_fields, moe_pattern)
 from .job import Checkpointing, LRSchedule, TrainData, TrainJob, max_virtual_stages
@@ -67,8 +67,8 @@ __all__ = [
     'MIN_DEVICE_MEMORY_GIB', 'MIN_RATE', 'MIN_USABLE_FRACTION', 'SAFE_NAME_RULE',
     'DeprecatedField', 'MAX_DEPTH', 'MAX_DOCUMENT_BYTES', 'MAX_EXPANDED_NODES', 'MAX_NUMBER_DIGITS',
     'NotARegularFile', 'RENAMED_RATE_FIELDS', 'load_json', 'load_yaml', 'open_regular_file', 'parse_json',
-    'parse_yaml', 'read_regular_file', 'GpuType', 'check_gpu_names', 'FABRICS', 'GENERIC_INTER_NODE_GBPS', 'Link',
-    'Partition', 'Site', 'DENSE_SHAPE_FIELDS', 'LayerShape', 'MAX_EXPERTS', 'MODEL_EXTENSION_FIELDS',
+    'parse_yaml', 'read_regular_file', 'GpuType', 'check_gpu_names', 'FABRICS', 'Fabric', 'MAX_NICS_PER_NODE',
+    'GENERIC_INTER_NODE_GBPS', 'Link', 'Partition', 'Site', 'DENSE_SHAPE_FIELDS', 'LayerShape', 'MAX_EXPERTS', 'MODEL_EXTENSION_FIELDS',
     'MODEL_FIELD_KEYS', 'MOE_FIELDS', 'ModelSpec', 'MoeField', 'model_from_fields', 'moe_pattern', 'Checkpointing',
     'LRSchedule', 'TrainData', 'TrainJob', 'max_virtual_stages', 'Recompute', 'full_layers', 'GeneralPlan',
     'GeneralStage', 'Plan', 'Replica', 'Stage', 'check_plan_for_model', 'chunk_split', 'job_for_plan', 'LayerSample',
