@@ -47,7 +47,8 @@ from .model import (DENSE_SHAPE_FIELDS, LayerShape, MAX_EXPERTS, MODEL_EXTENSION
                     ModelSpec, MoeField, model_from_fields, moe_pattern)
 from .job import Checkpointing, LRSchedule, TrainData, TrainJob, max_virtual_stages
 from .recompute import Recompute, full_layers
-from .plan import GeneralPlan, GeneralStage, Plan, Replica, Stage, check_plan_for_model, chunk_split, job_for_plan
+from .plan import (PERFORMANCE_OPTIONS, GeneralPlan, GeneralStage, Plan, Replica, Stage, check_plan_for_job,
+                   check_plan_for_model, chunk_split, job_for_plan)
 from .samples import LayerSample, MAX_SAMPLE_BYTES, MAX_SAMPLE_MS, ProfilePoint, Provenance, transformer_impls
 from .readers import (DEGREE_KEYS, JOB_KEYS, MODEL_KEYS, PARTITION_KEYS, SITE_KEYS, find_relative_to_site,
                       job_for_model, job_from_mapping, load_job, load_site, model_from_mapping, site_from_mapping)
@@ -67,12 +68,13 @@ __all__ = [
     'MIN_DEVICE_MEMORY_GIB', 'MIN_RATE', 'MIN_USABLE_FRACTION', 'SAFE_NAME_RULE',
     'DeprecatedField', 'MAX_DEPTH', 'MAX_DOCUMENT_BYTES', 'MAX_EXPANDED_NODES', 'MAX_NUMBER_DIGITS',
     'NotARegularFile', 'RENAMED_RATE_FIELDS', 'load_json', 'load_yaml', 'open_regular_file', 'parse_json',
-    'parse_yaml', 'read_regular_file', 'GpuType', 'check_gpu_names', 'FABRICS', 'Fabric', 'MAX_NICS_PER_NODE',
-    'GENERIC_INTER_NODE_GBPS', 'Link', 'Partition', 'Site', 'DENSE_SHAPE_FIELDS', 'LayerShape', 'MAX_EXPERTS', 'MODEL_EXTENSION_FIELDS',
+    'parse_yaml', 'read_regular_file', 'GpuType', 'check_gpu_names', 'FABRICS', 'GENERIC_INTER_NODE_GBPS', 'Link',
+    'Partition', 'Site', 'DENSE_SHAPE_FIELDS', 'LayerShape', 'MAX_EXPERTS', 'MODEL_EXTENSION_FIELDS',
     'MODEL_FIELD_KEYS', 'MOE_FIELDS', 'ModelSpec', 'MoeField', 'model_from_fields', 'moe_pattern', 'Checkpointing',
     'LRSchedule', 'TrainData', 'TrainJob', 'max_virtual_stages', 'Recompute', 'full_layers', 'GeneralPlan',
     'GeneralStage', 'Plan', 'Replica', 'Stage', 'check_plan_for_model', 'chunk_split', 'job_for_plan', 'LayerSample',
     'MAX_SAMPLE_BYTES', 'MAX_SAMPLE_MS', 'ProfilePoint', 'Provenance', 'transformer_impls', 'DEGREE_KEYS', 'JOB_KEYS',
     'MODEL_KEYS', 'PARTITION_KEYS', 'SITE_KEYS', 'find_relative_to_site', 'job_for_model', 'job_from_mapping',
-    'load_job', 'load_site', 'model_from_mapping', 'site_from_mapping',
+    'load_job', 'load_site', 'model_from_mapping', 'site_from_mapping', 'PERFORMANCE_OPTIONS', 'check_plan_for_job',
+    'Fabric', 'MAX_NICS_PER_NODE',
 ]
