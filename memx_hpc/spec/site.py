@@ -142,7 +142,8 @@ class Partition:
             if (isinstance(self.nics_per_node, bool) or not isinstance(self.nics_per_node, numbers.Integral)
                     or not 1 <= self.nics_per_node <= MAX_NICS_PER_NODE):
                 raise SpecError("the fabric's network adapters in one node", field="nics_per_node",
-                                found=_short(self.nics_per_node), allowed=f"a whole number from 1 to {MAX_NICS_PER_NODE}")
+                                found=_short(self.nics_per_node),
+                                allowed=f"a whole number from 1 to {MAX_NICS_PER_NODE}")
             if not self.fabric:
                 raise SpecError("nics_per_node says how a fabric's adapters are shared: name the fabric too",
                                 field="nics_per_node", found=self.nics_per_node, allowed=", ".join(FABRICS))
