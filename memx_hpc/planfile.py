@@ -7,6 +7,11 @@ A Megatron-runnable plan::
      "stages": [{"partition": "gpu_a100", "num_layers": 14, "recompute": "none"},
                 {"partition": "gpu_v100", "num_layers": 10, "recompute": "full:4"}]}
 
+``overlap_grad_reduce`` and ``overlap_param_gather`` are Megatron-LM's performance options of
+the plan (``--overlap-grad-reduce``, ``--overlap-param-gather``), priced by the composition and
+written into the script; ``plan`` writes both, true or false. A file written before them reads
+as both off, and :attr:`PlanOrigin.unstated` names them so that ``predict`` can say so.
+
 ``recompute`` is ``none``, ``selective``, ``full`` (all layers of the stage) or
 ``full:K`` (K of its layers). ``virtual_stages`` (model chunks per pipeline rank), ``cp``
 (context parallel), ``ep`` and ``etp`` (expert parallel, expert tensor parallel) are written
@@ -42,8 +47,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .errors import SpecError
-from .spec import (MODEL_EXTENSION_FIELDS, GeneralPlan, GeneralStage, ModelSpec, Plan, Recompute, Replica, Stage,
-                   _build, _Reader, load_json)
+from .spec import (MODEL_EXTENSION_FIELDS, PERFORMANCE_OPTIONS, GeneralPlan, GeneralStage, ModelSpec, Plan,
+                   Recompute, Replica, Stage, _build, _Reader, load_json)
 
 FORMAT = "memx-plan/1"
 #: the plan's degrees beyond TP/DP/PP, written when not 1 (etp: when given)
@@ -59,6 +64,8 @@ def plan_to_dict(plan: Plan, **extra: Any) -> dict:
     d.update({k: getattr(plan, k) for k in _DEGREES if getattr(plan, k) != (None if k == "etp" else 1)})
     if plan.distributed_optimizer is not None:
         d["distributed_optimizer"] = plan.distributed_optimizer
+    # always written: a file that lacks them was written before they existed (read as off)
+    d.update({k: getattr(plan, k) for k in PERFORMANCE_OPTIONS})
     d["stages"] = [{"partition": s.partition, "num_layers": s.num_layers, "recompute": s.recompute.label()}
                    for s in plan.stages]
     d.update(extra)
@@ -104,6 +111,7 @@ def plan_from_mapping(data: Any) -> Plan | GeneralPlan:
     sp = r.bool("sequence_parallel", False)
     degrees = {k: r.int(k, 1 if k != "etp" else None, min=1) for k in _DEGREES}
     degrees["distributed_optimizer"] = r.bool("distributed_optimizer", None)
+    degrees.update({k: r.bool(k, False) for k in PERFORMANCE_OPTIONS})
     r.finish()
     try:
         return Plan(tp=tp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs, stages=tuple(out),
@@ -156,6 +164,9 @@ class PlanOrigin:
     fingerprint: str | None = None
     site: str | None = None
     job_detail: str = ""
+    #: the performance options (:data:`~memx_hpc.spec.PERFORMANCE_OPTIONS`) a Megatron-runnable
+    #: plan's file does not state: written before they existed, read as off
+    unstated: tuple[str, ...] = ()
 
 
 def origin_of(data: Any) -> PlanOrigin:
@@ -163,12 +174,15 @@ def origin_of(data: Any) -> PlanOrigin:
         return PlanOrigin()
     job, site = data.get("job"), data.get("site")
     site = site if isinstance(site, str) else None
+    stages = data.get("stages")
+    general = isinstance(stages, list) and any(isinstance(s, dict) and "replicas" in s for s in stages)
+    unstated = () if general else tuple(k for k in PERFORMANCE_OPTIONS if k not in data)
     if isinstance(job, dict):
         detail = ", ".join(f"{k} {job[k]}" for k in ("model", "num_layers", "hidden_size", "seq_length",
                                                       "global_batch_size", "precision") if k in job)
         return PlanOrigin(job=str(job.get("name")), fingerprint=str(job.get("fingerprint") or "") or None,
-                          site=site, job_detail=detail)
-    return PlanOrigin(job=job if isinstance(job, str) else None, site=site)
+                          site=site, job_detail=detail, unstated=unstated)
+    return PlanOrigin(job=job if isinstance(job, str) else None, site=site, unstated=unstated)
 
 
 def _job_words(job: Any) -> str:

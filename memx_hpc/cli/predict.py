@@ -36,19 +36,27 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--analytic", action="store_true", help="datasheet roofline only")
     from .search import add_reference
     add_reference(p)
-    p.add_argument("--overlap-grad-reduce", action="store_true",
-                   help="model Megatron's --overlap-grad-reduce")
+    p.add_argument("--overlap-grad-reduce", nargs=0, action=_PlanDecidesOverlap, help=argparse.SUPPRESS)
     add_json(p)
     return p
 
 
+class _PlanDecidesOverlap(argparse.Action):
+    """The flag predict once had: the plan file now carries its overlap options (what render
+    writes), so a flag here would price a run that does not happen: refused, saying where."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # noqa: ANN001
+        parser.error("--overlap-grad-reduce is no longer a predict option: the plan file's own overlap_grad_reduce "
+                     "and overlap_param_gather are priced (they are what render writes into the script); set them "
+                     "in the plan file, or plan again (a plan file without them reads as both off)")
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..planner import CostOptions, PredictRequest, predict
+    from ..planner import PredictRequest, predict
     from .search import PROVENANCE_WORDS
 
     res = predict(PredictRequest(site=args.site, job=args.job, plan=args.plan, store=args.store,
-                                 analytic=args.analytic, reference=False if args.no_reference else None,
-                                 cost=CostOptions(overlap_grad_reduce=args.overlap_grad_reduce)))
+                                 analytic=args.analytic, reference=False if args.no_reference else None))
     plan, pred, bands, risk, links, notes = res.plan, res.prediction, res.bands, res.risk, res.links, res.notes
     gpus, provenance = res.gpu_types, res.provenance
     if args.json:

@@ -136,8 +136,12 @@ def add_search_options(p: argparse.ArgumentParser, *, out: bool = True, top_defa
                         "always on, or off")
     g.add_argument("--selective-with-sdpa", action="store_true",
                    help="also enumerate selective recompute under fused attention")
+    g.add_argument("--no-overlap", action="store_true",
+                   help="plans without Megatron's --overlap-grad-reduce and --overlap-param-gather (default: on "
+                        "wherever the launched Megatron-LM runs them, priced and written into the script)")
+    # the default now; kept so that scripts that passed it still run (with a note)
     g.add_argument("--overlap-grad-reduce", action="store_true",
-                   help="model Megatron's --overlap-grad-reduce (DP sync hidden behind the last backward)")
+                   help="deprecated: gradient-reduce overlap is the default now (see --no-overlap)")
     g.add_argument("--block-size", type=_positive, default=65536, help=argparse.SUPPRESS)
 
 
@@ -171,13 +175,13 @@ def space_options(args: argparse.Namespace):
                         full_recompute_steps=args.full_recompute_steps, recompute_spread=args.recompute_spread,
                         split_within_groups=args.split_within_groups, sequence_parallel={"search": None, "on": True, "off": False}[args.sequence_parallel],
                         selective_with_sdpa=args.selective_with_sdpa,
-                        tp_across_nodes=getattr(args, "tp_across_nodes", False))
+                        tp_across_nodes=getattr(args, "tp_across_nodes", False), overlap=not args.no_overlap)
 
 
 def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=None, job=None):
     """The :class:`~memx_hpc.planner.PlanRequest` the search options describe; ``site`` and
     ``job`` replace the files named by --site/--job when given (already loaded)."""
-    from ..planner import MIN_PLANS_PER_RANK, CostOptions, PlanRequest
+    from ..planner import MIN_PLANS_PER_RANK, PlanRequest
 
     no_profile = profile and getattr(args, "no_profile", False)
     finish = getattr(args, "finish", None)
@@ -186,7 +190,7 @@ def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=N
         finish = parse_finish(finish)
     return PlanRequest(site=site if site is not None else args.site, job=job if job is not None else args.job,
                        store=args.store, weights=args.weights, space=space_options(args),
-                       cost=CostOptions(overlap_grad_reduce=args.overlap_grad_reduce), top_k=args.top,
+                       top_k=args.top,
                        block_size=args.block_size, profile=profile and not no_profile,
                        allow_datasheet=getattr(args, "allow_datasheet", False),
                        out_dir=getattr(args, "out", None), mpi="require" if args.mpi else "auto",
@@ -195,7 +199,13 @@ def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=N
                        min_plans_per_rank=(MIN_PLANS_PER_RANK if getattr(args, "min_plans_per_rank", None) is None
                                            else args.min_plans_per_rank),
                        reference=False if getattr(args, "no_reference", False) else None,
-                       notes=("--no-profile: searched with what the store already holds",) if no_profile else ())
+                       notes=(("--no-profile: searched with what the store already holds",) if no_profile else ())
+                       + ((OVERLAP_FLAG_NOTE,) if args.overlap_grad_reduce else ()))
+
+
+OVERLAP_FLAG_NOTE = ("--overlap-grad-reduce is deprecated and changes nothing: every plan whose launch runs it has "
+                     "Megatron's --overlap-grad-reduce (and --overlap-param-gather with the distributed optimizer) "
+                     "by default, priced and written into the script; --no-overlap turns both off")
 
 
 def _link_rows(cost_model) -> list[dict]:

@@ -48,7 +48,9 @@ from ..search.objective import (MIN_RUNS_FOR_OWN_BAND, MemoryErrorBand, Weights,
 from ..search.report import (MAX_PLAN_FILES, ProgressBar, link_rows, new_run_dir, new_run_id, pareto_png,
                              point_latest, result_to_json, write_plan_files)
 from ..search.rule import rule_pick, rule_row
-from ..search.space import PlanSpace
+from ..placement import comm_vendor
+from ..search.space import PlanSpace, SpaceOptions
+from ..slurm.cmdline import TP_COMM_OVERLAP_OFF, overlap_refusal, performance_options, site_launches
 from ..slurm.submit import launch
 from ..spec import Site, TrainJob, load_job, load_site
 from .finish import cluster_view, rank_by_finish, usable_site
@@ -59,7 +61,7 @@ if TYPE_CHECKING:
     from mpi4py.MPI import Comm
 
 __all__ = ["MIN_PLANS_PER_RANK", "PlanRequest", "PlanResult", "search_options", "error_bands", "rule_fallback",
-           "profile_missing", "load_specs", "prepare", "Prepared", "plan", "submit_best"]
+           "profile_missing", "load_specs", "prepare", "Prepared", "plan", "submit_best", "overlap_notes"]
 
 #: Plans each MPI rank must get before starting it pays (``PlanRequest.min_plans_per_rank``).
 #: A rank costs its own start (imports, MPI, the cost model loaded after rank 0's) and a share
@@ -157,6 +159,46 @@ def rule_fallback(result: SearchResult, site: Site, bases: Mapping[str, Basis], 
     order = [dataclasses.replace(s, rank=k + 1) for k, s in enumerate(order)]
     return dataclasses.replace(result, recommended_top=tuple(order), recommended_by=line)
 
+
+
+# --------------------------------------------------------------------------- performance options
+
+
+def overlap_notes(site: Site, job: TrainJob, options: SpaceOptions) -> list[str]:
+    """Which plans of the search get Megatron-LM's ``--overlap-grad-reduce`` /
+    ``--overlap-param-gather`` and why the others do not (the rule:
+    :func:`memx_hpc.slurm.cmdline.performance_options`), in words for the plan report."""
+    if not options.overlap:
+        return ["--no-overlap: every plan runs without Megatron's --overlap-grad-reduce and --overlap-param-gather, "
+                "and is priced with its gradient reduction and parameter gather exposed"]
+    notes = []
+    runs = []
+    for p in site.partitions:
+        why = overlap_refusal(site_launches(site, [p.name], cross_vendor=False), cross_vendor=False)
+        if why is None:
+            runs.append(p.name)
+        else:
+            notes.append(f"plans on partition {p.name} run without --overlap-grad-reduce and --overlap-param-gather "
+                         f"(priced so): {why.reason}")
+    if len({comm_vendor(site, p) for p in site.partitions}) > 1 and not options.single_vendor:
+        why = overlap_refusal([], cross_vendor=True)
+        notes.append(f"cross-vendor plans run without --overlap-grad-reduce and --overlap-param-gather (priced so): "
+                     f"{why.reason if why else ''}")
+    if not runs:
+        return notes
+    with_dist = performance_options(site, runs[:1], job, cross_vendor=False, distributed_optimizer=True)
+    without = performance_options(site, runs[:1], job, cross_vendor=False)
+    gather = ("and --overlap-param-gather (the distributed optimizer's parameter all-gather behind the next "
+              "forward)" if without["overlap_param_gather"] else
+              "and, on the plans with the distributed optimizer, --overlap-param-gather" if
+              job.distributed_optimizer_searched and with_dist["overlap_param_gather"] else
+              "but not --overlap-param-gather: the job runs without the distributed optimizer, which Megatron-LM "
+              "needs for it")
+    notes.append(f"plans on partition(s) {', '.join(runs)} run Megatron's --overlap-grad-reduce (gradient buckets "
+                 f"reduced behind the last backward) {gather}, as production recipes do: priced and written into "
+                 f"the script (--no-overlap turns them off)")
+    notes.append(TP_COMM_OVERLAP_OFF)
+    return notes
 
 
 # --------------------------------------------------------------------------- profiling
@@ -326,7 +368,7 @@ def _plan(request: PlanRequest) -> PlanResult:
         site, shrunk = usable_site(site, view)
         notes += shrunk
     space_options, excluded = launchable_space(site, job, request.space)
-    notes += excluded
+    notes += excluded + overlap_notes(site, job, space_options)
     space = PlanSpace(site, job, space_options)
     progress = ProgressBar("search", enabled=rank0 and request.progress)
     result = search(space, cost_model, options=pr.options, cache=pr.cache, comm=pr.comm, progress=progress)

@@ -10,8 +10,10 @@ from ..spec.catalog import precision_notes
 from ..errors import SpecError
 from ..model.assemble import load_cost_model, store_paths
 from ..model.compose import CostOptions, Prediction, predict_general, predict_plan
+from ..placement import comm_vendor
 from ..planfile import check_belongs, load_plan_with_origin
 from ..search.objective import MemoryErrorBand, risk_utilisation
+from ..slurm.cmdline import overlap_refusal, site_launches
 from ..spec import GeneralPlan, Plan, Site, TrainJob
 from .conductor import error_bands, load_specs
 from .request import PlanRequest
@@ -71,6 +73,18 @@ def predict(request: PredictRequest) -> PredictResult:
     plan_, origin = load_plan_with_origin(request.plan)
     check_belongs(origin, request.plan, site=site, job=job)
     notes: list[str] = []
+    if origin.unstated:
+        notes.append(f"the plan file states no {' or '.join(origin.unstated)} (written before plans carried "
+                     f"Megatron's overlap options): predicted as off, as render launches it; plan again to get them "
+                     f"where they run")
+    known = {p.name for p in site.partitions}
+    if isinstance(plan_, Plan) and plan_.overlap_grad_reduce and all(s.partition in known for s in plan_.stages):
+        parts = [s.partition for s in plan_.stages]
+        cross = len({comm_vendor(site, site.partition(p)) for p in dict.fromkeys(parts)}) > 1
+        why = overlap_refusal(site_launches(site, parts, cross_vendor=cross), cross_vendor=cross)
+        if why is not None:
+            notes.append(f"the plan has overlap_grad_reduce, which this launch would not run ({why.reason}): "
+                         f"predicted as the plan says; render refuses it")
     if plan_.global_batch_size != job.global_batch_size:
         # the plan's own batch: a plan is predicted as it would run
         notes.append(f"the plan's global batch {plan_.global_batch_size} is used, not the job file's "

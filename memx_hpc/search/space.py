@@ -41,6 +41,11 @@ times a *recompute assignment*:
   (:meth:`PlanSpace.expert_choices`; expert TP: TP's, and 1 when TP > 1).
 * **Distributed optimizer** (a job's ``distributed_optimizer: both``): every layout whose
   ``dp x cp`` ranks could share the optimizer states comes with and without it.
+* **Performance options** (not searched: set per layout): Megatron-LM's
+  ``--overlap-grad-reduce``, and ``--overlap-param-gather`` with the distributed optimizer, are
+  on wherever the launched entry runs them (:func:`memx_hpc.slurm.cmdline.performance_options`:
+  Megatron-LM's ``pretrain_gpt.py`` on GPUs; not the project's entry, not CPU devices), as
+  production recipes run them; ``SpaceOptions.overlap`` False turns them off everywhere.
 * Cross-vendor layouts run the project's megatron-core entry (one model chunk per rank, no
   context- or expert-parallel groups): they keep ``v = 1``, ``c = 1``. CP and EP groups
   never leave a stage, so never a partition nor a vendor: the cross-vendor group rule
@@ -78,6 +83,7 @@ from ..errors import SpecError
 from ..model.compose import Block, CompositionInputs, Layout
 from .. import placement
 from ..placement import comm_vendor, group_fits, place_groups, site_facts
+from ..slurm.cmdline import performance_options
 from ..spec import Plan, Recompute, Site, Stage, TrainJob
 
 #: The fewest tokens per rank at which context parallel is searched by default: below it
@@ -134,6 +140,9 @@ class SpaceOptions:
     #: this instead of exhausting time or memory (see :func:`space_size`).
     max_plans: int = 200_000_000
     max_skeletons: int = 1_000_000
+    #: Megatron-LM's gradient-reduce and parameter-gather overlap on every plan whose launch runs
+    #: them (the default, as production recipes); False: off on every plan (``--no-overlap``)
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         for name in ("layer_granularity", "max_pipeline_stages", "max_partitions", "max_plans", "max_skeletons"):
@@ -143,8 +152,9 @@ class SpaceOptions:
         if self.recompute_spread is not None and (not isinstance(self.recompute_spread, int)
                                                   or self.recompute_spread < 0):
             raise SpecError("must be a whole number >= 0", field="recompute_spread", found=self.recompute_spread)
-        if not isinstance(self.tp_across_nodes, bool):
-            raise SpecError("expected true or false", field="tp_across_nodes", found=self.tp_across_nodes)
+        for name in ("tp_across_nodes", "overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError("expected true or false", field=name, found=getattr(self, name))
         if self.sequence_parallel not in (None, True, False):
             raise SpecError("expected true, false or none (searched)", field="sequence_parallel",
                             found=self.sequence_parallel)
@@ -193,6 +203,9 @@ class Skeleton:
     ep: int = 1
     etp: int | None = None
     distributed_optimizer: bool | None = None  # None: the job's
+    #: Megatron-LM's performance options of the layout's plans (Plan fields of the same names)
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
 
     @property
     def pp(self) -> int:
@@ -257,6 +270,7 @@ class PlanSpace:
         self._room: dict[tuple[int, int, int], dict[int, list[int]]] = {}
         self._te: set[int] | None = None
         self._vendor = [comm_vendor(site, p) for p in site.partitions]
+        self._perf: dict[tuple, dict[str, bool]] = {}
         self.size = space_size(self)
         self.size.check(self)
         self._split_tables: dict[tuple[int, ...], np.ndarray] = {}
@@ -523,10 +537,21 @@ class PlanSpace:
                     groups = tuple(zip(seq, counts))
                     vps = [v for v in ([1] if cross else self.vp_choices(pp, m, False))
                            if len(self._split_table(structure, v))]
+                    perf = {do: self._performance(seq, cross, do) for do in dopts}
                     out += [Skeleton(tp=tp, dp=dp, micro_batch_size=mbs, groups=groups, sequence_parallel=sp, vp=v,
-                                     cp=cp, ep=ep, etp=etp, distributed_optimizer=do)
+                                     cp=cp, ep=ep, etp=etp, distributed_optimizer=do, **perf[do])
                             for sp in sps for v in vps for ep, etp in experts for do in dopts]
         return out
+
+    def _performance(self, seq: tuple[int, ...], cross: bool, distributed_optimizer: bool | None) -> dict[str, bool]:
+        """The performance options of plans on the partitions ``seq`` (one rule with render's)."""
+        key = (seq, cross, distributed_optimizer)
+        got = self._perf.get(key)
+        if got is None:
+            got = self._perf[key] = performance_options(
+                self.site, [self.partitions[i].name for i in seq], self.job, cross_vendor=cross,
+                distributed_optimizer=distributed_optimizer, wanted=self.options.overlap)
+        return got
 
     # ------------------------------------------------------------------ splits and levels
 
@@ -678,7 +703,8 @@ class PlanSpace:
         return Plan(tp=s.tp, dp=s.dp, micro_batch_size=s.micro_batch_size,
                     global_batch_size=self.job.global_batch_size, stages=stages,
                     sequence_parallel=s.sequence_parallel, virtual_stages=s.vp, cp=s.cp, ep=s.ep, etp=s.etp,
-                    distributed_optimizer=s.distributed_optimizer)
+                    distributed_optimizer=s.distributed_optimizer, overlap_grad_reduce=s.overlap_grad_reduce,
+                    overlap_param_gather=s.overlap_param_gather)
 
     def iter_range(self, start: int, stop: int) -> Iterator[tuple[int, Plan]]:
         """``(index, Plan)`` for ``start..stop-1``; for tests and reports (slow path)."""

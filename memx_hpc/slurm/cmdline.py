@@ -16,6 +16,12 @@ Three kinds of run, and the script says which on its first lines:
   otherwise the same schedule (what a user gets who has not prepared data yet);
 * ``measure``: the short runs ``memx-hpc verify`` times (mock data, a few iterations,
   logged every iteration, no warm-up, no evaluation, no checkpoints).
+
+Megatron-LM's performance options are the plan's (:data:`~memx_hpc.spec.PERFORMANCE_OPTIONS`):
+``--overlap-grad-reduce`` and ``--overlap-param-gather`` are written where the plan has them,
+and refused where the launched entry would not run them (:func:`overlap_refusal`), so that
+what the composition priced is what runs. :func:`performance_options` is the choice the
+search makes for each plan.
 """
 
 from __future__ import annotations
@@ -26,18 +32,31 @@ from typing import Sequence
 
 from ..errors import SpecError
 from ..megatron_args import parallel_args
-from ..spec import PROJECT_ENTRY_TOKENIZERS, ModelSpec, Plan, Recompute, Stage, TrainJob, chunk_split
+from ..shellsafe import check_entry
+from ..spec import (PROJECT_ENTRY_TOKENIZERS, ModelSpec, Plan, Recompute, Site, Stage, TrainJob, check_plan_for_job,
+                    chunk_split)
 
 __all__ = ["SYNTHETIC_TRAIN_ITERS", "RUN_KINDS", "TrainingLength", "ComponentShape", "CommandLine",
            "training_length", "command_line", "pipeline_layout", "recompute_args", "virtual_recompute_refusal",
            "project_entry_plan_refusal", "project_entry_refusal", "Refusal",
-           "CHECKPOINT_FORMAT", "exit_duration_min"]
+           "CHECKPOINT_FORMAT", "exit_duration_min", "PROJECT_ENTRY_MODULE", "TP_COMM_OVERLAP_OFF", "overlap_refusal",
+           "performance_options", "performance_args"]
 
 #: The length of a synthetic-data run whose job names none (what the job file used to default to).
 SYNTHETIC_TRAIN_ITERS = 20
 RUN_KINDS = ("train", "synthetic", "measure")
 #: megatron-core's distributed checkpoint format: any TP/PP/DP loads it (Megatron-LM's default).
 CHECKPOINT_FORMAT = "torch_dist"
+#: The project's megatron-core entry (``python -m``): cross-vendor plans launch it, and a
+#: partition may name it as its ``megatron_entry`` (this machine's CPU partitions do).
+PROJECT_ENTRY_MODULE = "memx_hpc.train.pretrain_gpt"
+#: Why Megatron-LM's ``--tp-comm-overlap`` is never part of a plan (a note where plans overlap).
+TP_COMM_OVERLAP_OFF = (
+    "TP communication overlap (--tp-comm-overlap) stays off: Megatron-LM's validate_args asks only for sequence "
+    "parallel, but the run then needs Transformer Engine's userbuffers (initialize_ub with an MPI or NCCL "
+    "bootstrap, a build with userbuffers support, TP inside one NVLink domain), which a site file cannot attest, and "
+    "the composition prices TP collectives as not hidden behind their GEMMs: a plan with it would not be the plan "
+    "priced")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +84,10 @@ class ComponentShape:
     transformer_impl: str
     recompute: Recompute
     max_stage_layers: int
+    #: the component's devices' vendor and its training entry's argv words (empty: not known;
+    #: what decides whether the performance options can run, :func:`overlap_refusal`)
+    vendor: str = ""
+    entry: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,6 +209,92 @@ def project_entry_plan_refusal(plan: Plan) -> Refusal | None:
                                               f"entry, which cross-vendor plans run, builds one model chunk per rank "
                                               f"without context-parallel groups")
     return None
+
+
+def _is_project_entry(entry: Sequence[str]) -> bool:
+    words = tuple(entry)
+    if len(words) == 2 and words[0] == "-m":
+        return words[1] == PROJECT_ENTRY_MODULE
+    return bool(words) and words[0].replace("\\", "/").endswith("/".join(PROJECT_ENTRY_MODULE.split(".")) + ".py")
+
+
+def overlap_refusal(launches: Sequence[tuple[str, str, Sequence[str]]], *, cross_vendor: bool) -> Refusal | None:
+    """Why ``--overlap-grad-reduce`` (and with it ``--overlap-param-gather``) would not run, or
+    None. ``launches``: per component (or partition) ``(name, vendor, entry argv words)``.
+
+    Megatron-LM's ``pretrain_gpt.py`` on GPUs runs them (megatron-core's DDP and distributed
+    optimizer on CUDA/HIP streams). The project's megatron-core entry builds its DDP with
+    ``overlap_grad_reduce=False`` and takes both flags only to ignore them
+    (:mod:`memx_hpc.train.args`: "no CUDA streams to overlap on"): cross-vendor plans launch it,
+    and so does a partition that names it as its ``megatron_entry``. CPU devices have no
+    streams to overlap on."""
+    if cross_vendor:
+        return Refusal(field="overlap_grad_reduce",
+                       reason="cross-vendor plans launch the project's megatron-core entry, which builds its data-"
+                              "parallel wrapper without gradient-reduce overlap")
+    cpu = sorted({name for name, vendor, _ in launches if vendor == "cpu"})
+    if cpu:
+        return Refusal(field="overlap_grad_reduce",
+                       reason=f"partition(s) {', '.join(cpu)} train on CPU devices: no CUDA streams to overlap on "
+                              f"(the project's entry ignores --overlap-grad-reduce and --overlap-param-gather)")
+    own = sorted({name for name, _, entry in launches if entry and _is_project_entry(entry)})
+    if own:
+        return Refusal(field="overlap_grad_reduce",
+                       reason=f"partition(s) {', '.join(own)} launch the project's megatron-core entry "
+                              f"(megatron_entry: -m {PROJECT_ENTRY_MODULE}), which builds its data-parallel wrapper "
+                              f"without gradient-reduce overlap")
+    return None
+
+
+def site_launches(site: Site, partitions: Sequence[str], *, cross_vendor: bool
+                  ) -> list[tuple[str, str, tuple[str, ...]]]:
+    """:func:`overlap_refusal`'s ``launches`` for a plan on ``partitions`` of ``site`` (before
+    it is rendered): each partition's device vendor and the entry its ranks would launch."""
+    out = []
+    for name in dict.fromkeys(partitions):
+        p = site.partition(name)
+        entry = ("-m", PROJECT_ENTRY_MODULE) if cross_vendor else check_entry(p.megatron_entry, "megatron_entry")
+        out.append((name, site.gpu(p.gpu_type).vendor, entry))
+    return out
+
+
+def performance_options(site: Site, partitions: Sequence[str], job: TrainJob, *, cross_vendor: bool,
+                        distributed_optimizer: bool | None = None, wanted: bool = True) -> dict[str, bool]:
+    """The performance options a plan on ``partitions`` gets (``Plan`` fields): on wherever the
+    launched entry runs them (:func:`overlap_refusal`) and ``wanted`` (``--no-overlap`` turns
+    them off), as every NeMo / Megatron-Bridge recipe turns them on with the distributed
+    optimizer; the parameter gather only with the distributed optimizer (the plan's choice
+    where it makes one, else the job's). Megatron-LM's own rules: validate_args asserts
+    ``--overlap-param-gather`` only with ``--overlap-grad-reduce`` and the distributed optimizer;
+    ``--align-param-gather`` is its default and forced off without virtual stages (nothing to
+    set); the options that would refuse them (Muon, Torch FSDP2, delayed wgrad) are never
+    rendered."""
+    grad = wanted and overlap_refusal(site_launches(site, partitions, cross_vendor=cross_vendor),
+                                      cross_vendor=cross_vendor) is None
+    dist = job.distributed_optimizer if distributed_optimizer is None else distributed_optimizer
+    return {"overlap_grad_reduce": grad, "overlap_param_gather": grad and bool(dist)}
+
+
+def performance_args(plan: Plan, job: TrainJob, components: Sequence[ComponentShape], *,
+                     cross_vendor: bool) -> list[tuple[str, ...]]:
+    """The plan's performance options as Megatron-LM flags; SpecError naming the plan's field
+    where the launched entry would not run them (a plan file edited by hand) or Megatron-LM
+    would refuse them (``job``: the job as the plan runs it, its distributed optimizer)."""
+    if not plan.overlap_grad_reduce and not plan.overlap_param_gather:
+        return []
+    why = overlap_refusal([(f"component {k}" if not c.vendor else f"component {k} ({c.vendor})", c.vendor, c.entry)
+                           for k, c in enumerate(components)], cross_vendor=cross_vendor)
+    if why is not None:
+        raise SpecError(f"the plan overlaps what this launch would not: {why.reason}; the plan would be priced "
+                        f"for a run that does not happen", field=why.field, found=True,
+                        allowed="false for this plan (plan again, or set it false in the plan file)")
+    check_plan_for_job(plan, job)
+    a: list[tuple[str, ...]] = []
+    if plan.overlap_grad_reduce:
+        a.append(("--overlap-grad-reduce",))
+    if plan.overlap_param_gather:
+        a.append(("--overlap-param-gather",))
+    return a
 
 
 def training_length(job: TrainJob, *, iters: int | None = None, kind: str = "train") -> TrainingLength:
@@ -452,6 +561,7 @@ def command_line(plan: Plan, job: TrainJob, *, components: Sequence[ComponentSha
     common = _model_args(job) + _parallel_args(plan, job.model, cross_vendor=cross_vendor,
                                                pipeline_backend=pipeline_backend)
     common += _precision_args(job)
+    common += performance_args(plan, job, components, cross_vendor=cross_vendor)
     common += _schedule_args(job, length, global_batch_size=plan.global_batch_size, kind=kind)
     common += _eval_args(job, kind)
     common += _checkpoint_args(job, kind, exit_duration_min=exit_duration_min(time_limit_min))

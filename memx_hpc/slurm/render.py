@@ -527,7 +527,8 @@ def _command_line(plan: Plan, site: Site, job: TrainJob, comps: Sequence[Compone
             raise SpecError(why.reason, field=why.field, file=job.source_file,
                             found=job.data.tokenizer_type if why.field.startswith("data") and job.data else None)
     shapes = [ComponentShape(transformer_impl=site.partition(c.partition).transformer_impl_for(c.vendor),
-                             recompute=c.recompute, max_stage_layers=max(plan.stages[i].num_layers for i in c.stages))
+                             recompute=c.recompute, max_stage_layers=max(plan.stages[i].num_layers for i in c.stages),
+                             vendor=site.gpu_of(c.partition).vendor, entry=c.entry)
               for c in comps]
     cmd = command_line(plan, job, components=shapes, cross_vendor=cross_vendor,
                        pipeline_backend=site.pipeline_comm_backend, kind=kind, iters=iters,

@@ -42,12 +42,13 @@ from .yamlio import (DeprecatedField, MAX_DEPTH, MAX_DOCUMENT_BYTES, MAX_EXPANDE
                      NotARegularFile, RENAMED_RATE_FIELDS, _Reader, load_json, load_yaml, open_regular_file,
                      parse_json, parse_yaml, read_regular_file)
 from .gpu import GpuType, check_gpu_names
-from .site import FABRICS, GENERIC_INTER_NODE_GBPS, Link, Partition, Site
+from .site import FABRICS, GENERIC_INTER_NODE_GBPS, MAX_NICS_PER_NODE, Fabric, Link, Partition, Site
 from .model import (DENSE_SHAPE_FIELDS, LayerShape, MAX_EXPERTS, MODEL_EXTENSION_FIELDS, MODEL_FIELD_KEYS, MOE_FIELDS,
                     ModelSpec, MoeField, model_from_fields, moe_pattern)
 from .job import Checkpointing, LRSchedule, TrainData, TrainJob, max_virtual_stages
 from .recompute import Recompute, full_layers
-from .plan import GeneralPlan, GeneralStage, Plan, Replica, Stage, check_plan_for_model, chunk_split, job_for_plan
+from .plan import (PERFORMANCE_OPTIONS, GeneralPlan, GeneralStage, Plan, Replica, Stage, check_plan_for_job,
+                   check_plan_for_model, chunk_split, job_for_plan)
 from .samples import LayerSample, MAX_SAMPLE_BYTES, MAX_SAMPLE_MS, ProfilePoint, Provenance, transformer_impls
 from .readers import (DEGREE_KEYS, JOB_KEYS, MODEL_KEYS, PARTITION_KEYS, SITE_KEYS, find_relative_to_site,
                       job_for_model, job_from_mapping, load_job, load_site, model_from_mapping, site_from_mapping)
@@ -74,5 +75,6 @@ __all__ = [
     'GeneralStage', 'Plan', 'Replica', 'Stage', 'check_plan_for_model', 'chunk_split', 'job_for_plan', 'LayerSample',
     'MAX_SAMPLE_BYTES', 'MAX_SAMPLE_MS', 'ProfilePoint', 'Provenance', 'transformer_impls', 'DEGREE_KEYS', 'JOB_KEYS',
     'MODEL_KEYS', 'PARTITION_KEYS', 'SITE_KEYS', 'find_relative_to_site', 'job_for_model', 'job_from_mapping',
-    'load_job', 'load_site', 'model_from_mapping', 'site_from_mapping',
+    'load_job', 'load_site', 'model_from_mapping', 'site_from_mapping', 'PERFORMANCE_OPTIONS', 'check_plan_for_job',
+    'Fabric', 'MAX_NICS_PER_NODE',
 ]

@@ -53,6 +53,11 @@ def chunk_split(num_layers: int, virtual_stages: int, *, last: bool = False) -> 
     return tuple(base + (1 if k >= v - rem else 0) for k in range(v))
 
 
+#: The plan's Megatron-LM performance options (fields of :class:`Plan`, flags of the same names
+#: with dashes), in the order the command line writes them.
+PERFORMANCE_OPTIONS = ("overlap_grad_reduce", "overlap_param_gather")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """A configuration Megatron-LM can run: uniform TP, DP and micro-batch; ordered stages.
@@ -79,10 +84,24 @@ class Plan:
     etp: int | None = None
     #: Megatron-LM's ``--use-distributed-optimizer`` for this plan (None: the job's setting)
     distributed_optimizer: bool | None = None
+    #: Megatron-LM's performance options, priced by the composition and written into the script:
+    #: ``--overlap-grad-reduce`` (each gradient bucket's reduction starts in the last backward,
+    #: behind the rest of it) and ``--overlap-param-gather`` (the distributed optimizer's parameter
+    #: all-gather hides behind the next forward; Megatron-LM asserts it only with the distributed
+    #: optimizer and --overlap-grad-reduce: :func:`check_plan_for_job`). Off: not run, not priced.
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
 
     def __post_init__(self) -> None:
         _whole(self.tp, "tp", 1, 1 << 16)
         _optional_bool(self.distributed_optimizer, "distributed_optimizer")
+        for name in PERFORMANCE_OPTIONS:
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError("expected true or false", field=name, found=_short(getattr(self, name)))
+        if self.overlap_param_gather and not self.overlap_grad_reduce:
+            raise SpecError("Megatron-LM runs --overlap-param-gather only with --overlap-grad-reduce ('Must use "
+                            "--overlap-param-gather with --overlap-grad-reduce')", field="overlap_param_gather",
+                            found=True, allowed="false, or overlap_grad_reduce true")
         _whole(self.dp, "dp", 1, MAX_NODES * MAX_GPUS_PER_NODE)
         _whole(self.cp, "cp", 1, 1 << 16)
         _whole(self.ep, "ep", 1, 1 << 16)
@@ -178,6 +197,16 @@ def job_for_plan(job: "TrainJob", plan: Plan) -> "TrainJob":
     if plan.distributed_optimizer is None or plan.distributed_optimizer == job.distributed_optimizer:
         return job
     return replace(job, distributed_optimizer=plan.distributed_optimizer)
+
+
+def check_plan_for_job(plan: Plan, job: "TrainJob") -> None:
+    """What a plan's performance options need of the job: SpecError naming the field.
+    Megatron-LM's validate_args asserts "--overlap-param-gather only supported with
+    distributed optimizer" (the plan's own choice where it makes one, else the job's)."""
+    if plan.overlap_param_gather and not job_for_plan(job, plan).distributed_optimizer:
+        raise SpecError("--overlap-param-gather gathers the distributed optimizer's parameter shards; this plan runs "
+                        "without the distributed optimizer (Megatron-LM refuses it)", field="overlap_param_gather",
+                        found=True, allowed="false, or distributed_optimizer true")
 
 
 def check_plan_for_model(plan: Plan, model: ModelSpec) -> None:

@@ -3,6 +3,7 @@ lives), :class:`Partition`, :class:`Link`, and the fabrics a partition may name.
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,23 +26,69 @@ from .modes import (COMM_BACKENDS, CONTAINER_RUNTIMES, LINK_CURVE_CLUSTERS, SCHE
 #: InfiniBand HDR"), the rate HPE Slingshot-11's Cassini NIC also states (200 Gb/s, HPE
 #: Slingshot interconnect datasheet). Only a stand-in: a site states its own figure.
 GENERIC_INTER_NODE_GBPS = 25.0
-#: Fabrics a partition may name (``fabric:``) when the site file states no inter-node figure:
-#: the adapter's line rate in Gb/s (gigabits) per direction and where it is stated. The
-#: generic figure is that rate / 8 per adapter, shared by the GPUs of a node when it has
-#: fewer adapters than GPUs (``nics_per_node``; default one per GPU, as DGX/HGX nodes are
-#: built), labelled ``generic`` wherever it is used.
-FABRICS = {
-    "ib-edr": (100.0, "InfiniBand EDR, 100 Gb/s per port (NVIDIA ConnectX-5 adapter product brief)"),
-    "ib-hdr": (200.0, "InfiniBand HDR, 200 Gb/s per port (NVIDIA ConnectX-6 VPI adapter product brief)"),
-    "ib-ndr": (400.0, "InfiniBand NDR, 400 Gb/s per port (NVIDIA ConnectX-7 adapter product brief)"),
-    "ib-xdr": (800.0, "InfiniBand XDR, 800 Gb/s per port (NVIDIA ConnectX-8 SuperNIC product brief)"),
-    "slingshot-11": (200.0, "HPE Slingshot-11, 200 Gb/s per Cassini NIC (HPE Slingshot interconnect datasheet)"),
-    "roce-100": (100.0, "RoCE over 100 Gb/s Ethernet (the port's line rate)"),
-    "roce-200": (200.0, "RoCE over 200 Gb/s Ethernet (the port's line rate)"),
-    "roce-400": (400.0, "RoCE over 400 Gb/s Ethernet (the port's line rate)"),
-    "opa-100": (100.0, "Intel Omni-Path 100 Series, 100 Gb/s per port (Intel OPA host fabric adapter brief)"),
-    "ethernet-25": (25.0, "TCP over 25 Gb/s Ethernet (the port's line rate; NCCL's socket transport)"),
-}
+@dataclass(frozen=True, kw_only=True)
+class Fabric:
+    """A fabric a partition may name (``fabric:``): one adapter's line rate in Gb/s (gigabits)
+    per direction, how many adapters a node of the kind the source describes has (None: one
+    per GPU, as DGX/HGX nodes are built; a partition's ``nics_per_node`` overrides it), the
+    kind of link NCCL runs over (a key of :data:`memx_hpc.model.collectives.LINK_KINDS`) and
+    where the figures are stated (page title and publisher)."""
+
+    name: str
+    adapter_gbits_per_s: float
+    adapters_per_node: int | None
+    link: str
+    source: str
+
+    def label(self) -> str:
+        per = "" if self.adapters_per_node is None else f", {self.adapters_per_node} a node"
+        return f"{self.adapter_gbits_per_s:g} Gb/s per adapter{per} ({self.source})"
+
+
+def _fabrics(*rows: tuple[str, float, int | None, str, str]) -> dict[str, Fabric]:
+    return {r[0]: Fabric(name=r[0], adapter_gbits_per_s=r[1], adapters_per_node=r[2], link=r[3], source=r[4])
+            for r in rows}
+
+
+#: Fabrics a partition may name (``fabric:``) when the site file states no inter-node figure.
+#: The generic figure a GPU gets is the adapter's rate / 8 times the node's adapters over its
+#: GPUs (``nics_per_node``, else the fabric's adapters per node, else one per GPU): fewer
+#: adapters than GPUs are shared, more give each GPU several (p5: 32 EFA adapters, 4 a GPU);
+#: labelled ``generic`` wherever it is used. Cloud fabrics state the adapters of the machine
+#: type their source describes (a VM is a node).
+FABRICS: dict[str, Fabric] = _fabrics(
+    ("ib-edr", 100.0, None, "ib", "InfiniBand EDR, 100 Gb/s per port: NVIDIA ConnectX-5 adapter product brief, NVIDIA"),
+    ("ib-hdr", 200.0, None, "ib", "InfiniBand HDR, 200 Gb/s per port: NVIDIA ConnectX-6 VPI adapter product brief, "
+                                  "NVIDIA"),
+    ("ib-ndr", 400.0, None, "ib", "InfiniBand NDR, 400 Gb/s per port: NVIDIA ConnectX-7 adapter product brief, NVIDIA"),
+    ("ib-xdr", 800.0, None, "ib", "InfiniBand XDR, 800 Gb/s per port: NVIDIA ConnectX-8 SuperNIC product brief, "
+                                  "NVIDIA"),
+    ("slingshot-11", 200.0, None, "slingshot", "HPE Slingshot-11, 200 Gb/s per Cassini NIC: HPE Slingshot "
+                                               "interconnect datasheet, Hewlett Packard Enterprise"),
+    ("roce-100", 100.0, None, "roce", "RoCE over 100 Gb/s Ethernet (the port's line rate)"),
+    ("roce-200", 200.0, None, "roce", "RoCE over 200 Gb/s Ethernet (the port's line rate)"),
+    ("roce-400", 400.0, None, "roce", "RoCE over 400 Gb/s Ethernet (the port's line rate)"),
+    ("roce-800", 800.0, None, "roce", "RoCE over 800 Gb/s Ethernet, the port's line rate: NVIDIA ConnectX-8 "
+                                      "SuperNIC product brief (up to 800 Gb/s InfiniBand or Ethernet), NVIDIA"),
+    ("opa-100", 100.0, None, "ib", "Intel Omni-Path 100 Series, 100 Gb/s per port: Intel Omni-Path host fabric "
+                                   "adapter 100 Series product brief, Intel"),
+    ("ethernet-25", 25.0, None, "tcp", "TCP over 25 Gb/s Ethernet (the port's line rate; NCCL's socket transport)"),
+    ("efa", 100.0, 32, "efa", "AWS Elastic Fabric Adapter on p5/p5e, 32 network cards of 100 Gb/s = 3,200 Gb/s a "
+                              "node: 'Maximize network bandwidth on accelerated computing instances with EFA', "
+                              "Amazon EC2 User Guide, Amazon Web Services"),
+    ("efa-200", 200.0, 16, "efa", "AWS EFA (EFAv3) on p5en, 16 adapters of 200 Gb/s = 3,200 Gb/s a node: 'Amazon "
+                                  "EC2 P5 Instances', Amazon Web Services"),
+    ("efa-400", 400.0, 8, "efa", "AWS EFA (EFAv4) on p6-b200, 8 adapters of 400 Gb/s = 3,200 Gb/s a node: 'Amazon "
+                                 "EC2 P6 Instances', Amazon Web Services"),
+    ("gcp-tcpxo", 200.0, 8, "tcp", "Google Cloud A3 Mega (a3-megagpu-8g), GPUDirect-TCPXO, 8 GPU NICs of 200 Gb/s "
+                                   "= 1,600 Gb/s a VM: 'GPU machine types', Google Cloud documentation"),
+    ("gcp-tcpx", 200.0, 4, "tcp", "Google Cloud A3 High (a3-highgpu-8g), GPUDirect-TCPX, 4 GPU NICs of 200 Gb/s = "
+                                  "800 Gb/s a VM: 'GPU machine types', Google Cloud documentation"),
+    ("azure-ndr", 400.0, 8, "ib", "Azure ND H100 v5, 8 NVIDIA Quantum-2 ConnectX-7 InfiniBand NDR adapters of "
+                                  "400 Gb/s = 3.2 Tb/s a VM: 'ND H100 v5 sizes series', Microsoft Learn, Microsoft"),
+)
+#: the most network adapters a node may state (``nics_per_node``)
+MAX_NICS_PER_NODE = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +105,8 @@ class Partition:
     #: partition's own: its nodes are that cluster's. None: imported curves are not used.
     link_curves_from: LinkCurveCluster | None = None
     #: the fabric between its nodes (one of FABRICS; "" not stated) and the adapters a node has
-    #: for it (None: one per GPU): the generic inter-node figure where the site file states none
+    #: for it (None: the fabric's own count, else one per GPU): the generic inter-node figure
+    #: where the site file states none
     fabric: str = ""  # a key of FABRICS
     nics_per_node: int | None = None
     gres_type: str | None = None  # Slurm GRES type name (gpu:<type>:N); None: untyped
@@ -91,7 +139,11 @@ class Partition:
         if self.fabric != "":
             _choice(self.fabric, "fabric", tuple(FABRICS))
         if self.nics_per_node is not None:
-            _whole(self.nics_per_node, "nics_per_node", 1, 64)
+            if (isinstance(self.nics_per_node, bool) or not isinstance(self.nics_per_node, numbers.Integral)
+                    or not 1 <= self.nics_per_node <= MAX_NICS_PER_NODE):
+                raise SpecError("the fabric's network adapters in one node", field="nics_per_node",
+                                found=_short(self.nics_per_node),
+                                allowed=f"a whole number from 1 to {MAX_NICS_PER_NODE}")
             if not self.fabric:
                 raise SpecError("nics_per_node says how a fabric's adapters are shared: name the fabric too",
                                 field="nics_per_node", found=self.nics_per_node, allowed=", ".join(FABRICS))
@@ -324,12 +376,15 @@ class Site:
         if p.inter_node_gbps is not None:
             return p.inter_node_gbps, "site-figure", f"site partition {p.name} inter_node_gbytes_per_s"
         if p.fabric:
-            gbit, what = FABRICS[p.fabric]
-            nics = p.gpus_per_node if p.nics_per_node is None else min(p.nics_per_node, p.gpus_per_node)
+            f = FABRICS[p.fabric]
+            nics = p.nics_per_node or f.adapters_per_node or p.gpus_per_node
+            # a GPU's share of its node's adapters: shared when fewer, several of its own when
+            # more (NCCL maps a GPU's channels to the adapters nearest it)
             share = nics / p.gpus_per_node
-            shared = "" if share == 1 else f", {nics} adapter(s) shared by {p.gpus_per_node} GPUs"
-            return (gbit / 8.0 * share, "generic",
-                    f"generic: partition {p.name} fabric {p.fabric}, {what}{shared}; no inter_node_gbytes_per_s "
+            shared = ("" if share == 1 else f", {nics} adapter(s) shared by {p.gpus_per_node} GPUs" if share < 1
+                      else f", {nics} adapters for {p.gpus_per_node} GPUs")
+            return (f.adapter_gbits_per_s / 8.0 * share, "generic",
+                    f"generic: partition {p.name} fabric {p.fabric}, {f.label()}{shared}; no inter_node_gbytes_per_s "
                     f"in the site file")
         return (GENERIC_INTER_NODE_GBPS, "generic",
                 "generic: no inter_node_gbytes_per_s in the site file, one HDR InfiniBand adapter (200 Gb/s)")

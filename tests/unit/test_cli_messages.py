@@ -77,3 +77,25 @@ def test_simulate_ranks_as_plan_does(tmp_path, capsys):
     assert own["top"][0]["index"] == summary["recommended"]["index"]
     if summary["weighted"]["index"] != summary["recommended"]["index"]:
         assert own["top"][0]["index"] != summary["weighted"]["index"]
+
+
+def test_overlap_flags_say_what_they_do(tmp_path, capsys):
+    """Overlap is on by default where it runs (a note says which partitions and why the
+    others not); --no-overlap turns it off; search's old --overlap-grad-reduce still runs and
+    says it is the default now; predict's is refused naming the plan file's fields."""
+    assert main(_plan(tmp_path, "--top", "1", "--max-stages", "1", "--overlap-grad-reduce")) == 0
+    out = capsys.readouterr().out
+    assert "--overlap-grad-reduce is deprecated and changes nothing" in out
+    assert "cross-vendor plans run without --overlap-grad-reduce" in out
+    assert "run Megatron's --overlap-grad-reduce" in out and "--tp-comm-overlap" in out
+    plan = json.loads((tmp_path / "o" / "latest" / "recommended.json").read_text())
+    assert plan["overlap_grad_reduce"] is True and plan["overlap_param_gather"] is True
+    assert main(_plan(tmp_path, "--top", "1", "--max-stages", "1", "--no-overlap")) == 0
+    assert "--no-overlap: every plan runs without" in capsys.readouterr().out
+    plan = json.loads((tmp_path / "o" / "latest" / "recommended.json").read_text())
+    assert plan["overlap_grad_reduce"] is False and plan["overlap_param_gather"] is False
+    assert main(["predict", "--site", CROSS, "--job", LLAMA, "--plan", str(tmp_path / "o" / "latest" /
+                                                                          "recommended.json"),
+                 "--overlap-grad-reduce"]) == 1
+    err = capsys.readouterr().err
+    assert "no longer a predict option" in err and "overlap_grad_reduce" in err

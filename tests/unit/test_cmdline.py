@@ -169,3 +169,71 @@ def test_plan_leaves_out_cross_vendor_plans_render_would_refuse(tmp_path: Path) 
         vendors = {comm_vendor(site, site.partition(s.partition)) for s in r.plan.stages}
         assert len(vendors) == 1
         describe(r.plan, site, job)  # every one renders
+
+
+# ---------------------------------------------------------------- Megatron's overlap options: the plan's, as run
+
+
+def test_overlap_options_are_written_from_the_plan_and_nowhere_else() -> None:
+    """The plan's overlap_grad_reduce / overlap_param_gather are what the command line carries:
+    on, both flags (after --use-distributed-optimizer); off, neither."""
+    import dataclasses
+
+    site, job = load_site(CROSS), _job()
+    assert job.distributed_optimizer
+    on = dataclasses.replace(PLAN, overlap_grad_reduce=True, overlap_param_gather=True)
+    argv = _argv(describe(on, site, job))
+    assert "--overlap-grad-reduce" in argv and "--overlap-param-gather" in argv
+    assert argv.index("--overlap-grad-reduce") > argv.index("--use-distributed-optimizer")
+    grad = _argv(describe(dataclasses.replace(on, overlap_param_gather=False), site, job))
+    assert "--overlap-grad-reduce" in grad and "--overlap-param-gather" not in grad
+    off = _argv(describe(PLAN, site, job))
+    assert not {"--overlap-grad-reduce", "--overlap-param-gather"} & set(off)
+
+
+def test_overlap_the_launch_would_not_run_is_refused_naming_the_field() -> None:
+    """What is priced is what runs: a plan (a hand-edited file) with overlap where its launch
+    ignores it -- cross-vendor plans and CPU devices run the project's entry, whose DDP does not
+    overlap -- or where Megatron-LM refuses it (param gather without the distributed optimizer)."""
+    import dataclasses
+
+    from memx_hpc.planfile import load_plan
+
+    site, job = load_site(CROSS), _job()
+    with pytest.raises(SpecError) as e:
+        describe(dataclasses.replace(CROSS_PLAN, overlap_grad_reduce=True), site, job)
+    assert e.value.field == "overlap_grad_reduce" and "cross-vendor" in str(e.value)
+    local = load_plan(ROOT / "tests" / "golden" / "plans" / "local-tp2-v100.json")
+    assert not local.overlap_grad_reduce  # a file written before the options reads as off
+    with pytest.raises(SpecError) as e:
+        describe(dataclasses.replace(local, overlap_grad_reduce=True), load_site(ROOT / "site_configs" / "local.yaml"),
+                 job_from_mapping(yaml.safe_load((ROOT / "jobs" / "tiny-gpt.yaml").read_text())))
+    assert e.value.field == "overlap_grad_reduce" and "CPU devices" in str(e.value)
+    with pytest.raises(SpecError) as e:
+        describe(dataclasses.replace(PLAN, overlap_grad_reduce=True, overlap_param_gather=True), site,
+                 _job(distributed_optimizer=False))
+    assert e.value.field == "overlap_param_gather" and "distributed optimizer" in str(e.value)
+    with pytest.raises(SpecError) as e:  # Megatron-LM's own order of the two
+        dataclasses.replace(PLAN, overlap_param_gather=True)
+    assert e.value.field == "overlap_param_gather" and "--overlap-grad-reduce" in str(e.value)
+
+
+def test_performance_options_are_on_where_megatron_lm_runs_them() -> None:
+    from memx_hpc.slurm.cmdline import PROJECT_ENTRY_MODULE, performance_options
+
+    site, job = load_site(CROSS), _job()
+    both = {"overlap_grad_reduce": True, "overlap_param_gather": True}
+    assert performance_options(site, ["gpu_a100", "gpu_v100"], job, cross_vendor=False) == both
+    assert performance_options(site, ["gpu_a100"], job, cross_vendor=False, distributed_optimizer=False) == \
+        {"overlap_grad_reduce": True, "overlap_param_gather": False}
+    assert performance_options(site, ["gpu_a100"], _job(distributed_optimizer=False), cross_vendor=False) == \
+        {"overlap_grad_reduce": True, "overlap_param_gather": False}
+    none = {"overlap_grad_reduce": False, "overlap_param_gather": False}
+    assert performance_options(site, ["gpu_a100", "gpu_mi250x"], job, cross_vendor=True) == none
+    assert performance_options(site, ["gpu_a100"], job, cross_vendor=False, wanted=False) == none
+    local = load_site(ROOT / "site_configs" / "local.yaml")
+    assert performance_options(local, [local.partitions[0].name], job, cross_vendor=False) == none
+    import dataclasses
+    own = dataclasses.replace(site, partitions=tuple(dataclasses.replace(p, megatron_entry=f"-m {PROJECT_ENTRY_MODULE}")
+                                                     for p in site.partitions))
+    assert performance_options(own, ["gpu_a100"], job, cross_vendor=False) == none

@@ -164,7 +164,8 @@ def test_interleaved_last_stage_holds_one_loss_beside_its_waiting_chunks():
     assert last.peak_bytes > pred.stages[0].peak_bytes
     one = predict_plan(dataclasses.replace(plan, virtual_stages=1), site, job, model).stages[-1]
     assert one.activation_bytes == round(1 * (6 * 1e8 + 5e7) + logits_transient_bytes(job, 1, 1))
-    space = PlanSpace(site, dataclasses.replace(job, virtual_stages=(2,)), SpaceOptions(layer_granularity=1, max_pipeline_stages=2, recompute_spread=None))
+    space = PlanSpace(site, dataclasses.replace(job, virtual_stages=(2,)), SpaceOptions(layer_granularity=1, max_pipeline_stages=2, recompute_spread=None,
+                                                                                    overlap=False))
     _, cost = _composed(space, model, CostOptions())
     hits = [i for i in range(len(space)) if space.plan_at(i) == plan]
     assert hits, "the search space holds the interleaved plan"

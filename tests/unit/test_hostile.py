@@ -1068,3 +1068,28 @@ def test_spec_hostile_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFi
 def test_the_alias_bomb_still_blames_aliases(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(V("site", site(tmp_path, text=alias_bomb()))) == 1
     assert "aliases expand" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- fabrics: a cloud fabric's name, adapters per node
+
+
+def fabric_site(tmp: Path, fabric: str, nics: str = "") -> str:
+    return site(tmp, text=SITE.replace("gpus_per_node: 2}", f"gpus_per_node: 2, fabric: {fabric}{nics}}}", 1))
+
+
+FABRIC_CASES = [
+    Case("site-fabric-unknown", lambda t: V("site", fabric_site(t, "efa-9")), 1,
+         ("site.yaml", "partitions[0].fabric", "efa-9", "did you mean", "efa, efa-200, efa-400", "gcp-tcpxo",
+          "azure-ndr")),
+    Case("site-fabric-adapters-65", lambda t: V("site", fabric_site(t, "efa", ", nics_per_node: 65")), 1,
+         ("site.yaml", "partitions[0].nics_per_node", "found 65", "a whole number from 1 to 64")),
+    Case("site-fabric-adapters-zero", lambda t: V("site", fabric_site(t, "gcp-tcpx", ", nics_per_node: 0")), 1,
+         ("site.yaml", "partitions[0].nics_per_node", "found 0", "from 1 to 64")),
+    Case("site-fabric-adapters-text", lambda t: V("site", fabric_site(t, "efa", ", nics_per_node: 'all; rm -rf /'")), 1,
+         ("site.yaml", "partitions[0].nics_per_node",)),
+]
+
+
+@pytest.mark.parametrize("case", FABRIC_CASES, ids=[c.id for c in FABRIC_CASES])
+def test_fabric_hostile_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    test_hostile_input_or_fault(case, tmp_path, capsys, monkeypatch)

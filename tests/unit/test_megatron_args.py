@@ -590,3 +590,52 @@ def test_megatron_lm_accepts_the_logging_and_continuation_arguments(monkeypatch:
         # what a later segment appends: the save folder as --load (the last flag wins)
         again = judge(_argv_of(text, c) + ["--load", "/ck/run"], req.world_size, monkeypatch, _judged_env(text, c))
         assert again.load == "/ck/run"
+
+
+# ---------------------------------------------------------------- Megatron's overlap options
+
+
+def test_megatron_lm_accepts_the_rendered_overlap_options_and_refuses_what_render_refuses(monkeypatch):
+    """A single-vendor GPU plan with both options renders arguments Megatron-LM accepts and
+    reads back; the one combination render refuses (the parameter gather without the
+    distributed optimizer) Megatron-LM refuses too."""
+    from memx_hpc.spec import Plan, Stage
+
+    site, job = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml"), load_job(ROOT / "jobs" /
+                                                                                        "gpt3-2.7b.yaml")
+    plan = Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=64, overlap_grad_reduce=True,
+                overlap_param_gather=True,
+                stages=(Stage(partition="gpu_a100", num_layers=20), Stage(partition="gpu_v100", num_layers=12)))
+    text = render(plan, site, job)
+    req = describe(plan, site, job)
+    for c in range(len(req.components)):
+        argv = _argv_of(text, c)
+        assert "--overlap-grad-reduce" in argv and "--overlap-param-gather" in argv
+        args = judge(argv, req.world_size, monkeypatch, _judged_env(text, c))
+        assert args.overlap_grad_reduce and args.overlap_param_gather and args.use_distributed_optimizer
+        assert not args.align_param_gather  # Megatron forces it off without virtual stages
+        bare = [a for a in argv if a != "--use-distributed-optimizer"]
+        with pytest.raises(AssertionError, match="distributed optimizer"):
+            judge(bare, req.world_size, monkeypatch, _judged_env(text, c))
+        with pytest.raises(AssertionError, match="overlap-grad-reduce"):
+            judge([a for a in argv if a != "--overlap-grad-reduce"], req.world_size, monkeypatch,
+                  _judged_env(text, c))
+
+
+@pytest.mark.slow
+def test_the_recommended_70b_plan_on_64_h100_renders_both_overlap_options(new_dimension_plans, monkeypatch):
+    """jobs/llama3-70b.yaml on site_configs/example-h100-64.yaml: the recommended plan (and every
+    top plan: one partition of H100s launching Megatron-LM's pretrain_gpt.py) carries
+    --overlap-grad-reduce and --overlap-param-gather, and Megatron-LM accepts them."""
+    site, job, plans = new_dimension_plans["llama3-70b"]
+    assert job.distributed_optimizer
+    for k, plan in enumerate(plans):
+        assert plan.overlap_grad_reduce and plan.overlap_param_gather, k
+        text = render(plan, site, job)
+        req = describe(plan, site, job)
+        for c in range(len(req.components)):
+            argv = _argv_of(text, c)
+            assert "--overlap-grad-reduce" in argv and "--overlap-param-gather" in argv
+            args = judge(argv, req.world_size, monkeypatch, _judged_env(text, c))
+            assert args.overlap_grad_reduce and args.overlap_param_gather
+            assert args.align_param_gather == (plan.virtual_stages > 1)

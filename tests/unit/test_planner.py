@@ -213,3 +213,18 @@ def test_resume_names_every_model_argument_the_checkpoint_differs_in(tmp_path):
     for name in ("hidden_size", "swiglu", "num_experts", "vocab_size"):
         assert name in text, text
     assert "num_layers" not in text
+
+
+def test_plans_on_cpu_devices_do_not_overlap_and_old_plan_files_are_predicted_as_off(tmp_path):
+    """This machine's CPU partitions run the project's entry, which has no streams to overlap
+    on: every plan is off, priced so, and the notes say why; a plan file written before the
+    options is predicted as off, and predict says so."""
+    from memx_hpc.planner import PredictRequest, predict
+
+    r = plan(_request(tmp_path, write=False, analytic=True))
+    assert r.ranked and not any(c.plan.overlap_grad_reduce or c.plan.overlap_param_gather for c in r.ranked)
+    assert any("no CUDA streams to overlap on" in n for n in r.notes)
+    res = predict(PredictRequest(site=SITE, job=JOB, plan=ROOT / "tests" / "golden" / "plans" / "local-pp3.json",
+                                 analytic=True, store=tmp_path / "store.h5"))
+    assert not res.plan.overlap_grad_reduce
+    assert any("states no overlap_grad_reduce or overlap_param_gather" in n for n in res.notes)

@@ -811,3 +811,25 @@ def test_cli_render_names_the_run_folder_and_the_continuation(tmp_path: Path, ca
     out = capsys.readouterr().out
     assert rc == 0, out
     assert f"run folder: {tmp_path / 'logs' / 'cont'}" in out and "until iteration 7" in out
+
+
+def test_plan_files_carry_the_overlap_options_and_old_files_read_them_as_off(tmp_path: Path) -> None:
+    from memx_hpc.planfile import load_plan_with_origin, plan_from_mapping, plan_to_dict, save_plan
+
+    plan = Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=64, overlap_grad_reduce=True,
+                overlap_param_gather=True, stages=(Stage(partition="gpu_a100", num_layers=32),))
+    save_plan(plan, tmp_path / "p.json")
+    back, origin = load_plan_with_origin(tmp_path / "p.json")
+    assert back == plan and origin.unstated == ()
+    d = plan_to_dict(dataclasses.replace(plan, overlap_grad_reduce=False, overlap_param_gather=False))
+    assert (d["overlap_grad_reduce"], d["overlap_param_gather"]) == (False, False)  # always stated
+    old = {k: v for k, v in plan_to_dict(plan).items() if not k.startswith("overlap")}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    back, origin = load_plan_with_origin(tmp_path / "old.json")
+    assert not back.overlap_grad_reduce and not back.overlap_param_gather
+    assert origin.unstated == ("overlap_grad_reduce", "overlap_param_gather")
+    for bad, field in (({"overlap_grad_reduce": "yes"}, "overlap_grad_reduce"),
+                       ({"overlap_grad_reduce": False}, "overlap_param_gather")):
+        with pytest.raises(SpecError) as e:
+            plan_from_mapping({**plan_to_dict(plan), **bad})
+        assert e.value.field == field

@@ -361,3 +361,43 @@ def test_moe_fields_are_one_table_for_the_spec_and_the_training_entry():
             assert tuple(a.choices or ()) == f.choices
         else:
             assert f.name not in actions
+
+
+@pytest.mark.parametrize("fabric,gpus,nics,gbytes", [
+    ("efa", 8, None, 50.0),         # p5: 32 x 100 Gb/s, four adapters a GPU
+    ("efa-200", 8, None, 50.0),     # p5en: 16 x 200 Gb/s
+    ("efa-400", 8, None, 50.0),     # p6-b200: 8 x 400 Gb/s
+    ("gcp-tcpxo", 8, None, 25.0),   # A3 Mega: 8 x 200 Gb/s a VM
+    ("gcp-tcpx", 8, None, 12.5),    # A3 High: 4 x 200 Gb/s shared by 8 GPUs
+    ("azure-ndr", 8, None, 50.0),   # ND H100 v5: 8 x 400 Gb/s NDR
+    ("roce-800", 8, None, 100.0),
+    ("efa", 8, 4, 6.25),            # a site that states its adapters overrides the fabric's count
+    ("ib-ndr", 8, None, 50.0),      # one adapter a GPU where the fabric names no count
+])
+def test_cloud_fabrics_give_their_cited_figure_per_gpu(fabric, gpus, nics, gbytes, tmp_path, capsys):
+    """A partition naming a cloud fabric validates and gets its adapters' rate / 8 times the
+    node's adapters over its GPUs, labelled generic and naming the fabric and its source."""
+    from memx_hpc.spec import FABRICS
+
+    part = {"name": "g", "gpu_type": "H100-SXM", "nodes": 2, "gpus_per_node": gpus, "fabric": fabric}
+    if nics is not None:
+        part["nics_per_node"] = nics
+    doc = {"name": "cloud", "partitions": [part]}
+    site = site_from_mapping(doc)
+    figure, provenance, what = site.inter_figure("g")
+    assert figure == pytest.approx(gbytes) and provenance == "generic"
+    assert f"fabric {fabric}" in what and FABRICS[fabric].source in what
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["validate", "--site", str(path)]) == 0
+    assert "ok" in capsys.readouterr().out
+
+
+def test_every_fabric_cites_its_rate_and_link_kind():
+    from memx_hpc.model.collectives import LINK_KINDS
+    from memx_hpc.spec import FABRICS
+
+    for name, f in FABRICS.items():
+        assert f.name == name and f.adapter_gbits_per_s > 0 and f.link in LINK_KINDS
+        assert f"{f.adapter_gbits_per_s:g} Gb/s" in f.source, name  # the rate is the source's words
+        assert f.adapters_per_node is None or f"{f.adapters_per_node} " in f.source, name
