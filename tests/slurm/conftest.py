@@ -23,3 +23,34 @@ def slurm_cluster(needs) -> None:
     needs(slurm_available(timeout=5.0),
           "Slurm is not reachable (sbatch not on PATH, or sinfo did not answer within 5 s)",
           f".ci/run must run scripts/slurm-local.sh start before pytest; {START_HINT}")
+
+
+@pytest.fixture
+def local_site_copy():
+    """Writes the local site into a folder, changed: ``local_site_copy(tmp_path, store=...)``."""
+    return _local_site_copy
+
+
+def _local_site_copy(tmp_path, **changes):
+    """``site_configs/local.yaml`` written into ``tmp_path`` with ``changes`` applied, its
+    partitions' relative ``python`` made absolute from the checkout (a site file copied out of
+    the checkout must name the nodes' Python absolutely: the loader refuses a relative path
+    that names no file from the copy's folder)."""
+    from pathlib import Path
+
+    import yaml
+
+    from memx_hpc.spec.readers import find_relative_to_site
+
+    local = Path(__file__).resolve().parents[2] / "site_configs" / "local.yaml"
+    data = yaml.safe_load(local.read_text())
+    for part in data["partitions"]:
+        python = part.get("python")
+        if python and "/" in python and not Path(python).is_absolute():
+            found = find_relative_to_site(python, str(local))
+            assert found is not None, f"{local} names {python}, which is not there: run scripts/install.sh"
+            part["python"] = str(found)
+    data.update(changes)
+    site_file = tmp_path / "site.yaml"
+    site_file.write_text(yaml.safe_dump(data))
+    return site_file

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from memx_hpc.cli.main import main
 from memx_hpc.planfile import load_plan
@@ -53,13 +54,11 @@ def test_cli_reports_test_only_verdict(tmp_path: Path, capsys: pytest.CaptureFix
     assert rc == 0 and data["test_only"]["accepted"] is True and "to start at" in data["test_only"]["message"]
 
 
-def test_more_nodes_than_the_cluster_has_is_rejected_by_slurm(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_more_nodes_than_the_cluster_has_is_rejected_by_slurm(tmp_path: Path, capsys: pytest.CaptureFixture, local_site_copy) -> None:
     """The site file may claim more than the cluster has; render cannot know, Slurm does."""
-    import yaml
-
-    data = yaml.safe_load(LOCAL.read_text())
+    site_file = local_site_copy(tmp_path)
+    data = yaml.safe_load(site_file.read_text())
     data["partitions"][0]["nodes"] = 2
-    site_file = tmp_path / "site.yaml"
     site_file.write_text(yaml.safe_dump(data))
     plan = Plan(tp=2, dp=1, micro_batch_size=1, global_batch_size=8,
                 stages=(Stage(partition="nvidia_a100", num_layers=2), Stage(partition="nvidia_a100", num_layers=2)))

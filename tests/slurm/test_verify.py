@@ -24,18 +24,16 @@ JOB = ROOT / "jobs" / "tiny-gpt.yaml"
 PP2 = ROOT / "tests" / "golden" / "plans" / "local-pp2-a100-mi250.json"
 
 
-def local_site(tmp_path: Path) -> Path:
+@pytest.fixture
+def local_site(local_site_copy):
     """The local site with its store and run folder in ``tmp_path``."""
-    data = yaml.safe_load((ROOT / "site_configs" / "local.yaml").read_text())
-    data.update(store=str(tmp_path / "store.h5"), work_dir=str(tmp_path / "runs"))
-    site_file = tmp_path / "site.yaml"
-    site_file.write_text(yaml.safe_dump(data))
-    return site_file
+    return lambda tmp_path: local_site_copy(tmp_path, store=str(tmp_path / "store.h5"),
+                                            work_dir=str(tmp_path / "runs"))
 
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_verify_searches_measures_stores_and_calibrates(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_verify_searches_measures_stores_and_calibrates(tmp_path: Path, capsys: pytest.CaptureFixture, local_site) -> None:
     site_file = local_site(tmp_path)
     common = ["--site", str(site_file), "--job", str(JOB), "--iters", "3", "--chdir", str(ROOT), "--json"]
 
@@ -89,7 +87,7 @@ def test_verify_searches_measures_stores_and_calibrates(tmp_path: Path, capsys: 
 
 
 @pytest.mark.slurm
-def test_plan_submit_returns_a_job_slurm_knows(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_plan_submit_returns_a_job_slurm_knows(tmp_path: Path, capsys: pytest.CaptureFixture, local_site) -> None:
     site_file = local_site(tmp_path)
     assert main(["plan", "--site", str(site_file), "--job", str(JOB), "--no-profile", "--top", "2", "--submit",
                  "--iters", "2", "--chdir", str(ROOT), "--json"]) == 0
@@ -110,7 +108,7 @@ def test_plan_submit_returns_a_job_slurm_knows(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_plan_submit_without_slurm_is_a_system_error(tmp_path: Path, capsys: pytest.CaptureFixture,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+                                                    monkeypatch: pytest.MonkeyPatch, local_site) -> None:
     site_file = local_site(tmp_path)
     empty = tmp_path / "bin"
     empty.mkdir()
