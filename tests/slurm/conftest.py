@@ -54,3 +54,22 @@ def _local_site_copy(tmp_path, **changes):
     site_file = tmp_path / "site.yaml"
     site_file.write_text(yaml.safe_dump(data))
     return site_file
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path):
+    """A 200-document corpus prepared with the unit tests' tiny Hugging Face tokenizer in
+    ``tmp_path``: ``(data prefix, tokenizer folder)``."""
+    import sys
+    from pathlib import Path
+
+    from memx_hpc.train.prepare import prepare
+    from memx_hpc.train.tokenizer import load_tokenizer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    from test_data_prepare import corpus, hf_tokenizer  # noqa: E402 - the unit test's tiny tokenizer
+
+    tok_dir = hf_tokenizer(tmp_path)
+    out = prepare([str(corpus(tmp_path, n=200))], str(tmp_path / "data" / "corpus"),
+                  load_tokenizer("HuggingFaceTokenizer", model=str(tok_dir)))
+    return out.prefix, tok_dir

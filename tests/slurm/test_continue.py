@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,24 +22,12 @@ from memx_hpc.slurm import render as rs
 from memx_hpc.slurm import submit as sb
 from memx_hpc.spec import job_from_mapping, load_site
 from memx_hpc.train.logs import parse_log
-from memx_hpc.train.prepare import prepare
-from memx_hpc.train.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 ITERS = 8
 TIMEOUT_S = 240.0
-
-
-def _corpus(tmp: Path) -> tuple[str, Path]:
-    sys.path.insert(0, str(ROOT / "tests" / "unit"))
-    from test_data_prepare import corpus, hf_tokenizer  # noqa: E402 - the unit test's tiny tokenizer
-
-    tok_dir = hf_tokenizer(tmp)
-    out = prepare([str(corpus(tmp, n=200))], str(tmp / "data" / "corpus"),
-                  load_tokenizer("HuggingFaceTokenizer", model=str(tok_dir)))
-    return out.prefix, tok_dir
 
 
 def _job(prefix: str, tok_dir: Path, ckpt: Path, name: str):
@@ -93,9 +80,9 @@ def _scalars(folder: Path) -> dict[int, float]:
     return out
 
 
-def test_a_run_continues_itself_through_segments_with_the_losses_of_an_uninterrupted_run(tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard")
-    prefix, tok_dir = _corpus(tmp_path)
+def test_a_run_continues_itself_through_segments_with_the_losses_of_an_uninterrupted_run(
+        tmp_path: Path, tiny_corpus: tuple[str, Path]) -> None:
+    prefix, tok_dir = tiny_corpus
 
     # uninterrupted: one segment that completes
     whole = _script(tmp_path, _job(prefix, tok_dir, tmp_path / "ck-whole", "memx-whole"), "memx-whole")

@@ -20,28 +20,12 @@ from memx_hpc.slurm import render as rs
 from memx_hpc.slurm import submit as sb
 from memx_hpc.spec import job_from_mapping, load_site
 from memx_hpc.train.logs import parse_log
-from memx_hpc.train.prepare import prepare
-from memx_hpc.train.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 ITERS = 6
 TIMEOUT_S = 300.0
-
-
-def _corpus(tmp: Path) -> tuple[str, Path]:
-    import json
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tests" / "unit"))
-    from test_data_prepare import corpus, hf_tokenizer  # noqa: E402 - the unit test's tiny tokenizer
-
-    tok_dir = hf_tokenizer(tmp)
-    out = prepare([str(corpus(tmp, n=200))], str(tmp / "data" / "corpus"), load_tokenizer(
-        "HuggingFaceTokenizer", model=str(tok_dir)))
-    json.dumps(out.prefix)
-    return out.prefix, tok_dir
 
 
 def _job(prefix: str, tok_dir: Path, ckpt: Path, iters: int):
@@ -73,8 +57,8 @@ def _losses(text: str) -> dict[int, float]:
     return {r.iteration: r.lm_loss for r in parse_log(text).iterations}
 
 
-def test_killed_run_resumes_with_the_same_losses_then_goes_on_under_another_plan(tmp_path: Path) -> None:
-    prefix, tok_dir = _corpus(tmp_path)
+def test_killed_run_resumes_with_the_same_losses_then_goes_on_under_another_plan(tmp_path: Path, tiny_corpus) -> None:
+    prefix, tok_dir = tiny_corpus
     # uninterrupted
     whole = _run(_script(tmp_path, "local-pp2-a100-mi250", _job(prefix, tok_dir, tmp_path / "ck-whole", ITERS),
                          "whole"), tmp_path, "whole")

@@ -14,7 +14,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from memx_hpc.cli.main import main
 from memx_hpc.profile.store import ProfileStore
