@@ -244,8 +244,11 @@ def _terms(shape: ShapeLike, *, micro_batch_size: int, precision: str, attention
         # its k experts, whose fc1 input and output (before the probability-weighted unpermute) are
         # kept per routed copy (replicated over expert TP: the dispatcher gathers the tokens) and
         # whose interior expert TP divides; shared experts as a dense MLP of their width.
-        replicated += sb * (2 * 4 * n_exp + topk * 2 * e * h)
-        expert = sb * topk * e * fe * act
+        # Under FP8 the experts' GEMMs (Transformer Engine's GroupedLinear) save their inputs as
+        # the FP8 tensors they multiplied, as the dense MLP's do: each routed copy's fc1 input
+        # and fc2 input at 1 byte per element
+        replicated += sb * (2 * 4 * n_exp + topk * (2 * e - g8) * h)
+        expert = sb * topk * (e * fe * act - g8 * fe)
         if model.moe_shared_expert_intermediate_size is not None:
             divided += sb * e * model.moe_shared_expert_intermediate_size * act
     else:
