@@ -113,6 +113,17 @@ DROPOUT_FREE_FAMILIES = ("llama3-8b", "llama3-70b", "llama3-70b-sft", "llama3.1-
 NEMO_DROPOUT_FREE_FAMILIES = ("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "nemotron-8b",
                               "nemotron-22b", "nemotron-340b")
 
+#: rows whose runs set PyTorch's expandable segments (PYTORCH_CUDA_ALLOC_CONF=
+#: expandable_segments:True): the Megatron-Bridge performance scripts' and skills' runs; carried
+#: as the partition's env, from which the composition takes the allocator's slope
+#: (memx_hpc.model.memory.EXPANDABLE_SEGMENTS_A)
+EXPANDABLE_SEGMENTS_SOURCES = ("bridge-",)
+ALLOC_ENV = (("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)
+#: Megatron-LM CI cases whose model_config.yaml sets --microbatch-group-size-per-virtual-
+#: pipeline-stage, which the extractor does not keep in other_flags (tests/functional_tests/
+#: test_cases/gpt/gpt3_mcore_te_tp1_pp4_vp1_tunable_overlap/model_config.yaml: 5)
+CI_VP_GROUP = {"gpt3_mcore_te_tp1_pp4_vp1_tunable_overlap": 5}
+
 
 class NotExpressible(Exception):
     """The planner cannot state this run yet; the message says why."""
@@ -317,6 +328,13 @@ def build(row: dict):
     dp = gpus // (tp * pp * cp)
     fields = {f.name for f in dataclasses.fields(Plan)}
     kw = {}
+    group = re.search(r"microbatch-group-size-per-virtual-pipeline-stage=(\d+)", row["other_flags"])
+    group = int(group.group(1)) if group else (CI_VP_GROUP.get(row["family"]) if row["id"].startswith("mlm-ci/")
+                                               else None)
+    if group is not None:
+        if "microbatch_group_size_per_vp_stage" not in fields:
+            raise NotExpressible("Plan has no field microbatch_group_size_per_vp_stage")
+        kw["microbatch_group_size_per_vp_stage"] = group
     for name, value, need in (("virtual_stages", vp, vp > 1), ("cp", cp, cp > 1), ("ep", ep, ep > 1),
                               ("etp", etp, etp is not None and etp != tp)):
         if need and name not in fields:
@@ -343,7 +361,8 @@ def build(row: dict):
     else:
         inter = 25.0 if gpu.startswith("A100") else 50.0
     nodes = math.ceil(gpus / gpn)
-    part = Partition(name="p", gpu_type=gpu, nodes=nodes, gpus_per_node=gpn,
+    env = ALLOC_ENV if row["id"].startswith(EXPANDABLE_SEGMENTS_SOURCES) else ()
+    part = Partition(name="p", gpu_type=gpu, nodes=nodes, gpus_per_node=gpn, env=env,
                      **({"inter_node_gbps": inter} if inter is not None else {}))
     site = Site(name=f"public-{gpu.lower()}", partitions=(part,))
     try:
@@ -439,6 +458,11 @@ def predict_row(row: dict, model) -> dict:
     from memx_hpc.model.compose import memory_scale_of, predict_plan
     plan, site, job = build(row)
     out = {}
+    if dataclasses.is_dataclass(model) and any(f.name == "memory_scale" for f in dataclasses.fields(model)) \
+            and not getattr(model, "calibrated", False):
+        # an uncalibrated model's slope is the prior of the site it prices: the row's (its
+        # allocator settings), not the one the cost model was assembled for
+        model = dataclasses.replace(model, memory_scale=memory_scale_of(None, site))
     for key, cm in (("pred", model), ("roof", AnalyticCostModel(site))):
         try:
             p = predict_plan(plan, site, job, cm)
@@ -515,6 +539,20 @@ def run(rows: list[dict], model, *, show_rows: bool = False, out=print) -> dict:
             tab.append([split, dim, n_all, len(t), share, _mean(s["time_mape"]), _mean(s["time_bias"]),
                         _mean(s["roof_time_mape"]), len(m), _mean(s["mem_mape"]), _mean(s["mem_bias"]),
                         _mean(s["roof_mem_mape"])])
+    fam = []
+    for split in ("dev", "test"):
+        for family in sorted({d["row"]["family"] for d in done if d["row"]["split"] == split}):
+            sel = [d for d in done if d["row"]["split"] == split and d["row"]["family"] == family]
+            over = sum(1 for d in sel if not d["pred_feasible"])
+            summary[(split, "family", family)] = {"said_over_capacity": over, "predicted": len(sel)}
+            fam.append([split, family[:40], len(sel), f"{over} ({100.0 * over / len(sel):.0f} %)"])
+        sel = [d for d in done if d["row"]["split"] == split]
+        over = sum(1 for d in sel if not d["pred_feasible"])
+        summary[(split, "all")] = {"said_over_capacity": over, "predicted": len(sel),
+                                   "over_capacity_share": over / len(sel) if sel else float("nan")}
+        fam.append([split, "(all families)", len(sel), f"{over} ({100.0 * over / len(sel):.0f} %)" if sel else "-"])
+    out("\nran, predicted over capacity, by split and family (each row ran: a false out-of-memory call):")
+    table(fam, ["split", "family", "predicted", "said over capacity"])
     out(f"\npredicted {len(done)} of {len(rows)} rows; {len(refused)} not expressible yet")
     table(tab, ["split", "dimension", "rows", "timed", "ran, predicted over capacity", "time MAPE %", "time bias %", "roofline time MAPE %",
                 "with memory", "memory MAPE %", "memory bias %", "roofline memory MAPE %"])

@@ -15,7 +15,10 @@ as both off, and :attr:`PlanOrigin.unstated` names them so that ``predict`` can 
 ``recompute`` is ``none``, ``selective``, ``full`` (all layers of the stage) or
 ``full:K`` (K of its layers). ``virtual_stages`` (model chunks per pipeline rank), ``cp``
 (context parallel), ``ep`` and ``etp`` (expert parallel, expert tensor parallel) are written
-where they are not 1 and read as 1 where absent, so files written before them still read.
+where they are not 1 and read as 1 where absent, so files written before them still read;
+``microbatch_group_size_per_vp_stage`` (Megatron-LM's
+``--microbatch-group-size-per-virtual-pipeline-stage``) is written where given and read as
+megatron-core's default (``pp``) where absent.
 A general plan, as other planners produce them, gives
 per stage a list of data-parallel replicas, each with its own GPU type and TP::
 
@@ -51,8 +54,10 @@ from .spec import (MODEL_EXTENSION_FIELDS, PERFORMANCE_OPTIONS, GeneralPlan, Gen
                    Recompute, Replica, Stage, _build, _Reader, load_json)
 
 FORMAT = "memx-plan/1"
-#: the plan's degrees beyond TP/DP/PP, written when not 1 (etp: when given)
-_DEGREES = ("virtual_stages", "cp", "ep", "etp")
+#: the plan's degrees beyond TP/DP/PP, written when not 1 (etp and the interleaving group:
+#: when given)
+_DEGREES = ("virtual_stages", "cp", "ep", "etp", "microbatch_group_size_per_vp_stage")
+_OPTIONAL_DEGREES = ("etp", "microbatch_group_size_per_vp_stage")
 _EXTRA = ("format", "prediction", "job", "site", "rank", "score", "provenance", "note", "role", "objective", "run",
           "memory_error", "why")
 
@@ -61,7 +66,8 @@ def plan_to_dict(plan: Plan, **extra: Any) -> dict:
     d = {"format": FORMAT, "tp": plan.tp, "dp": plan.dp, "micro_batch_size": plan.micro_batch_size,
          "global_batch_size": plan.global_batch_size, "sequence_parallel": plan.sequence_parallel}
     # the degrees beyond TP/DP/PP only where they are not 1 (files without them read as 1)
-    d.update({k: getattr(plan, k) for k in _DEGREES if getattr(plan, k) != (None if k == "etp" else 1)})
+    d.update({k: getattr(plan, k) for k in _DEGREES
+              if getattr(plan, k) != (None if k in _OPTIONAL_DEGREES else 1)})
     if plan.distributed_optimizer is not None:
         d["distributed_optimizer"] = plan.distributed_optimizer
     # always written: a file that lacks them was written before they existed (read as off)
@@ -109,7 +115,7 @@ def plan_from_mapping(data: Any) -> Plan | GeneralPlan:
     tp = r.int("tp", min=1)
     dp = r.int("dp", min=1)
     sp = r.bool("sequence_parallel", False)
-    degrees = {k: r.int(k, 1 if k != "etp" else None, min=1) for k in _DEGREES}
+    degrees = {k: r.int(k, None if k in _OPTIONAL_DEGREES else 1, min=1) for k in _DEGREES}
     degrees["distributed_optimizer"] = r.bool("distributed_optimizer", None)
     degrees.update({k: r.bool(k, False) for k in PERFORMANCE_OPTIONS})
     r.finish()

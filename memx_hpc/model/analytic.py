@@ -241,11 +241,18 @@ def _terms(shape: ShapeLike, *, micro_batch_size: int, precision: str, attention
         model: ModelSpec = shape  # type: ignore[assignment]
         n_exp, topk, fe = model.num_experts, model.moe_router_topk, model.expert_ffn_hidden_size
         # the router keeps its fp32 logits and scores (E each per token); every token is permuted to
-        # its k experts, whose fc1 input and output (before the probability-weighted unpermute) are
-        # kept per routed copy (replicated over expert TP: the dispatcher gathers the tokens) and
-        # whose interior expert TP divides; shared experts as a dense MLP of their width.
-        replicated += sb * (2 * 4 * n_exp + topk * 2 * e * h)
-        expert = sb * topk * e * fe * act
+        # its k experts, whose fc1 input is kept per routed copy (replicated over expert TP: the
+        # dispatcher gathers the tokens) and whose interior expert TP divides; shared experts as
+        # a dense MLP of their width. megatron-core (0.16: transformer/moe/experts.py) weights
+        # each copy by its routing probability inside the activation (weighted_bias_swiglu_impl
+        # keeps its input and the fp32 probability, fusions/fused_bias_swiglu.py) and unpermutes
+        # without probabilities (token_dispatcher.py: unpermute(..., probs=None) keeps only the
+        # index map), so the experts' output is not kept.
+        # Under FP8 the experts' GEMMs (Transformer Engine's GroupedLinear) save their inputs as
+        # the FP8 tensors they multiplied, as the dense MLP's do: each routed copy's fc1 input
+        # and fc2 input at 1 byte per element
+        replicated += sb * (2 * 4 * n_exp + topk * ((e - g8) * h + 4))
+        expert = sb * topk * (e * fe * act - g8 * fe)
         if model.moe_shared_expert_intermediate_size is not None:
             divided += sb * e * model.moe_shared_expert_intermediate_size * act
     else:
@@ -289,7 +296,8 @@ def activation_bytes_per_layer(model: ShapeLike, *, micro_batch_size: int, tp: i
 
     ``moe_layer`` (a ModelSpec with experts): the MLP terms are the router's fp32 logits and
     scores (``8·E`` bytes per token), per routed token copy (``k`` per token) the experts'
-    input and output (``2e·h``) and their interior (``e·f_e·3`` SwiGLU) divided by expert TP
+    input (``e·h``; not their output: megatron-core applies the routing probability inside the
+    activation, whose fp32 weight it keeps, 4 bytes) and their interior (``e·f_e·3`` SwiGLU) divided by expert TP
     ``etp`` (None: ``tp``), and the shared experts as a dense MLP of their width. Expert
     parallelism moves tokens but leaves each rank ``k`` copies of its own tokens on average;
     ``moe_imbalance`` (>= 1) scales the routed terms for the most loaded rank. Multi-latent

@@ -58,8 +58,8 @@ import numpy as np
 from ..errors import SpecError
 from ..spec import Site
 
-__all__ = ["MemoryPrior", "DeviceMemoryModel", "PRIORS", "NOISE_FRACTION", "prior_for", "memory_scale_of",
-           "fit_device_memory"]
+__all__ = ["MemoryPrior", "DeviceMemoryModel", "PRIORS", "NOISE_FRACTION", "EXPANDABLE_SEGMENTS_A", "prior_for",
+           "expandable_segments", "memory_scale_of", "fit_device_memory"]
 
 GiB = 2**30
 #: Run-to-run spread of measured device peaks (relative standard deviation). Sailor's
@@ -93,21 +93,64 @@ PRIORS: dict[str, MemoryPrior] = {
 }
 
 
-def prior_for(vendor: str) -> MemoryPrior:
+#: The slope under PyTorch's ``expandable_segments`` (``PYTORCH_CUDA_ALLOC_CONF=
+#: expandable_segments:True``, which Megatron-LM's CI cases and the Megatron-Bridge / NeMo
+#: performance recipes set). The caching allocator then keeps one segment per stream that
+#: grows by mapping 2 MiB pages at its end (``c10/cuda/CUDACachingAllocator.cpp``,
+#: ``ExpandableSegment``) instead of carving fixed 2 / 20 MiB-rounded segments, so what the
+#: NVIDIA prior's 14 % stands for -- segments that fit no later request, kept reserved beside
+#: the ones that do -- mostly goes: a request larger than any free hole extends the segment
+#: by its own size. What is left is rounding to the 2 MiB page and holes between live blocks
+#: inside the segment (the allocator still splits and caches blocks): 4 %, with a standard
+#: deviation (5 %) that still covers the non-expandable reserve at two deviations. The fixed
+#: part ``b`` (context, workspaces, communicators' buffers) does not depend on the setting.
+EXPANDABLE_SEGMENTS_A = {"nvidia": 1.04}
+#: where the setting is read: an environment variable of the partition's jobs (site file
+#: ``env``), as torch reads it (also spelled PYTORCH_ALLOC_CONF, and PYTORCH_HIP_ALLOC_CONF on ROCm)
+ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+
+
+def prior_for(vendor: str, *, expandable_segments: bool = False) -> MemoryPrior:
+    """The prior of ``vendor``'s devices; with ``expandable_segments`` the slope of an
+    allocator that grows one segment per stream (:data:`EXPANDABLE_SEGMENTS_A`), on the
+    vendors whose allocator has the option."""
     if vendor not in PRIORS:
         raise SpecError("unknown vendor", field="vendor", found=vendor, allowed=", ".join(PRIORS))
-    return PRIORS[vendor]
+    p = PRIORS[vendor]
+    if expandable_segments and vendor in EXPANDABLE_SEGMENTS_A:
+        return MemoryPrior(a=EXPANDABLE_SEGMENTS_A[vendor], b_bytes=p.b_bytes, sd_a=0.05, sd_b_bytes=p.sd_b_bytes,
+                           source=p.source.replace("caching-allocator reserve ~", "caching-allocator reserve (not ~")
+                           .replace(" %;", " %: expandable segments, ~4 %);", 1))
+    return p
+
+
+def expandable_segments(env: Sequence[tuple[str, str]]) -> bool:
+    """Whether an environment (``(name, value)`` pairs, e.g. a partition's ``env``) turns on
+    the caching allocator's expandable segments: torch's ``key:value`` list, comma
+    separated, ``expandable_segments:True`` (c10 ``CUDAAllocatorConfig::parseArgs``)."""
+    for name, value in env:
+        if name not in ALLOC_CONF_VARIABLES:
+            continue
+        for item in str(value).split(","):
+            key, _, val = item.partition(":")
+            if key.strip() == "expandable_segments":
+                return val.strip() == "True"
+    return False
 
 
 def memory_scale_of(cost_model, site: Site) -> Callable[[str], float]:
     """``gpu_type -> a`` of the device-memory model: the cost model's (a calibration fitted
-    it on end-to-end runs), else the prior of the GPU's vendor (:data:`PRIORS`)."""
+    it on end-to-end runs), else the prior of the GPU's vendor (:data:`PRIORS`), with
+    expandable segments where every partition of that GPU type sets them in its ``env``
+    (:func:`expandable_segments`)."""
     f = getattr(cost_model, "memory_scale", None)
     if callable(f):
         return f
 
     def prior(gpu_type: str) -> float:
-        return prior_for(site.gpu(gpu_type).vendor).a
+        parts = [p for p in site.partitions if p.gpu_type == gpu_type]
+        grown = bool(parts) and all(expandable_segments(p.env) for p in parts)
+        return prior_for(site.gpu(gpu_type).vendor, expandable_segments=grown).a
 
     return prior
 

@@ -131,23 +131,28 @@ def in_flight(pp, stage, num_microbatches):
     return np.minimum(pp - stage, num_microbatches)
 
 
-def in_flight_units(pp, stage, num_microbatches, virtual_stages=1):
+def in_flight_units(pp, stage, num_microbatches, virtual_stages=1, group=None):
     """A stage's in-flight activations in units of one micro-batch through all its layers:
     ``min(p - i, m)`` under 1F1B; with ``v`` chunks, :func:`memx_hpc.model.schedule.in_flight_chunks`
-    chunks of ``1/v`` of the layers each (interleaving's warm-up holds more)."""
+    chunks of ``1/v`` of the layers each (interleaving's warm-up holds more: ``2(p - i - 1) +
+    (v - 1)·G + 1`` chunks, ``G`` the micro-batches each chunk runs in a row, ``group``:
+    the plan's ``microbatch_group_size_per_vp_stage``, None for megatron-core's default ``p``)."""
     if virtual_stages == 1:
         return in_flight(pp, stage, num_microbatches)
-    return in_flight_chunks(int(stage), int(pp), int(num_microbatches), int(virtual_stages)) / virtual_stages
+    g = None if group is None else int(group)
+    return in_flight_chunks(int(stage), int(pp), int(num_microbatches), int(virtual_stages), g) / virtual_stages
 
 
-def in_flight_heads(pp, stage, num_microbatches, virtual_stages=1):
+def in_flight_heads(pp, stage, num_microbatches, virtual_stages=1, group=None):
     """Micro-batches whose output-layer and loss activations the last stage holds at once:
     one under 1F1B, and under interleaving too (the last chunk's backward follows its
     forward; :func:`memx_hpc.model.schedule.in_flight_last_chunk`), not the in-flight
-    units of its earlier chunks; ``m`` when every forward is in the warm-up."""
+    units of its earlier chunks; ``m`` when every forward is in the warm-up. ``group`` as
+    :func:`in_flight_units`."""
     if virtual_stages == 1:
         return in_flight(pp, stage, num_microbatches)
-    return in_flight_last_chunk(int(stage), int(pp), int(num_microbatches), int(virtual_stages))
+    g = None if group is None else int(group)
+    return in_flight_last_chunk(int(stage), int(pp), int(num_microbatches), int(virtual_stages), g)
 
 
 def stage_activation_bytes(k, nb, a_full, a_base, a_none, first, last, a_emb, a_head, logits=0.0):

@@ -397,6 +397,9 @@ def _parallel_args(plan: Plan, model: ModelSpec, *, cross_vendor: bool,
     if plan.pp > 1:
         # the layout carries the virtual stages (Megatron refuses both flags together)
         a.append(("--pipeline-model-parallel-layout", pipeline_layout(plan.stages, plan.virtual_stages)))
+    if plan.microbatch_group_size_per_vp_stage is not None:
+        # megatron-core's ModelParallelConfig field (default pp), which its interleaved schedule reads
+        a.append(("--microbatch-group-size-per-virtual-pipeline-stage", str(plan.microbatch_group_size_per_vp_stage)))
     a += parallel_args(model, tp=plan.tp, sequence_parallel=plan.sequence_parallel, cp=plan.cp, ep=plan.ep,
                        etp=plan.etp)
     if cross_vendor and plan.pp > 1:

@@ -82,6 +82,11 @@ class Plan:
     #: expert layers; ``etp * ep`` ranks of a stage's ``tp * cp * dp`` hold one copy of the experts
     ep: int = 1
     etp: int | None = None
+    #: micro-batches each model chunk runs in a row under interleaving (Megatron-LM's
+    #: ``--microbatch-group-size-per-virtual-pipeline-stage``; None: megatron-core's default,
+    #: ``pp``): a larger group lengthens each stage's warm-up by ``(v - 1)`` micro-batches per
+    #: extra micro-batch of the group, so the stage holds more chunks' activations at once
+    microbatch_group_size_per_vp_stage: int | None = None
     #: Megatron-LM's ``--use-distributed-optimizer`` for this plan (None: the job's setting)
     distributed_optimizer: bool | None = None
     #: Megatron-LM's performance options, priced by the composition and written into the script:
@@ -107,6 +112,8 @@ class Plan:
         _whole(self.ep, "ep", 1, 1 << 16)
         _whole(self.etp, "etp", 1, 1 << 16, optional=True)
         _whole(self.virtual_stages, "virtual_stages", 1, MAX_LAYERS)
+        _whole(self.microbatch_group_size_per_vp_stage, "microbatch_group_size_per_vp_stage", 1, 1 << 20,
+               optional=True)
         if not isinstance(self.sequence_parallel, bool):
             raise SpecError("expected true or false", field="sequence_parallel", found=_short(self.sequence_parallel))
         _check_batches_and_stages(self)
@@ -143,13 +150,38 @@ class Plan:
                 raise SpecError(f"stage {short[0]} has {self.stages[short[0]].num_layers} layers, fewer than its "
                                 f"{v} model chunks", field="virtual_stages", found=v,
                                 allowed=f"at most {min(s.num_layers for s in self.stages)}")
-            m = self.num_microbatches
-            if m < self.pp or m % self.pp:
-                # megatron-core's interleaved schedule: groups of pp micro-batches per chunk
-                # (--microbatch-group-size-per-virtual-pipeline-stage, default pp), the last one full
-                raise SpecError(f"interleaved 1F1B runs micro-batches in groups of pp = {self.pp}: the "
-                                f"{m} micro-batches per iteration must be a multiple of it", field="virtual_stages",
-                                found=v, allowed=f"1, or micro-batches per iteration a multiple of {self.pp}")
+            m, g = self.num_microbatches, self.vp_group
+            if not self.pp <= g <= m:
+                # megatron-core schedules.py (forward_backward_pipelining_with_interleaving):
+                # "The number of contiguous micro-batches in a virtual pipeline stage should range in [PP, M]"
+                field = "microbatch_group_size_per_vp_stage" if self.microbatch_group_size_per_vp_stage else \
+                    "virtual_stages"
+                raise SpecError(f"interleaved 1F1B runs micro-batches in groups of {g} per model chunk, which must "
+                                f"lie between pp = {self.pp} and the {m} micro-batches per iteration", field=field,
+                                found=self.microbatch_group_size_per_vp_stage or v,
+                                allowed=f"a group size in [{self.pp}, {m}]" if m >= self.pp else
+                                f"1, or at least {self.pp} micro-batches per iteration")
+            if 0 < m % g < self.pp:
+                # the last group shorter than pp leaves dependency bubbles: megatron-core refuses it
+                field = "microbatch_group_size_per_vp_stage" if self.microbatch_group_size_per_vp_stage else \
+                    "virtual_stages"
+                ok = [x for x in range(self.pp, m + 1) if m % x == 0 or m % x >= self.pp]
+                raise SpecError(f"interleaved 1F1B runs micro-batches in groups of {g} per model chunk: the "
+                                f"{m} micro-batches per iteration leave a last group of {m % g}, fewer than "
+                                f"pp = {self.pp}", field=field, found=self.microbatch_group_size_per_vp_stage or v,
+                                allowed="microbatch_group_size_per_vp_stage in " + ", ".join(map(str, ok[:8]))
+                                + (", ..." if len(ok) > 8 else "") if ok else "1")
+        elif self.microbatch_group_size_per_vp_stage is not None:
+            raise SpecError("a micro-batch group size per virtual stage needs interleaving (virtual_stages > 1)",
+                            field="microbatch_group_size_per_vp_stage", found=self.microbatch_group_size_per_vp_stage,
+                            allowed="none with virtual_stages 1")
+
+    @property
+    def vp_group(self) -> int:
+        """Micro-batches each model chunk runs in a row under interleaving
+        (``microbatch_group_size_per_vp_stage``, else megatron-core's default ``pp``)."""
+        g = self.microbatch_group_size_per_vp_stage
+        return self.pp if g is None else g
 
     @property
     def pp(self) -> int:

@@ -639,3 +639,27 @@ def test_the_recommended_70b_plan_on_64_h100_renders_both_overlap_options(new_di
             args = judge(argv, req.world_size, monkeypatch, _judged_env(text, c))
             assert args.overlap_grad_reduce and args.overlap_param_gather
             assert args.align_param_gather == (plan.virtual_stages > 1)
+
+
+# --------------------------------------------------------------------------- interleaving group size
+
+
+def test_megatron_lm_accepts_the_rendered_microbatch_group_size_per_virtual_stage(monkeypatch):
+    """A plan with ``microbatch_group_size_per_vp_stage`` renders
+    --microbatch-group-size-per-virtual-pipeline-stage, and Megatron-LM's parse_args +
+    validate_args read the group back (megatron-core's ModelParallelConfig field)."""
+    from memx_hpc.spec import Plan, Stage
+
+    site = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml")
+    job = load_job(ROOT / "jobs" / "gpt3-2.7b.yaml")
+    # 64 / (1 x 2) = 32 micro-batches in groups of 4 over 2 stages x 2 chunks
+    plan = Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=64, sequence_parallel=True, virtual_stages=2,
+                microbatch_group_size_per_vp_stage=4, stages=(Stage(partition="gpu_a100", num_layers=16),) * 2)
+    text = render(plan, site, job)
+    assert "--microbatch-group-size-per-virtual-pipeline-stage 4" in text
+    args = judge(_argv_of(text, 0), describe(plan, site, job).world_size, monkeypatch, _judged_env(text, 0))
+    assert args.microbatch_group_size_per_vp_stage == 4
+    assert (args.virtual_pipeline_model_parallel_size or 1) == 2
+    # without the field nothing is rendered and megatron-core's default (pp) holds
+    plain = render(dataclasses.replace(plan, microbatch_group_size_per_vp_stage=None), site, job)
+    assert "--microbatch-group-size-per-virtual-pipeline-stage" not in plain

@@ -73,3 +73,32 @@ def test_the_last_stage_holds_the_logits_beside_their_fp32_copy():
     vec = stage_activation_bytes(np.array([0, 2]), np.array([4, 2]), 10.0, 10.0, 30.0, 0, np.array([1, 0]), 5.0, 7.0,
                                  np.array([logits, logits]))[1]
     assert list(vec) == [logits, 20.0]
+
+
+# --------------------------------------------------------------------------- expandable segments
+
+
+def test_expandable_segments_lower_the_nvidia_slope_and_keep_the_offset():
+    from memx_hpc.model.memory import PRIORS, expandable_segments, prior_for
+
+    grown = prior_for("nvidia", expandable_segments=True)
+    assert grown.a < PRIORS["nvidia"].a and grown.a >= 1.0
+    assert grown.b_bytes == PRIORS["nvidia"].b_bytes
+    assert prior_for("cpu", expandable_segments=True) == PRIORS["cpu"]  # no caching allocator there
+    assert expandable_segments((("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128,expandable_segments:True"),))
+    assert not expandable_segments((("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False"),))
+    assert not expandable_segments((("OTHER", "expandable_segments:True"),))
+
+
+def test_the_prior_slope_follows_the_partition_environment():
+    """memory_scale_of reads PYTORCH_CUDA_ALLOC_CONF from the partitions of a GPU type: all of
+    them must set expandable segments for the lower slope."""
+    from memx_hpc.model.memory import PRIORS, memory_scale_of, prior_for
+    from memx_hpc.spec import Partition, Site
+
+    env = (("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)
+    on = Partition(name="a", gpu_type="H100-SXM", nodes=1, gpus_per_node=8, env=env)
+    off = Partition(name="b", gpu_type="H100-SXM", nodes=1, gpus_per_node=8)
+    assert memory_scale_of(None, Site(name="s", partitions=(on,)))("H100-SXM") == \
+        prior_for("nvidia", expandable_segments=True).a
+    assert memory_scale_of(None, Site(name="s", partitions=(on, off)))("H100-SXM") == PRIORS["nvidia"].a

@@ -193,3 +193,26 @@ def test_over_capacity_share_and_the_peak_by_term_add_up():
     assert x["stage"] == 1 and x["chunks"] == 77 and x["units"] == pytest.approx(77 / 4)
     # bf16 gradients (2 bytes) beside bf16-sized FP8 weight + transpose (2 bytes)
     assert x["grads"] == x["weights"] and x["fp8"] == 0
+
+
+def test_false_out_of_memory_calls_per_family_and_what_the_runs_set():
+    """The share of rows called over capacity is printed per split and family; Bridge rows run
+    with expandable segments (the slope of the allocator follows), others at the prior; the CI
+    case with a micro-batch group per virtual stage becomes a plan instead of a refusal."""
+    from memx_hpc.model.api import AnalyticCostModel
+    from memx_hpc.model.memory import PRIORS, prior_for
+    from memx_hpc.spec import Partition, Site
+    bridge = _row(r"^bridge-performance-summary-archive/26.06/DGX-GB200/LLAMA3.1_405B/fp8-tensorwise/")
+    ci = _row(r"mlm-ci/gpt/gpt3_mcore_te_tp1_pp4_vp1/dgx_h100$")
+    site = Site(name="s", partitions=(Partition(name="p", gpu_type="GB200", nodes=1, gpus_per_node=4),))
+    lines: list[str] = []
+    out = bench.run([bridge, ci], AnalyticCostModel(site), out=lines.append)
+    assert any("by split and family" in ln for ln in lines)
+    fam = out[(bridge["split"], "family", bridge["family"])]
+    assert fam["predicted"] == 1 and fam["said_over_capacity"] in (0, 1)
+    assert out[(bridge["split"], "all")]["predicted"] >= 1
+    assert bench.predict_row(bridge, AnalyticCostModel(site))["terms"]["a"] == \
+        prior_for("nvidia", expandable_segments=True).a
+    assert bench.predict_row(ci, AnalyticCostModel(site))["terms"]["a"] == PRIORS["nvidia"].a
+    plan, _, _ = bench.build(_row(r"mlm-ci/gpt/gpt3_mcore_te_tp1_pp4_vp1_tunable_overlap/dgx_h100$"))
+    assert (plan.microbatch_group_size_per_vp_stage, plan.num_microbatches, plan.pp) == (5, 5, 4)
