@@ -183,6 +183,13 @@ class LinkModel:
         c = by[k]
         return c.time_ms(nbytes * k / streams), c
 
+    def curve_backed(self, scope: str, parts: tuple[str, ...]) -> bool:
+        """Whether a link (``intra`` / ``inter`` of one partition, ``cross`` of two) has a measured
+        or imported curve (p2p, or a measured all-reduce), not only the site's figure."""
+        if self._find("p2p", scope, parts):
+            return True
+        return bool(self._index.get(("allreduce", scope, tuple(sorted(parts)), None, "measured")))
+
     def p2p(self, nbytes: float, a: str, b: str, *, same_node: bool = False, streams: int = 1) -> LinkCost:
         """One message of ``nbytes`` (split over ``streams`` GPUs of the node) from a GPU of
         partition ``a`` to one of ``b``."""
