@@ -119,7 +119,7 @@ def stage_extras(links, job: TrainJob, *, partition: str | None, tasks_per_node:
         f_bytes, b_bytes = analytic.cp_kv_exchange_bytes(shape_of(job), micro_batch_size=micro_batch_size,
                                                           precision=job.precision, cp=cp)
         streams = max(1, min(tp * cp, tasks_per_node))
-        same = tasks_per_node % (tp * cp) == 0
+        same = tasks_per_node % (tp * cp) == 0 or _in_domain(links.site, partition, tasks_per_node, tp * cp)
         att = layer_fwd_ms / cp * (analytic.attention_score_flops(shape_of(job), micro_batch_size=micro_batch_size)
                                    / analytic.layer_flops(shape_of(job), micro_batch_size=micro_batch_size))
         for nbytes, work, is_f in ((f_bytes, att, True), (b_bytes, 2.0 * att, False)):
@@ -136,7 +136,7 @@ def stage_extras(links, job: TrainJob, *, partition: str | None, tasks_per_node:
         out = analytic.moe_alltoall_bytes(m, micro_batch_size=micro_batch_size, precision=job.precision, ep=ep) \
             / (tp * cp)
         streams = max(1, min(et * ep, tasks_per_node))
-        same = tasks_per_node % (et * ep) == 0
+        same = tasks_per_node % (et * ep) == 0 or _in_domain(links.site, partition, tasks_per_node, et * ep)
         a2a = links.p2p(out * streams, partition, partition, same_node=same, streams=streams).ms * imbalance
         xf += 2.0 * a2a * frac
         xb += 2.0 * a2a * frac
@@ -144,6 +144,14 @@ def stage_extras(links, job: TrainJob, *, partition: str | None, tasks_per_node:
                                 xf=xf, xb=xb, host_us=host_us)
     return StageExtras(layer_scale=layer_scale, ends_scale=1.0 / cp, act_scale=1.0 / cp, extra_fwd_ms=xf,
                        extra_bwd_ms=xb)
+
+
+def _in_domain(site: Site, partition: str, tasks_per_node: int, group: int) -> bool:
+    """Whether a group of ``group`` consecutive ranks stays inside one NVLink domain of several
+    whole nodes (an NVL72 rack) when a node runs ``tasks_per_node`` ranks."""
+    p = site.partition(partition)
+    dom = p.domain_gpus
+    return dom > p.gpus_per_node and tasks_per_node == p.gpus_per_node and dom % group == 0
 
 
 def _host_floor_extras(job: TrainJob, *, tp: int, cp: int, ep: int, layer_scale: float, layer_fwd_ms: float,
@@ -206,19 +214,35 @@ def stage_layout(site: Site, placement: Placement) -> tuple[list[float], list[fl
     rendered job's components take them), the partition's network otherwise; across
     partitions the site's link. A DP group inside one node uses the intra-node link.
     """
-    bounds, one_node = stage_links(placement)
+    bounds, one_node = stage_links(placement, site)
     links = [site.intra_gbps(a) if same else site.link_gbps(a, b) for a, b, same in bounds]
     dps = [site.intra_gbps(name) if one else site.link_gbps(name, name)
            for name, one in zip(placement.stage_partitions, one_node)]
     return links, dps
 
 
-def stage_links(placement: Placement) -> tuple[list[tuple[str, str, bool]], list[bool]]:
+def stage_links(placement: Placement, site: Site | None = None) -> tuple[list[tuple[str, str, bool]], list[bool]]:
     """Where each stage boundary and each DP group runs: ``(sender partition, receiver
-    partition, same node)`` per boundary and ``one node`` per stage's DP group."""
+    partition, same node)`` per boundary and ``one node`` per stage's DP group. With ``site``,
+    a boundary whose ranks all send inside one NVLink domain of several nodes
+    (``nvlink_domain_gpus``: an NVL72 rack) counts as inside a node: its sends run over NVLink."""
     names = placement.stage_partitions
-    bounds = [(names[i], names[i + 1], placement.boundary_same_node(i)) for i in range(len(names) - 1)]
+    bounds = [(names[i], names[i + 1], placement.boundary_same_node(i)
+               or (site is not None and _boundary_same_domain(placement, site, i))) for i in range(len(names) - 1)]
     return bounds, [placement.stage_on_one_node(i) for i in range(len(names))]
+
+
+def _boundary_same_domain(placement: Placement, site: Site, stage: int) -> bool:
+    a, b = placement.component_of_stage(stage), placement.component_of_stage(stage + 1)
+    if a.partition != b.partition:
+        return False
+    p = site.partition(a.partition)
+    per = p.domain_gpus // p.gpus_per_node  # nodes a domain holds
+    if per <= 1:
+        return False
+    w = placement.ranks_per_stage
+    first = stage * w
+    return all(a.node_of(r) // per == b.node_of(r + w) // per for r in range(first, first + w))
 
 
 def link_model_for(site: Site, cost_model: "CostModel | AssembledCostModel | None" = None,
@@ -240,12 +264,25 @@ def send_ms(links, job: TrainJob, *, micro_batch_size: int, tp: int, sequence_pa
             b: str | None, same_node: bool, cp: int = 1) -> float:
     """One activation (or gradient) between two stages: every TP rank sends its copy
     (``s·b·h``, or its ``1/tp`` under sequence parallelism; ``1/cp`` of the sequence under
-    context parallel), those of a node at once."""
+    context parallel), those of a node at once: on a measured or imported curve of the link
+    where there is one, else NCCL's send (:func:`memx_hpc.model.collectives.send_ms`: per-message
+    latency of the link kind, bytes at its peak fraction of the site's figure)."""
     msg = p2p_bytes(job, micro_batch_size=micro_batch_size, tp=tp, sequence_parallel=sequence_parallel) / cp
     if a is None or b is None:
         return transfer_ms(msg, links.site.inter_partition_gbps)
-    streams = min(tp * cp, links.site.partition(a).gpus_per_node)
-    return links.p2p(msg * streams, a, b, same_node=same_node, streams=streams).ms
+    scope = "cross" if a != b else ("intra" if same_node else "inter")
+    if links.curve_backed(scope, (a, b) if a != b else (a,)):
+        streams = min(tp * cp, links.site.partition(a).gpus_per_node)
+        return links.p2p(msg * streams, a, b, same_node=same_node, streams=streams).ms
+    # NCCL's send: base + one hop of latency of the link between the two stages' GPUs, the bytes
+    # at its peak fraction; each GPU over its own NVLink or its share of the fabric
+    from . import collectives as coll
+    site = links.site
+    if scope == "intra":
+        return float(coll.send_ms(msg, gbytes_per_s=site.intra_gbps(a), link=intra_link_kind(site, a)))
+    kinds = {inter_link_kind(site, a), inter_link_kind(site, b)}
+    kind = max(kinds, key=lambda k: coll.LINK_KINDS[k].ring_hop_latency_us / coll.LINK_KINDS[k].peak_fraction)
+    return float(coll.send_ms(msg, gbytes_per_s=site.link_gbps(a, b), link=kind))
 
 
 def dp_sync_ms(links, job: TrainJob, *, dp: int, params: float, partitions: Sequence[str | None], one_node: bool,
@@ -294,21 +331,22 @@ def tied_sync_ms(links, job: TrainJob, tp: int, pp: int, first: str | None, last
 
 def tp_internode_ms(links, job: TrainJob, *, partition: str | None, gpu_type: str, tp: int,
                     micro_batch_size: int) -> float:
-    """Extra ms of ONE layer's forward TP collectives when its TP group spans nodes.
+    """Extra ms of ONE layer's forward TP collectives when its TP group spans NVLink domains.
 
-    A TP group of whole nodes (:func:`memx_hpc.placement.tp_spans_nodes`) runs its two
-    all-reduces of the ``s·b·h`` activation per layer forward (or, under sequence
-    parallelism, all-gather + reduce-scatter of the same volume) as a ring whose slowest hop
-    is the inter-node link: priced on the partition's inter-node curve
-    (:meth:`memx_hpc.model.links.LinkModel.allreduce`). The layer's cost model priced them
-    over the GPU's intra-node link (its roofline's ``comm_ms``, what measured TP groups inside
-    a node ran), so only the difference is added. A layer's forward + backward holds two such
-    forwards' worth (three under full recompute), the embedding and the head half of one
-    (one all-reduce each). 0 where the group stays inside a node."""
-    if partition is None or tp <= links.site.partition(partition).gpus_per_node:
+    A TP group inside one domain (a node, or a GB200/GB300 NVL72 rack's 72 GPUs:
+    ``nvlink_domain_gpus``) stays on NVLink: 0. A TP group over several domains runs its two
+    all-reduces of the ``s·b·h`` activation per layer forward (or, under sequence parallelism,
+    all-gather + reduce-scatter of the same volume) as NCCL does over the group's shape
+    (:func:`group_collective_ms`: ring or tree, the domain's GPUs sharing the fabric, per-call
+    latency), or on the partition's measured inter-node curve where there is one. The layer's
+    cost model priced them over the GPU's intra-node link (its roofline's ``comm_ms``), so only
+    the difference is added. A layer's forward + backward holds two such forwards' worth (three
+    under full recompute), the embedding and the head half of one (one all-reduce each)."""
+    if partition is None or tp <= links.site.partition(partition).domain_gpus:
         return 0.0
     nbytes = analytic.tp_allreduce_bytes(shape_of(job), micro_batch_size=micro_batch_size, precision=job.precision)
-    inter = links.allreduce(nbytes, tp, [partition], one_node=False).ms
+    inter = float(group_collective_ms(links, "allreduce", np.array([nbytes]), ranks=tp, partition=partition,
+                                      one_node=False, stride=1)[0])
     intra = analytic.ring_allreduce_ms(nbytes, tp, links.site.gpu(gpu_type).link_gbps)
     return max(0.0, inter - intra)
 
@@ -352,8 +390,7 @@ def inter_link_kind(site: Site, partition: str) -> str:
 def domain_gpus(site: Site, partition: str) -> int:
     """GPUs of one NVLink/xGMI domain of ``partition``: its ``nvlink_domain_gpus`` (72 on a
     GB200/GB300 NVL72 rack), else a node."""
-    p = site.partition(partition)
-    return int(getattr(p, "nvlink_domain_gpus", None) or p.gpus_per_node)
+    return int(site.partition(partition).domain_gpus)
 
 
 def group_shape_of(site: Site, partition: str, *, ranks: int, stride: int, one_node: bool = False):

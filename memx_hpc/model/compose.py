@@ -299,7 +299,7 @@ class _LayoutTables:
         m = job.global_batch_size // (mbs * dp)
         self.m[li], self.pp[li], self.vp[li] = m, pp, v
         names = pl.stage_partitions
-        bounds, one_node = stage_links(pl)
+        bounds, one_node = stage_links(pl, self.inputs.site)
         tied = tied_sync_ms(self.links, job, tp, pp, names[0], names[-1])
         comps = [c for c in pl.components for _ in c.stages]
         for i, name in enumerate(names):
@@ -783,7 +783,7 @@ def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: 
     placement = place(plan, site, job, by_partition=True)
     names = list(placement.stage_partitions)
     lm = link_model_for(site, cost_model, links)
-    bounds, one_node = stage_links(placement)
+    bounds, one_node = stage_links(placement, site)
     sp = plan.sequence_parallel and plan.tp > 1
     cp, ep, etp = plan.cp, plan.ep, plan.etp
     link_ms = [send_ms(lm, job, micro_batch_size=plan.micro_batch_size, tp=plan.tp, sequence_parallel=sp, a=a, b=b,

@@ -263,7 +263,8 @@ def _site_links(site: Any) -> Any:
     try:
         return {"parts": [(p.name, p.gpu_type, p.intra_node_gbps, p.inter_node_gbps,
                            getattr(p, "link_curves_from", None), getattr(p, "fabric", ""),
-                           getattr(p, "nics_per_node", None)) for p in site.partitions],
+                           getattr(p, "nics_per_node", None), getattr(p, "nvlink_domain_gpus", None))
+                          for p in site.partitions],
                 "links": [(lk.a, lk.b, lk.gbps) for lk in getattr(site, "links", ())],
                 "inter": getattr(site, "inter_partition_gbps", None)}
     except AttributeError:

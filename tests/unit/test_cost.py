@@ -106,8 +106,10 @@ def test_hand_computed_plan():
     assert s1.peak_bytes == round(a * (st1 + 1e7 + 5e7 + 9e7) + GiB)
     # no measured or imported curves: the site's figures as latency + bytes / bandwidth
     lat = {k: v * 1e-3 for k, v in SITE_LATENCY_US.items()}
-    # p2p: s*b*h*2 bytes over the 10 GB/s link between the partitions
-    c = lat["cross"] + 512 * 1 * 1024 * 2 / (10 * 1e6)
+    # p2p: s*b*h*2 bytes over the 10 GB/s link between the partitions, as NCCL sends it (collectives.py):
+    # base + one network hop of latency, the bytes at InfiniBand's peak fraction
+    ib = coll.LINK_KINDS["ib"]
+    c = (coll.BASE_LATENCY_US + ib.ring_hop_latency_us) * 1e-3 + 512 * 1 * 1024 * 2 / (10 * ib.peak_fraction * 1e6)
     assert s0.send_ms == pytest.approx(c)
     # DP sync: distributed optimizer, reduce-scatter (4-byte grads) + all-gather (2-byte params), one bucket
     # each (no --overlap-grad-reduce), NCCL's ring inside one node (collectives.py): per call the base and one
