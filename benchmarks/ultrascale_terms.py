@@ -10,10 +10,12 @@ into its terms and set beside the measured time:
 * TP in node / TP across nodes: the part of compute that is TP communication: inside a node
   the ring of the two s·b·h collectives per layer forward at the catalog's NVLink figure (what
   the roofline prices; the layer cost model carries its own), across nodes what the
-  composition adds for a TP group of whole nodes (compose.tp_internode_ms);
+  composition adds for a TP group over several NVLink domains (compose.tp_internode_ms: NCCL's
+  model of the group's shape, collectives.py);
 * bubble: the 1F1B schedule with free links less compute; p2p: what the links add to it;
-* DP sync: the gradient synchronisation the critical stage waits for (all of it with
-  ``--overlap-grad-reduce`` off, the excess over its last backward with it on);
+* DP sync: the gradient synchronisation the critical stage waits for, in Megatron's buckets
+  priced by collectives.py (all of it with the plans' ``overlap_grad_reduce`` off; with it on,
+  the last bucket and what outruns the first stage's last backward);
 * optimizer, tied embeddings (the first/last-stage all-reduce), fixed: none priced.
 
 Then the evidence of scaling at fixed layout, measured against predicted: DP scaling across

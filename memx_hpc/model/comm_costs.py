@@ -11,8 +11,11 @@ measured, else Sailor's imported curves, else the site's figure).
   group -- a ring all-reduce (Patarasuk & Yuan 2009: ``2(d-1)`` steps of ``bytes/d`` on the
   group's slowest link curve, all the stage's TP ranks of a node running their rings at
   once), or with the distributed optimizer reduce-scatter of gradients then all-gather
-  of parameters, half a ring each (Rajbhandari et al. 2020, ZeRO §5); under
-  ``--overlap-grad-reduce`` only what the last backward does not hide shows. Tied
+  of parameters, half a ring each (Rajbhandari et al. 2020, ZeRO §5), in megatron-core's
+  buckets, each call priced by NCCL's model of the group's shape (:func:`stage_sync_terms`,
+  :mod:`memx_hpc.model.collectives`) where the link has no measured or imported curve; under
+  the plan's ``--overlap-grad-reduce`` / ``--overlap-param-gather`` only what the last backward
+  and the next forward do not hide shows (:func:`exposed_dp_sync_ms`). Tied
   embeddings add the first/last-stage embedding-gradient all-reduce (Megatron-LM
   ``_allreduce_word_embedding_grads``);
 * a TP group of whole nodes adds the inter-node part of its collectives, and context and

@@ -14,9 +14,11 @@ bytes kept per in-flight micro-batch; the questions: :mod:`memx_hpc.model.querie
   optimizer states, as the device reports them (``a·A + b``), against the capacity less the
   site's safety margin (:mod:`memx_hpc.model.stage_memory`);
 * communication: point-to-point sends between stages over the link between their GPUs,
-  each stage's gradient synchronisation over its data-parallel group after its last
-  backward, the tied-embedding all-reduce, TP across nodes, context and expert parallel's
-  exchanges (:mod:`memx_hpc.model.comm_costs`);
+  each stage's gradient synchronisation over its data-parallel group in Megatron's buckets
+  (what the plan's ``overlap_grad_reduce`` / ``overlap_param_gather`` hide behind the last
+  backward and the next forward does not count), the tied-embedding all-reduce, TP across
+  NVLink domains, context and expert parallel's exchanges (:mod:`memx_hpc.model.comm_costs`,
+  NCCL's cost model in :mod:`memx_hpc.model.collectives` where a link has no measured curve);
 * the pipeline: Megatron's 1F1B schedule evaluated exactly (see
   :mod:`memx_hpc.model.schedule`), giving each stage's finish time; each stage then
   synchronises its gradients and steps its optimizer. The iteration ends when the last
@@ -456,8 +458,10 @@ class Composer:
         self._state = np.array(t.state_rows).reshape(len(t.state_rows), L + 1)
         self._params = np.array(t.param_rows).reshape(len(t.param_rows), L + 1)
         self._opt = np.array(t.opt_rows).reshape(len(t.opt_rows), L + 1)
-        self._sync = np.array(t.sync_rows).reshape(len(t.sync_rows), L + 1, *t.sync_rows[0].shape[1:]) \
-            if t.sync_rows else np.zeros((0, L + 1, 2, 1))
+        sync = np.array(t.sync_rows).reshape(len(t.sync_rows), L + 1, *t.sync_rows[0].shape[1:]) \
+            if t.sync_rows else np.zeros((0, L + 1, 1, 1))
+        # (rows, layers, dense | experts, terms); a model without routed experts keeps the dense terms only
+        self._sync = np.ascontiguousarray(sync[:, :, 0, :] if not sync[:, :, 1:, :].any() else sync)
         self._sk = t.sk
         self._sk_m, self._sk_pp, self._sk_vp = t.m, t.pp, t.vp
         self.contexts = tuple(t.ctx_ids)
