@@ -54,6 +54,7 @@ Run from the repository root:  .venv/bin/python benchmarks/ranking.py
 from __future__ import annotations
 
 import csv
+import dataclasses
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -305,8 +306,8 @@ def ultrascale_runs(path: Path | None = None, panels=None):
         run = dict(group=(row["model"], nodes), split=split_of_ultrascale(nodes), model=row["model"], nodes=nodes,
                    dp=plan.dp, tp=plan.tp, pp=plan.pp, mbs=plan.micro_batch_size, gas=int(row["gas"]),
                    zero=int(row["zero_stage"]), plan=plan, site=site, job=job, cases=len(ok),
-                   predict=lambda model, options=None, plan=plan, site=site, job=job:
-                   predict_plan(plan, site, job, model, options=options))
+                   predict=lambda model, overlap=False, plan=plan, site=site, job=job:
+                   predict_plan(dataclasses.replace(plan, overlap_grad_reduce=overlap), site, job, model))
         if ok:
             run["measured"] = float(np.median([float(r["iter_time_s"]) for r in ok])) * 1e3
             run["mem_gib"] = float(np.median([float(r["gpu_mem_gib"]) for r in ok]))
@@ -329,27 +330,26 @@ def ultrascale_family(r) -> str:
 ULTRASCALE_FAMILIES = ("pp = 1", "pp > 1", "TP across nodes (tp > 8)")
 
 
-def ultrascale_predict(timed, untimed, model, options) -> None:
+def ultrascale_predict(timed, untimed, model, overlap: bool = False) -> None:
     """Fill ``pred`` (iteration ms), ``feasible`` and ``pred_fit`` (the predicted time of a
-    plan predicted to fit, else far behind every one that does) under ``options``."""
+    plan predicted to fit, else far behind every one that does), the plans with
+    ``overlap_grad_reduce`` as ``overlap`` says."""
     for r in list(timed) + list(untimed):
-        p = r["predict"](model, options)
+        p = r["predict"](model, overlap)
         r["pred"], r["feasible"], r["prediction"] = p.iteration_ms, p.feasible, p
         r["pred_fit"] = p.iteration_ms if p.feasible else 1e12 + p.iteration_ms
 
 
 def score_ultrascale(timed, untimed, model, roof=None) -> list[list]:
-    """Rows of the ultrascale table: per CostOptions pass and split, the ranking of the
-    predictor (all plans that ran; and only those it predicts fit), time MAPE overall and by
-    family, and the false-OOM calls."""
-    from memx_hpc.model.compose import CostOptions
+    """Rows of the ultrascale table: per pass (the plans' overlap_grad_reduce off / on) and
+    split, the ranking of the predictor (all plans that ran; and only those it predicts fit),
+    time MAPE overall and by family, and the false-OOM calls."""
     rows = []
-    passes = [("predictor", model, CostOptions(overlap_grad_reduce=False)),
-              ("predictor", model, CostOptions(overlap_grad_reduce=True))]
+    passes = [("predictor", model, False), ("predictor", model, True)]
     if roof is not None:
-        passes.append(("roofline", roof, CostOptions(overlap_grad_reduce=False)))
-    for label, m, opts in passes:
-        ultrascale_predict(timed, untimed, m, opts)
+        passes.append(("roofline", roof, False))
+    for label, m, overlap in passes:
+        ultrascale_predict(timed, untimed, m, overlap)
         s_all, s_fit = score_groups(timed, "pred"), score_groups(timed, "pred_fit")
         for split in ("dev", "test"):
             half = [r for r in timed if r["split"] == split]
@@ -360,7 +360,7 @@ def score_ultrascale(timed, untimed, model, roof=None) -> list[list]:
                    for f in ULTRASCALE_FAMILIES}
             for which, s in (("all that ran", s_all), ("predicted to fit", s_fit)):
                 o = s[split]
-                rows.append([label, "on" if opts.overlap_grad_reduce else "off", split, which, o["groups"],
+                rows.append([label, "on" if overlap else "off", split, which, o["groups"],
                              f"{o['top1_n']}/{o['groups']}", f"{o['rule_n']}/{o['groups']}",
                              f"{o['regret']:.1f} / {o['regret_median']:.1f}",
                              f"{o['rule_regret']:.1f} / {o['rule_regret_median']:.1f}",

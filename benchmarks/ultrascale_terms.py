@@ -10,10 +10,12 @@ into its terms and set beside the measured time:
 * TP in node / TP across nodes: the part of compute that is TP communication: inside a node
   the ring of the two s·b·h collectives per layer forward at the catalog's NVLink figure (what
   the roofline prices; the layer cost model carries its own), across nodes what the
-  composition adds for a TP group of whole nodes (compose.tp_internode_ms);
+  composition adds for a TP group over several NVLink domains (compose.tp_internode_ms: NCCL's
+  model of the group's shape, collectives.py);
 * bubble: the 1F1B schedule with free links less compute; p2p: what the links add to it;
-* DP sync: the gradient synchronisation the critical stage waits for (all of it with
-  ``--overlap-grad-reduce`` off, the excess over its last backward with it on);
+* DP sync: the gradient synchronisation the critical stage waits for, in Megatron's buckets
+  priced by collectives.py (all of it with the plans' ``overlap_grad_reduce`` off; with it on,
+  the last bucket and what outruns the first stage's last backward);
 * optimizer, tied embeddings (the first/last-stage all-reduce), fixed: none priced.
 
 Then the evidence of scaling at fixed layout, measured against predicted: DP scaling across
@@ -41,8 +43,7 @@ import ranking  # noqa: E402
 from memx_hpc.spec.catalog import catalog  # noqa: E402
 from memx_hpc.datapaths import shared_data  # noqa: E402
 from memx_hpc.model import analytic  # noqa: E402
-from memx_hpc.model.compose import (CostOptions, interleaved_finish, link_model_for, shape_of,  # noqa: E402
-                                    tp_internode_ms)
+from memx_hpc.model.compose import (interleaved_finish, link_model_for, shape_of, tp_internode_ms)  # noqa: E402
 from memx_hpc.tables import table  # noqa: E402
 
 #: TP-collective forwards per layer, per embedding, per head (compose.TP_COLLECTIVE_UNITS, no recompute)
@@ -218,15 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--overlap-grad-reduce", action="store_true",
-                    help="compose with --overlap-grad-reduce (CostOptions.overlap_grad_reduce)")
+                    help="the plans with overlap_grad_reduce (Megatron's --overlap-grad-reduce)")
     args = ap.parse_args(argv)
     _, timed, untimed, _ = ranking.ultrascale_runs()
     model = ranking.fit_without(ranking.store_samples(shared_data()), None)
-    opts = CostOptions(overlap_grad_reduce=args.overlap_grad_reduce)
-    ranking.ultrascale_predict(timed, [], model, opts)
+    overlap = bool(args.overlap_grad_reduce)
+    ranking.ultrascale_predict(timed, [], model, overlap)
     print(f"ultrascale-dev, {catalog().get(ranking.ULTRASCALE_GPU).name} x 8 a node, EFA "
           f"{ranking.ULTRASCALE_EFA_GBPS:g} GB/s a GPU; overlap of grad reduce "
-          f"{'on' if opts.overlap_grad_reduce else 'off'}; ms per iteration")
+          f"{'on' if overlap else 'off'}; ms per iteration")
     print("\nPredicted iteration term by term (compute + bubble + p2p + DP sync + optimizer + tied emb = predicted; "
           "the TP terms are inside compute)")
     term_table(timed, model)

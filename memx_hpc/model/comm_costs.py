@@ -11,8 +11,11 @@ measured, else Sailor's imported curves, else the site's figure).
   group -- a ring all-reduce (Patarasuk & Yuan 2009: ``2(d-1)`` steps of ``bytes/d`` on the
   group's slowest link curve, all the stage's TP ranks of a node running their rings at
   once), or with the distributed optimizer reduce-scatter of gradients then all-gather
-  of parameters, half a ring each (Rajbhandari et al. 2020, ZeRO §5); under
-  ``--overlap-grad-reduce`` only what the last backward does not hide shows. Tied
+  of parameters, half a ring each (Rajbhandari et al. 2020, ZeRO §5), in megatron-core's
+  buckets, each call priced by NCCL's model of the group's shape (:func:`stage_sync_terms`,
+  :mod:`memx_hpc.model.collectives`) where the link has no measured or imported curve; under
+  the plan's ``--overlap-grad-reduce`` / ``--overlap-param-gather`` only what the last backward
+  and the next forward do not hide shows (:func:`exposed_dp_sync_ms`). Tied
   embeddings add the first/last-stage embedding-gradient all-reduce (Megatron-LM
   ``_allreduce_word_embedding_grads``);
 * a TP group of whole nodes adds the inter-node part of its collectives, and context and
@@ -44,7 +47,8 @@ if TYPE_CHECKING:
 __all__ = ["GRAD_BYTES_PER_PARAM", "grad_bytes_per_param", "StageExtras", "stage_extras", "p2p_bytes", "transfer_ms",
            "sync_ms_per_param", "tied_embedding_sync_ms", "stage_layout", "stage_links", "link_model_for", "send_ms",
            "dp_sync_ms", "stage_sync_ms", "tied_sync_ms", "tp_internode_ms", "TP_COLLECTIVE_UNITS",
-           "exposed_sync_ms"]
+           "SYNC_TERMS", "bucket_terms", "one_bucket_terms", "exposed_dp_sync_ms", "stage_sync_terms",
+           "group_collective_ms", "group_shape_of", "domain_gpus", "intra_link_kind", "inter_link_kind"]
 
 #: Bytes per parameter of the gradients that DP synchronises (see the module docstring).
 GRAD_BYTES_PER_PARAM = {"bf16": 4, "fp16": 2, "fp32": 4}
@@ -118,7 +122,7 @@ def stage_extras(links, job: TrainJob, *, partition: str | None, tasks_per_node:
         f_bytes, b_bytes = analytic.cp_kv_exchange_bytes(shape_of(job), micro_batch_size=micro_batch_size,
                                                           precision=job.precision, cp=cp)
         streams = max(1, min(tp * cp, tasks_per_node))
-        same = tasks_per_node % (tp * cp) == 0
+        same = tasks_per_node % (tp * cp) == 0 or _in_domain(links.site, partition, tasks_per_node, tp * cp)
         att = layer_fwd_ms / cp * (analytic.attention_score_flops(shape_of(job), micro_batch_size=micro_batch_size)
                                    / analytic.layer_flops(shape_of(job), micro_batch_size=micro_batch_size))
         for nbytes, work, is_f in ((f_bytes, att, True), (b_bytes, 2.0 * att, False)):
@@ -135,7 +139,7 @@ def stage_extras(links, job: TrainJob, *, partition: str | None, tasks_per_node:
         out = analytic.moe_alltoall_bytes(m, micro_batch_size=micro_batch_size, precision=job.precision, ep=ep) \
             / (tp * cp)
         streams = max(1, min(et * ep, tasks_per_node))
-        same = tasks_per_node % (et * ep) == 0
+        same = tasks_per_node % (et * ep) == 0 or _in_domain(links.site, partition, tasks_per_node, et * ep)
         a2a = links.p2p(out * streams, partition, partition, same_node=same, streams=streams).ms * imbalance
         xf += 2.0 * a2a * frac
         xb += 2.0 * a2a * frac
@@ -143,6 +147,14 @@ def stage_extras(links, job: TrainJob, *, partition: str | None, tasks_per_node:
                                 xf=xf, xb=xb, host_us=host_us)
     return StageExtras(layer_scale=layer_scale, ends_scale=1.0 / cp, act_scale=1.0 / cp, extra_fwd_ms=xf,
                        extra_bwd_ms=xb)
+
+
+def _in_domain(site: Site, partition: str, tasks_per_node: int, group: int) -> bool:
+    """Whether a group of ``group`` consecutive ranks stays inside one NVLink domain of several
+    whole nodes (an NVL72 rack) when a node runs ``tasks_per_node`` ranks."""
+    p = site.partition(partition)
+    dom = p.domain_gpus
+    return dom > p.gpus_per_node and tasks_per_node == p.gpus_per_node and dom % group == 0
 
 
 def _host_floor_extras(job: TrainJob, *, tp: int, cp: int, ep: int, layer_scale: float, layer_fwd_ms: float,
@@ -205,19 +217,35 @@ def stage_layout(site: Site, placement: Placement) -> tuple[list[float], list[fl
     rendered job's components take them), the partition's network otherwise; across
     partitions the site's link. A DP group inside one node uses the intra-node link.
     """
-    bounds, one_node = stage_links(placement)
+    bounds, one_node = stage_links(placement, site)
     links = [site.intra_gbps(a) if same else site.link_gbps(a, b) for a, b, same in bounds]
     dps = [site.intra_gbps(name) if one else site.link_gbps(name, name)
            for name, one in zip(placement.stage_partitions, one_node)]
     return links, dps
 
 
-def stage_links(placement: Placement) -> tuple[list[tuple[str, str, bool]], list[bool]]:
+def stage_links(placement: Placement, site: Site | None = None) -> tuple[list[tuple[str, str, bool]], list[bool]]:
     """Where each stage boundary and each DP group runs: ``(sender partition, receiver
-    partition, same node)`` per boundary and ``one node`` per stage's DP group."""
+    partition, same node)`` per boundary and ``one node`` per stage's DP group. With ``site``,
+    a boundary whose ranks all send inside one NVLink domain of several nodes
+    (``nvlink_domain_gpus``: an NVL72 rack) counts as inside a node: its sends run over NVLink."""
     names = placement.stage_partitions
-    bounds = [(names[i], names[i + 1], placement.boundary_same_node(i)) for i in range(len(names) - 1)]
+    bounds = [(names[i], names[i + 1], placement.boundary_same_node(i)
+               or (site is not None and _boundary_same_domain(placement, site, i))) for i in range(len(names) - 1)]
     return bounds, [placement.stage_on_one_node(i) for i in range(len(names))]
+
+
+def _boundary_same_domain(placement: Placement, site: Site, stage: int) -> bool:
+    a, b = placement.component_of_stage(stage), placement.component_of_stage(stage + 1)
+    if a.partition != b.partition:
+        return False
+    p = site.partition(a.partition)
+    per = p.domain_gpus // p.gpus_per_node  # nodes a domain holds
+    if per <= 1:
+        return False
+    w = placement.ranks_per_stage
+    first = stage * w
+    return all(a.node_of(r) // per == b.node_of(r + w) // per for r in range(first, first + w))
 
 
 def link_model_for(site: Site, cost_model: "CostModel | AssembledCostModel | None" = None,
@@ -239,12 +267,25 @@ def send_ms(links, job: TrainJob, *, micro_batch_size: int, tp: int, sequence_pa
             b: str | None, same_node: bool, cp: int = 1) -> float:
     """One activation (or gradient) between two stages: every TP rank sends its copy
     (``s·b·h``, or its ``1/tp`` under sequence parallelism; ``1/cp`` of the sequence under
-    context parallel), those of a node at once."""
+    context parallel), those of a node at once: on a measured or imported curve of the link
+    where there is one, else NCCL's send (:func:`memx_hpc.model.collectives.send_ms`: per-message
+    latency of the link kind, bytes at its peak fraction of the site's figure)."""
     msg = p2p_bytes(job, micro_batch_size=micro_batch_size, tp=tp, sequence_parallel=sequence_parallel) / cp
     if a is None or b is None:
         return transfer_ms(msg, links.site.inter_partition_gbps)
-    streams = min(tp * cp, links.site.partition(a).gpus_per_node)
-    return links.p2p(msg * streams, a, b, same_node=same_node, streams=streams).ms
+    scope = "cross" if a != b else ("intra" if same_node else "inter")
+    if links.curve_backed(scope, (a, b) if a != b else (a,)):
+        streams = min(tp * cp, links.site.partition(a).gpus_per_node)
+        return links.p2p(msg * streams, a, b, same_node=same_node, streams=streams).ms
+    # NCCL's send: base + one hop of latency of the link between the two stages' GPUs, the bytes
+    # at its peak fraction; each GPU over its own NVLink or its share of the fabric
+    from . import collectives as coll
+    site = links.site
+    if scope == "intra":
+        return float(coll.send_ms(msg, gbytes_per_s=site.intra_gbps(a), link=intra_link_kind(site, a)))
+    kinds = {inter_link_kind(site, a), inter_link_kind(site, b)}
+    kind = max(kinds, key=lambda k: coll.LINK_KINDS[k].ring_hop_latency_us / coll.LINK_KINDS[k].peak_fraction)
+    return float(coll.send_ms(msg, gbytes_per_s=site.link_gbps(a, b), link=kind))
 
 
 def dp_sync_ms(links, job: TrainJob, *, dp: int, params: float, partitions: Sequence[str | None], one_node: bool,
@@ -293,21 +334,22 @@ def tied_sync_ms(links, job: TrainJob, tp: int, pp: int, first: str | None, last
 
 def tp_internode_ms(links, job: TrainJob, *, partition: str | None, gpu_type: str, tp: int,
                     micro_batch_size: int) -> float:
-    """Extra ms of ONE layer's forward TP collectives when its TP group spans nodes.
+    """Extra ms of ONE layer's forward TP collectives when its TP group spans NVLink domains.
 
-    A TP group of whole nodes (:func:`memx_hpc.placement.tp_spans_nodes`) runs its two
-    all-reduces of the ``s·b·h`` activation per layer forward (or, under sequence
-    parallelism, all-gather + reduce-scatter of the same volume) as a ring whose slowest hop
-    is the inter-node link: priced on the partition's inter-node curve
-    (:meth:`memx_hpc.model.links.LinkModel.allreduce`). The layer's cost model priced them
-    over the GPU's intra-node link (its roofline's ``comm_ms``, what measured TP groups inside
-    a node ran), so only the difference is added. A layer's forward + backward holds two such
-    forwards' worth (three under full recompute), the embedding and the head half of one
-    (one all-reduce each). 0 where the group stays inside a node."""
-    if partition is None or tp <= links.site.partition(partition).gpus_per_node:
+    A TP group inside one domain (a node, or a GB200/GB300 NVL72 rack's 72 GPUs:
+    ``nvlink_domain_gpus``) stays on NVLink: 0. A TP group over several domains runs its two
+    all-reduces of the ``s·b·h`` activation per layer forward (or, under sequence parallelism,
+    all-gather + reduce-scatter of the same volume) as NCCL does over the group's shape
+    (:func:`group_collective_ms`: ring or tree, the domain's GPUs sharing the fabric, per-call
+    latency), or on the partition's measured inter-node curve where there is one. The layer's
+    cost model priced them over the GPU's intra-node link (its roofline's ``comm_ms``), so only
+    the difference is added. A layer's forward + backward holds two such forwards' worth (three
+    under full recompute), the embedding and the head half of one (one all-reduce each)."""
+    if partition is None or tp <= links.site.partition(partition).domain_gpus:
         return 0.0
     nbytes = analytic.tp_allreduce_bytes(shape_of(job), micro_batch_size=micro_batch_size, precision=job.precision)
-    inter = links.allreduce(nbytes, tp, [partition], one_node=False).ms
+    inter = float(group_collective_ms(links, "allreduce", np.array([nbytes]), ranks=tp, partition=partition,
+                                      one_node=False, stride=1)[0])
     intra = analytic.ring_allreduce_ms(nbytes, tp, links.site.gpu(gpu_type).link_gbps)
     return max(0.0, inter - intra)
 
@@ -316,8 +358,210 @@ def tp_internode_ms(links, job: TrainJob, *, partition: str | None, gpu_type: st
 TP_COLLECTIVE_UNITS = (2.0, 3.0, 0.5, 0.5)
 
 
-def exposed_sync_ms(sync, backward, *, overlap_grad_reduce: bool):
-    """The gradient synchronisation the iteration waits for: all of it, or under
-    ``--overlap-grad-reduce`` (:class:`~memx_hpc.model.compose.CostOptions`) what the stage's
-    last backward does not hide."""
-    return np.maximum(0.0, sync - backward) if overlap_grad_reduce else sync
+# --------------------------------------------------------------------------- DP synchronisation by buckets
+#
+# A stage's gradient synchronisation as megatron-core's DDP runs it (:mod:`memx_hpc.model.collectives`,
+# module notes "Megatron's gradient buckets"): the gradients in buckets (``max(40M, 1M x dp)``
+# parameters on the first pipeline rank under ``--overlap-grad-reduce``; one bucket per model
+# chunk elsewhere, one bucket in all without it), each reduced by its own collective (per-call
+# latency included), then under the distributed optimizer the parameters all-gathered in the same
+# buckets. The terms below describe the buckets of every layer count at once; the iteration's
+# wait is :func:`exposed_dp_sync_ms` of them and the stage's forward/backward, one formula for the
+# vectorised composition and for one plan.
+
+#: the columns of a synchronisation's terms (the last axis of :func:`sync_terms`' rows)
+SYNC_TERMS = ("grad_total", "grad_first", "grad_first_frac", "grad_last", "grad_prev", "grad_last_frac",
+              "grad_hide", "gather_first", "gather_full", "gather_after", "gather_first_frac", "gather_full_frac",
+              "gather_hide")
+_T = {name: i for i, name in enumerate(SYNC_TERMS)}
+
+
+def intra_link_kind(site: Site, partition: str) -> str:
+    """The :data:`~memx_hpc.model.collectives.LINK_KINDS` key of a partition's link inside its
+    NVLink/xGMI domain: xGMI on AMD GPUs, NVLink otherwise."""
+    return "xgmi" if site.gpu_of(partition).vendor == "amd" else "nvlink"
+
+
+def inter_link_kind(site: Site, partition: str) -> str:
+    """The :data:`~memx_hpc.model.collectives.LINK_KINDS` key of the fabric between a partition's
+    nodes: its ``fabric``'s, InfiniBand's where the site names none."""
+    from ..spec.site import FABRICS
+    fab = site.partition(partition).fabric
+    return FABRICS[fab].link if fab else "ib"
+
+
+def domain_gpus(site: Site, partition: str) -> int:
+    """GPUs of one NVLink/xGMI domain of ``partition``: its ``nvlink_domain_gpus`` (72 on a
+    GB200/GB300 NVL72 rack), else a node."""
+    return int(site.partition(partition).domain_gpus)
+
+
+def group_shape_of(site: Site, partition: str, *, ranks: int, stride: int, one_node: bool = False):
+    """The :class:`~memx_hpc.model.collectives.GroupShape` of ``ranks`` GPUs of ``partition``
+    whose global ranks are ``stride`` apart (ranks fill nodes, and nodes their NVLink domains, in
+    order); ``one_node``: the placement keeps the whole group on one node."""
+    from . import collectives as coll
+    p = site.partition(partition)
+    intra, inter = site.intra_gbps(partition), site.link_gbps(partition, partition)
+    ik, nk = intra_link_kind(site, partition), inter_link_kind(site, partition)
+    if one_node:
+        return coll.GroupShape(ranks=ranks, ranks_per_domain=ranks, intra_gbytes_per_s=intra,
+                               inter_gbytes_per_s=inter, intra_link=ik, inter_link=nk)
+    return coll.group_shape(ranks=ranks, gpus_per_node=p.gpus_per_node, intra_gbytes_per_s=intra,
+                            inter_gbytes_per_s=inter, stride=max(1, stride), domain_size=domain_gpus(site, partition),
+                            intra_link=ik, inter_link=nk)
+
+
+def group_collective_ms(links, collective: str, nbytes, *, ranks: int, partition: str, one_node: bool, stride: int,
+                        streams: int = 1) -> np.ndarray:
+    """One collective (``allreduce``, ``reduce_scatter``, ``all_gather``) of ``nbytes`` (an
+    array) over ``ranks`` GPUs of ``partition``: on a link the site measured (or whose curves it
+    imported) the link model's ring from that curve (reduce-scatter and all-gather half an
+    all-reduce each); otherwise NCCL's cost model of the group's shape
+    (:mod:`memx_hpc.model.collectives`: per-call and per-step latency, ring or tree, the
+    hierarchical bus bandwidth of NVLink domains over the fabric)."""
+    from . import collectives as coll
+    x = np.asarray(nbytes, dtype=np.float64)
+    if ranks <= 1:
+        return np.zeros_like(x)
+    scope = "intra" if one_node else "inter"
+    if links.curve_backed(scope, (partition,)):
+        flat = [links.allreduce(float(v), ranks, [partition], one_node=one_node, streams=streams).ms
+                for v in x.ravel()]
+        ar = np.asarray(flat, dtype=np.float64).reshape(x.shape)
+        return ar if collective == "allreduce" else 0.5 * ar
+    shape = group_shape_of(links.site, partition, ranks=ranks, stride=stride, one_node=one_node)
+    return np.asarray(coll.collective_ms(collective, x, shape), dtype=np.float64).reshape(x.shape)
+
+
+def bucket_terms(params, bucket_size, grad_ms, gather_ms, *, hide_grad: bool, hide_gather: bool) -> np.ndarray:
+    """The :data:`SYNC_TERMS` of ``params`` (an array of parameter counts) cut into buckets of
+    ``bucket_size`` parameters (None: one bucket; an array: per entry), the full buckets reduced
+    first (the model's end) and the remainder last, as ``_compute_default_per_buffer_param_layout``
+    fills them; ``grad_ms(params)`` / ``gather_ms(params)``: one bucket's reduction / parameter
+    all-gather (0: none). ``hide_*``: the overlap option that lets the compute hide them."""
+    P = np.asarray(params, dtype=np.float64)
+    if bucket_size is None:
+        size = np.maximum(P, 1.0)
+    else:
+        size = np.maximum(np.broadcast_to(np.asarray(bucket_size, dtype=np.float64), P.shape), 1.0)
+    nfull = np.where(P > size * (1 + 1e-9), np.floor(P / size + 1e-9), 0.0)
+    rest = np.maximum(0.0, P - nfull * size)
+    has_rest = rest > 1e-6 * np.maximum(P, 1.0)
+    full_p = np.where(nfull > 0, size, 0.0)
+    g_full, g_rest = grad_ms(full_p), np.where(has_rest, grad_ms(np.where(has_rest, rest, 0.0)), 0.0)
+    a_full, a_rest = gather_ms(full_p), np.where(has_rest, gather_ms(np.where(has_rest, rest, 0.0)), 0.0)
+    nb = nfull + has_rest
+    safe = np.maximum(P, 1.0)
+    out = np.zeros(P.shape + (len(SYNC_TERMS),), dtype=np.float64)
+    out[..., _T["grad_total"]] = nfull * g_full + g_rest
+    out[..., _T["grad_first"]] = np.where(nfull > 0, g_full, g_rest)
+    out[..., _T["grad_first_frac"]] = np.where(nfull > 0, full_p / safe, 1.0)
+    out[..., _T["grad_last"]] = np.where(has_rest, g_rest, g_full)
+    out[..., _T["grad_prev"]] = np.where(nb >= 2, g_full, 0.0)
+    out[..., _T["grad_last_frac"]] = np.where(nb >= 2, np.where(has_rest, rest, full_p) / safe, 1.0)
+    out[..., _T["grad_hide"]] = float(hide_grad)
+    # the all-gather runs in forward order: the remainder (the model's start) first
+    out[..., _T["gather_first"]] = np.where(has_rest, a_rest, a_full)
+    out[..., _T["gather_full"]] = a_full
+    out[..., _T["gather_after"]] = np.maximum(nb - 1, 0)
+    out[..., _T["gather_first_frac"]] = np.where(has_rest, rest, full_p) / safe
+    out[..., _T["gather_full_frac"]] = full_p / safe
+    out[..., _T["gather_hide"]] = float(hide_gather)
+    out[P <= 0] = 0.0
+    return out
+
+
+def one_bucket_terms(total_ms) -> np.ndarray:
+    """:data:`SYNC_TERMS` of a synchronisation of ``total_ms`` run as one call, not hidden."""
+    t = np.asarray(total_ms, dtype=np.float64)
+    out = np.zeros(t.shape + (len(SYNC_TERMS),), dtype=np.float64)
+    out[..., _T["grad_total"]] = out[..., _T["grad_first"]] = out[..., _T["grad_last"]] = t
+    out[..., _T["grad_first_frac"]] = out[..., _T["grad_last_frac"]] = 1.0
+    return out
+
+
+def exposed_dp_sync_ms(terms, forward, backward):
+    """The synchronisation the iteration waits for, from :data:`SYNC_TERMS` (last axis; any
+    axes before it summed over where ``terms`` has one more than ``forward``) and the stage's
+    forward / backward ms per micro-batch (floats or arrays).
+
+    Gradients (:func:`memx_hpc.model.collectives.exposed_grad_sync_ms` for full buckets and a
+    remainder): buckets reduce one at a time as the last backward fills them, so the wait after it
+    is ``max(last, total - backward x (1 - first's share), previous + last - backward x last's
+    share)``; without ``--overlap-grad-reduce`` (or with one bucket) the whole reduction. Parameters
+    (:func:`memx_hpc.model.collectives.exposed_param_gather_ms`, not aligned): the first bucket's
+    gather, then each next one less the forward of the bucket before it; without
+    ``--overlap-param-gather`` all of them."""
+    t = np.asarray(terms, dtype=np.float64)
+    f = np.asarray(forward, dtype=np.float64)
+    b = np.asarray(backward, dtype=np.float64)
+    extra = t.ndim - 1 - f.ndim
+    for _ in range(extra):
+        f, b = f[..., None], b[..., None]
+
+    def c(name):
+        return t[..., _T[name]]
+
+    hb = c("grad_hide") * b
+    grad = np.maximum(c("grad_last"), np.maximum(c("grad_total") - hb * (1.0 - c("grad_first_frac")),
+                                                 c("grad_prev") + c("grad_last") - hb * c("grad_last_frac")))
+    hf = c("gather_hide") * f
+    after = c("gather_after")
+    gather = (c("gather_first") + np.minimum(after, 1.0) * np.maximum(0.0, c("gather_full") - hf * c("gather_first_frac"))
+              + np.maximum(after - 1.0, 0.0) * np.maximum(0.0, c("gather_full") - hf * c("gather_full_frac")))
+    out = np.maximum(0.0, grad) + gather
+    for _ in range(extra):
+        out = out.sum(axis=-1)
+    return out
+
+
+def stage_sync_terms(links, job: TrainJob, *, params, expert_params, dp: int, cp: int, tp: int, ep: int,
+                     etp: int | None, partition: str | None, one_node: bool, streams: int, first_stage: bool,
+                     virtual_stages: int, overlap_grad_reduce: bool, overlap_param_gather: bool) -> np.ndarray:
+    """A stage's synchronisation terms for every entry of ``params`` / ``expert_params`` (arrays
+    of its dense and routed-expert parameter counts per GPU): shape ``params.shape + (2,
+    len(SYNC_TERMS))``, the dense parameters over the ``dp x cp`` ranks (stride TP) and the
+    experts over the expert data-parallel ranks ``tp x cp x dp / (etp x ep)`` (stride ``etp x
+    ep``). Gradients in the reduce dtype (:func:`grad_bytes_per_param`); under the distributed
+    optimizer reduce-scatter then parameter all-gather, else all-reduce. Bucketing as
+    megatron-core's DDP under ``--overlap-grad-reduce``: ``max(40M, 1M x dp)`` parameters on the
+    first pipeline rank, one bucket per model chunk on the others, one bucket without it."""
+    from . import collectives as coll
+    dense = np.asarray(params, dtype=np.float64) - np.asarray(expert_params, dtype=np.float64)
+    experts = np.broadcast_to(np.asarray(expert_params, dtype=np.float64), dense.shape)
+    g = grad_bytes_per_param(job)
+    pb = BYTES_PER_ELEMENT[job.precision]
+    et = tp if etp is None else etp
+    groups = ((dense, dp * cp, tp), (experts, max(1, tp * cp * dp // (et * ep)), et * ep))
+    out = np.zeros(dense.shape + (2, len(SYNC_TERMS)), dtype=np.float64)
+    for j, (P, ranks, stride) in enumerate(groups):
+        if ranks <= 1 or not np.any(P > 0):
+            continue
+        if partition is None:
+            total = P * sync_ms_per_param(job, ranks, links.site.inter_partition_gbps)
+            out[..., j, :] = one_bucket_terms(total)
+            continue
+        dist = job.distributed_optimizer
+
+        def grad_ms(x, ranks=ranks, stride=stride):
+            return group_collective_ms(links, "reduce_scatter" if dist else "allreduce", x * g, ranks=ranks,
+                                       partition=partition, one_node=one_node, stride=stride, streams=streams)
+
+        def gather_ms(x, ranks=ranks, stride=stride):
+            if not dist:
+                return np.zeros_like(np.asarray(x, dtype=np.float64))
+            return group_collective_ms(links, "all_gather", x * pb, ranks=ranks, partition=partition,
+                                       one_node=one_node, stride=stride, streams=streams)
+
+        if not overlap_grad_reduce:
+            size = None
+        elif first_stage:
+            size = coll.default_bucket_size_params(ranks, overlap_grad_reduce=True)
+        elif virtual_stages > 1:
+            size = P / virtual_stages  # one bucket per model chunk
+        else:
+            size = None
+        out[..., j, :] = bucket_terms(P, size, grad_ms, gather_ms, hide_grad=overlap_grad_reduce,
+                                      hide_gather=overlap_param_gather and dist)
+    return out

@@ -14,9 +14,11 @@ bytes kept per in-flight micro-batch; the questions: :mod:`memx_hpc.model.querie
   optimizer states, as the device reports them (``a·A + b``), against the capacity less the
   site's safety margin (:mod:`memx_hpc.model.stage_memory`);
 * communication: point-to-point sends between stages over the link between their GPUs,
-  each stage's gradient synchronisation over its data-parallel group after its last
-  backward, the tied-embedding all-reduce, TP across nodes, context and expert parallel's
-  exchanges (:mod:`memx_hpc.model.comm_costs`);
+  each stage's gradient synchronisation over its data-parallel group in Megatron's buckets
+  (what the plan's ``overlap_grad_reduce`` / ``overlap_param_gather`` hide behind the last
+  backward and the next forward does not count), the tied-embedding all-reduce, TP across
+  NVLink domains, context and expert parallel's exchanges (:mod:`memx_hpc.model.comm_costs`,
+  NCCL's cost model in :mod:`memx_hpc.model.collectives` where a link has no measured curve);
 * the pipeline: Megatron's 1F1B schedule evaluated exactly (see
   :mod:`memx_hpc.model.schedule`), giving each stage's finish time; each stage then
   synchronises its gradients and steps its optimizer. The iteration ends when the last
@@ -43,8 +45,9 @@ from ..placement import Placement, place
 from ..spec import job_for_plan, GeneralPlan, Plan, Recompute, Site, TrainJob
 from . import analytic
 from .api import LayerQuery, forward_fraction
-from .comm_costs import (TP_COLLECTIVE_UNITS, StageExtras, dp_sync_ms, exposed_sync_ms, link_model_for, send_ms,
-                         stage_extras, stage_links, stage_sync_ms, tied_sync_ms, tp_internode_ms)
+from .comm_costs import (TP_COLLECTIVE_UNITS, StageExtras, dp_sync_ms, exposed_dp_sync_ms, link_model_for,
+                         one_bucket_terms, send_ms, stage_extras, stage_links, stage_sync_terms, tied_sync_ms,
+                         tp_internode_ms)
 from .host import HOST_US_PER_OP, host_bound, host_us_per_op
 from .memory import memory_scale_of
 from .queries import MODE_FULL, MODE_NAMES, context_queries, layer_query
@@ -62,10 +65,9 @@ Predictions = Mapping[LayerQuery, tuple[float, float]]
 
 @dataclass(frozen=True, kw_only=True)
 class CostOptions:
-    """``overlap_grad_reduce``: Megatron's ``--overlap-grad-reduce``; the gradient
-    synchronisation then hides behind the stage's last backward (only the excess shows)."""
-
-    overlap_grad_reduce: bool = False
+    """Options of the composition that no plan states (none at present). Megatron's
+    ``--overlap-grad-reduce`` / ``--overlap-param-gather`` are the plan's own
+    (:class:`~memx_hpc.spec.Plan`, :class:`Layout`): one source of truth."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,6 +195,9 @@ class Layout:
     virtual_stages: int = 1
     #: the plan's --use-distributed-optimizer (None: the job's)
     distributed_optimizer: bool | None = None
+    #: the plan's --overlap-grad-reduce / --overlap-param-gather (what hides the DP synchronisation)
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
 
     @property
     def tp(self) -> int:
@@ -296,7 +301,7 @@ class _LayoutTables:
         m = job.global_batch_size // (mbs * dp)
         self.m[li], self.pp[li], self.vp[li] = m, pp, v
         names = pl.stage_partitions
-        bounds, one_node = stage_links(pl)
+        bounds, one_node = stage_links(pl, self.inputs.site)
         tied = tied_sync_ms(self.links, job, tp, pp, names[0], names[-1])
         comps = [c for c in pl.components for _ in c.stages]
         for i, name in enumerate(names):
@@ -311,7 +316,8 @@ class _LayoutTables:
             self.sk["last"][li, i] = last
             if i < pp - 1:
                 self.sk["link"][li, i] = self._send(mbs, tp, sp, bounds[i], cp)
-            self.sk["sync"][li, i] = self._sync(s, dp, name, one_node[i], tp, cp, ep, etp, job)
+            self.sk["sync"][li, i] = self._sync(s, dp, name, one_node[i], tp, cp, ep, etp, job, first=first, v=v,
+                                                ogr=lay.overlap_grad_reduce, opg=lay.overlap_param_gather)
             self.sk["tpx"][li, i] = self._tpx(name, gpu, tp, mbs)
             if first or last:
                 self.sk["tied"][li, i] = tied
@@ -392,17 +398,18 @@ class _LayoutTables:
         return v
 
     def _sync(self, s: int, dp: int, name: str, one_node: bool, tp: int, cp: int = 1, ep: int = 1,
-              etp: int | None = None, job: TrainJob | None = None) -> int:
+              etp: int | None = None, job: TrainJob | None = None, *, first: bool = False, v: int = 1,
+              ogr: bool = False, opg: bool = False) -> int:
         job = job or self.inputs.job
-        key = (s, dp, name, one_node, tp, cp, ep, etp, job.distributed_optimizer)
+        key = (s, dp, name, one_node, tp, cp, ep, etp, job.distributed_optimizer, first, v, ogr, opg)
         y = self._sync_ids.get(key)
         if y is None:
             y = self._sync_ids[key] = len(self.sync_rows)
             streams = min(tp, self.inputs.site.partition(name).gpus_per_node)
-            self.sync_rows.append(np.array([
-                stage_sync_ms(self.links, job, dp=dp, cp=cp, tp=tp, ep=ep, etp=etp, params=float(x),
-                              expert_params=float(e), partition=name, one_node=one_node, streams=streams)
-                for x, e in zip(self.param_rows[s], self.expert_rows[s])], dtype=np.float64))
+            self.sync_rows.append(stage_sync_terms(
+                self.links, job, params=self.param_rows[s], expert_params=self.expert_rows[s], dp=dp, cp=cp, tp=tp,
+                ep=ep, etp=etp, partition=name, one_node=one_node, streams=streams, first_stage=first,
+                virtual_stages=v, overlap_grad_reduce=ogr, overlap_param_gather=opg))
         return y
 
 
@@ -451,7 +458,10 @@ class Composer:
         self._state = np.array(t.state_rows).reshape(len(t.state_rows), L + 1)
         self._params = np.array(t.param_rows).reshape(len(t.param_rows), L + 1)
         self._opt = np.array(t.opt_rows).reshape(len(t.opt_rows), L + 1)
-        self._sync = np.array(t.sync_rows).reshape(len(t.sync_rows), L + 1)
+        sync = np.array(t.sync_rows).reshape(len(t.sync_rows), L + 1, *t.sync_rows[0].shape[1:]) \
+            if t.sync_rows else np.zeros((0, L + 1, 1, 1))
+        # (rows, layers, dense | experts, terms); a model without routed experts keeps the dense terms only
+        self._sync = np.ascontiguousarray(sync[:, :, 0, :] if not sync[:, :, 1:, :].any() else sync)
         self._sk = t.sk
         self._sk_m, self._sk_pp, self._sk_vp = t.m, t.pp, t.vp
         self.contexts = tuple(t.ctx_ids)
@@ -535,8 +545,7 @@ class Composer:
         balance = umax * pp / util.sum(axis=1)
         iteration = np.full(B, np.inf)
         if feasible.any():
-            sync = exposed_sync_ms(self._sync[g["sync"], ni], bwd,
-                                   overlap_grad_reduce=self.options.overlap_grad_reduce)
+            sync = exposed_dp_sync_ms(self._sync[g["sync"], ni], fwd, bwd)
             tail = sync + self._opt[g["opt"], ni] + g["tied"]
             m = self._sk_m[sk]
             vp = self._sk_vp[sk]
@@ -676,7 +685,7 @@ def _replica_prediction(c: _Composing, i: int, ri: int, stage, r: _Replica, v, x
     sync_params = params if r.sync_tp in (None, r.tp) else analytic.stage_params(
         job.model, n, first=first, last=last, tp=r.sync_tp, pp=p)
     synced = c.sync_of(i, float(sync_params), float(experts)) if experts else c.sync_of(i, float(sync_params))
-    sync = float(exposed_sync_ms(synced, total - fwd, overlap_grad_reduce=c.options.overlap_grad_reduce))
+    sync = float(exposed_dp_sync_ms(synced, fwd, total - fwd))
     opt = analytic.optimizer_step_ms(params, site.gpu(r.gpu_type), precision=job.precision,
                                      optimizer=job.optimizer, distributed_optimizer=job.distributed_optimizer,
                                      dp=c.dp_per_stage[i] * c.cp)
@@ -778,16 +787,18 @@ def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: 
     placement = place(plan, site, job, by_partition=True)
     names = list(placement.stage_partitions)
     lm = link_model_for(site, cost_model, links)
-    bounds, one_node = stage_links(placement)
+    bounds, one_node = stage_links(placement, site)
     sp = plan.sequence_parallel and plan.tp > 1
     cp, ep, etp = plan.cp, plan.ep, plan.etp
     link_ms = [send_ms(lm, job, micro_batch_size=plan.micro_batch_size, tp=plan.tp, sequence_parallel=sp, a=a, b=b,
                        same_node=same, cp=cp) for a, b, same in bounds]
 
-    def sync_of(i: int, params: float, experts: float = 0.0) -> float:
-        return stage_sync_ms(lm, job, dp=plan.dp, cp=cp, tp=plan.tp, ep=ep, etp=etp, params=params,
-                             expert_params=experts, partition=names[i], one_node=one_node[i],
-                             streams=min(plan.tp, site.partition(names[i]).gpus_per_node))
+    def sync_of(i: int, params: float, experts: float = 0.0) -> np.ndarray:
+        return stage_sync_terms(lm, job, params=np.array([params]), expert_params=np.array([experts]), dp=plan.dp,
+                                cp=cp, tp=plan.tp, ep=ep, etp=etp, partition=names[i], one_node=one_node[i],
+                                streams=min(plan.tp, site.partition(names[i]).gpus_per_node), first_stage=i == 0,
+                                virtual_stages=plan.virtual_stages, overlap_grad_reduce=plan.overlap_grad_reduce,
+                                overlap_param_gather=plan.overlap_param_gather)[0]
 
     def state_of(i: int, n: int, first: bool, last: bool, tp: int) -> tuple[int, int, int]:
         return stage_state(job, n, first=first, last=last, tp=tp, pp=plan.pp, dp=plan.dp, cp=cp, ep=ep, etp=etp)
@@ -852,9 +863,10 @@ def predict_general(plan: GeneralPlan, site: Site, job: TrainJob, cost_model, *,
     lm = link_model_for(site, cost_model, links)
     link_ms, groups = _general_links(site, job, lm, stages, plan.micro_batch_size)
 
-    def sync_of(i: int, params: float) -> float:
+    def sync_of(i: int, params: float) -> np.ndarray:
         parts, one, streams = groups[i]
-        return dp_sync_ms(lm, job, dp=len(parts), params=params, partitions=parts, one_node=one, streams=streams)
+        return one_bucket_terms(dp_sync_ms(lm, job, dp=len(parts), params=params, partitions=parts, one_node=one,
+                                           streams=streams))
 
     first, lastp = stages[0][3][0], stages[-1][3][0]
     return _predict_from(site, job, cost_model.predict, cost_model.overhead_bytes,

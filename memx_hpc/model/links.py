@@ -183,6 +183,13 @@ class LinkModel:
         c = by[k]
         return c.time_ms(nbytes * k / streams), c
 
+    def curve_backed(self, scope: str, parts: tuple[str, ...]) -> bool:
+        """Whether a link (``intra`` / ``inter`` of one partition, ``cross`` of two) has a measured
+        or imported curve (p2p, or a measured all-reduce), not only the site's figure."""
+        if self._find("p2p", scope, parts):
+            return True
+        return bool(self._index.get(("allreduce", scope, tuple(sorted(parts)), None, "measured")))
+
     def p2p(self, nbytes: float, a: str, b: str, *, same_node: bool = False, streams: int = 1) -> LinkCost:
         """One message of ``nbytes`` (split over ``streams`` GPUs of the node) from a GPU of
         partition ``a`` to one of ``b``."""
@@ -256,7 +263,8 @@ def _site_links(site: Any) -> Any:
     try:
         return {"parts": [(p.name, p.gpu_type, p.intra_node_gbps, p.inter_node_gbps,
                            getattr(p, "link_curves_from", None), getattr(p, "fabric", ""),
-                           getattr(p, "nics_per_node", None)) for p in site.partitions],
+                           getattr(p, "nics_per_node", None), getattr(p, "nvlink_domain_gpus", None))
+                          for p in site.partitions],
                 "links": [(lk.a, lk.b, lk.gbps) for lk in getattr(site, "links", ())],
                 "inter": getattr(site, "inter_partition_gbps", None)}
     except AttributeError:

@@ -85,6 +85,15 @@ def predict(request: PredictRequest) -> PredictResult:
         if why is not None:
             notes.append(f"the plan has overlap_grad_reduce, which this launch would not run ({why.reason}): "
                          f"predicted as the plan says; render refuses it")
+    if isinstance(plan_, Plan):
+        for name in dict.fromkeys(s.partition for s in plan_.stages if s.partition in known):
+            part = site.partition(name)
+            if plan_.tp > part.domain_gpus:
+                notes.append(f"TP {plan_.tp} spans NVLink domains of partition {name} ({part.domain_gpus} GPUs each): "
+                             f"its collectives cross the fabric every layer, priced so")
+            elif plan_.tp > part.gpus_per_node:
+                notes.append(f"TP {plan_.tp} spans nodes of partition {name} inside one NVLink domain "
+                             f"(nvlink_domain_gpus {part.domain_gpus}): priced on NVLink")
     if plan_.global_batch_size != job.global_batch_size:
         # the plan's own batch: a plan is predicted as it would run
         notes.append(f"the plan's global batch {plan_.global_batch_size} is used, not the job file's "

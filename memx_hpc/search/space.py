@@ -728,7 +728,8 @@ class PlanSpace:
             layouts = tuple(Layout(placement=place_groups(self.site, tp=sk.tp, dp=sk.dp, facts=facts, groups=[
                 (names[p], n) for p, n in sk.groups], cp=sk.cp, ep=sk.ep, etp=sk.etp),
                 micro_batch_size=sk.micro_batch_size, sequence_parallel=sk.sequence_parallel, virtual_stages=sk.vp,
-                distributed_optimizer=sk.distributed_optimizer)
+                distributed_optimizer=sk.distributed_optimizer, overlap_grad_reduce=sk.overlap_grad_reduce,
+                overlap_param_gather=sk.overlap_param_gather)
                 for sk in self.skeletons)
             self._inputs = CompositionInputs(site=self.site, job=self.job, layouts=layouts, levels=self.levels)
         return self._inputs

@@ -36,7 +36,7 @@ PARTITION_KEYS = ("name", "gpu_type", "nodes", "gpus_per_node", "intra_node_gbyt
                   "intra_node_gbps", "inter_node_gbps",
                   "gres_type", "account", "qos", "time_limit_min", "exclusive", "cpus_per_task", "mem_per_node_gib",
                   "setup", "env", "python", "container", "megatron_entry", "module_purge", "transformer_impl",
-                  "stand_in_for", "link_curves_from", "fabric", "nics_per_node")
+                  "stand_in_for", "link_curves_from", "fabric", "nics_per_node", "nvlink_domain_gpus")
 
 
 def load_site(path: str | os.PathLike) -> Site:
@@ -58,6 +58,7 @@ def _partition_from(pr: _Reader) -> Partition:
         link_curves_from=pr.str("link_curves_from", None),
         fabric=pr.str("fabric", ""),
         nics_per_node=pr.int("nics_per_node", None),
+        nvlink_domain_gpus=pr.int("nvlink_domain_gpus", None),
         gres_type=pr.str("gres_type", None),
         account=pr.str("account", None),
         qos=pr.str("qos", None),

@@ -89,6 +89,8 @@ FABRICS: dict[str, Fabric] = _fabrics(
 )
 #: the most network adapters a node may state (``nics_per_node``)
 MAX_NICS_PER_NODE = 64
+#: the most GPUs one NVLink domain may state (``nvlink_domain_gpus``; NVIDIA's NVL576 has 576)
+MAX_NVLINK_DOMAIN_GPUS = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +111,10 @@ class Partition:
     #: where the site file states none
     fabric: str = ""  # a key of FABRICS
     nics_per_node: int | None = None
+    #: GPUs that share one NVLink/xGMI domain: a node (None, the default), or several whole
+    #: nodes whose GPUs an NVLink switch joins (a GB200/GB300 NVL72 rack: 72 GPUs, 18 nodes of
+    #: 4). Collectives and sends between GPUs of one domain run over NVLink, not the fabric.
+    nvlink_domain_gpus: int | None = None
     gres_type: str | None = None  # Slurm GRES type name (gpu:<type>:N); None: untyped
     account: str | None = None
     qos: str | None = None
@@ -134,6 +140,12 @@ class Partition:
         _safe_name(self.gpu_type, "gpu_type")
         _whole(self.nodes, "nodes", 1, MAX_NODES)
         _whole(self.gpus_per_node, "gpus_per_node", 1, MAX_GPUS_PER_NODE)
+        _whole(self.nvlink_domain_gpus, "nvlink_domain_gpus", 1, MAX_NVLINK_DOMAIN_GPUS, optional=True)
+        if self.nvlink_domain_gpus is not None and self.nvlink_domain_gpus % self.gpus_per_node:
+            raise SpecError("an NVLink domain holds whole nodes: a multiple of gpus_per_node",
+                            field="nvlink_domain_gpus", found=self.nvlink_domain_gpus,
+                            allowed=f"a multiple of gpus_per_node ({self.gpus_per_node}), e.g. 72 for a GB200 NVL72 "
+                                    f"rack of 4-GPU nodes")
         _real(self.intra_node_gbps, "intra_node_gbps", MIN_RATE, MAX_GBPS, optional=True)
         _real(self.inter_node_gbps, "inter_node_gbps", MIN_RATE, MAX_GBPS, optional=True)
         if self.fabric != "":
@@ -179,6 +191,11 @@ class Partition:
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs of one NVLink/xGMI domain (``nvlink_domain_gpus``, else a node)."""
+        return self.nvlink_domain_gpus or self.gpus_per_node
 
     def transformer_impl_for(self, vendor: str) -> str:
         """The transformer layer this partition trains with (``--transformer-impl``) when its

@@ -10,6 +10,7 @@ import pytest
 
 from memx_hpc.errors import SpecError
 from memx_hpc.model import analytic, host
+from memx_hpc.model import collectives as coll
 from memx_hpc.model.compose import (Composer, CostOptions, p2p_bytes, predict_general, predict_plan, required_queries,
                                   stage_layout, sync_ms_per_param)
 from memx_hpc.model.compose import logits_transient_bytes
@@ -105,13 +106,18 @@ def test_hand_computed_plan():
     assert s1.peak_bytes == round(a * (st1 + 1e7 + 5e7 + 9e7) + GiB)
     # no measured or imported curves: the site's figures as latency + bytes / bandwidth
     lat = {k: v * 1e-3 for k, v in SITE_LATENCY_US.items()}
-    # p2p: s*b*h*2 bytes over the 10 GB/s link between the partitions
-    c = lat["cross"] + 512 * 1 * 1024 * 2 / (10 * 1e6)
+    # p2p: s*b*h*2 bytes over the 10 GB/s link between the partitions, as NCCL sends it (collectives.py):
+    # base + one network hop of latency, the bytes at InfiniBand's peak fraction
+    ib = coll.LINK_KINDS["ib"]
+    c = (coll.BASE_LATENCY_US + ib.ring_hop_latency_us) * 1e-3 + 512 * 1 * 1024 * 2 / (10 * ib.peak_fraction * 1e6)
     assert s0.send_ms == pytest.approx(c)
-    # DP sync: distributed optimizer, reduce-scatter (4-byte grads) + all-gather (2-byte params), each half
-    # a ring of 2 (d-1) = 2 steps of bytes / d: 2 latencies + (d-1)/d * 6 bytes per parameter, inside one node
-    assert s0.grad_sync_ms == pytest.approx(2 * lat["intra"] + p0 * 0.5 * 6 / (300 * 1e6))
-    assert s1.grad_sync_ms == pytest.approx(2 * lat["intra"] + p1 * 0.5 * 6 / (150 * 1e6))
+    # DP sync: distributed optimizer, reduce-scatter (4-byte grads) + all-gather (2-byte params), one bucket
+    # each (no --overlap-grad-reduce), NCCL's ring inside one node (collectives.py): per call the base and one
+    # NVLink step of latency, (d-1)/d of the bytes at NVLink's peak fraction of the site's figure
+    call = (coll.BASE_LATENCY_US + coll.LINK_KINDS["nvlink"].ring_hop_latency_us) * 1e-3
+    peak = coll.LINK_KINDS["nvlink"].peak_fraction
+    assert s0.grad_sync_ms == pytest.approx(2 * call + p0 * 0.5 * 6 / (300 * peak * 1e6))
+    assert s1.grad_sync_ms == pytest.approx(2 * call + p1 * 0.5 * 6 / (150 * peak * 1e6))
     tied = 2 * lat["cross"] + analytic.embedding_params(job.model, 1) * 4 / (10 * 1e6)
     sim = simulate_1f1b([s0.forward_ms, s1.forward_ms], [s0.backward_ms, s1.backward_ms], [c], 2)
     opt0 = analytic.optimizer_step_ms(p0, site.gpu("A100-80"), precision="bf16", optimizer="adam",
@@ -242,9 +248,10 @@ def _composed(space, model, options=None):
 def test_vectorised_composition_equals_scalar(overlap):
     site = two_partition_site(memory_safety_margin=0.3)
     job = job_for_model(small_model(6), 16, recompute_modes=("none", "selective", "full"), attention="core")
-    space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=3, recompute_spread=None))
+    space = PlanSpace(site, job, SpaceOptions(layer_granularity=1, max_pipeline_stages=3, recompute_spread=None,
+                                              overlap=overlap))
     model = LinearModel(act=1e9)
-    opts = CostOptions(overlap_grad_reduce=overlap)
+    opts = CostOptions()
     _, cost = _composed(space, model, opts)
     assert 0 < cost.feasible.sum() < len(space)  # both kinds present
     rng = np.random.default_rng(0)
@@ -252,6 +259,7 @@ def test_vectorised_composition_equals_scalar(overlap):
     assert {space.plan_at(int(i)).sequence_parallel for i in sample} == {False, True}  # searched where TP > 1
     for i in sample:
         plan = space.plan_at(int(i))
+        assert not overlap or plan.overlap_grad_reduce  # the plans carry the option the composition priced
         pred = predict_plan(plan, site, job, model, options=opts)
         assert pred.feasible == cost.feasible[i]
         assert pred.max_utilisation == pytest.approx(cost.max_utilisation[i], rel=1e-12)

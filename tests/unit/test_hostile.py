@@ -1093,3 +1093,27 @@ FABRIC_CASES = [
 @pytest.mark.parametrize("case", FABRIC_CASES, ids=[c.id for c in FABRIC_CASES])
 def test_fabric_hostile_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
     test_hostile_input_or_fault(case, tmp_path, capsys, monkeypatch)
+
+
+# ---------------------------------------------------------------- NVLink domains: nvlink_domain_gpus
+
+
+def domain_site(tmp: Path, value: str) -> str:
+    return site(tmp, text=SITE.replace("gpus_per_node: 2}", f"gpus_per_node: 2, nvlink_domain_gpus: {value}}}", 1))
+
+
+DOMAIN_CASES = [
+    Case("site-nvlink-domain-odd", lambda t: V("site", domain_site(t, "3")), 1,
+         ("site.yaml", "partitions[0].nvlink_domain_gpus", "found 3", "multiple of gpus_per_node")),
+    Case("site-nvlink-domain-negative", lambda t: V("site", domain_site(t, "-72")), 1,
+         ("site.yaml", "partitions[0].nvlink_domain_gpus", "-72")),
+    Case("site-nvlink-domain-huge", lambda t: V("site", domain_site(t, "99999999999999999999")), 1,
+         ("site.yaml", "partitions[0].nvlink_domain_gpus",)),
+    Case("site-nvlink-domain-text", lambda t: V("site", domain_site(t, "'rack; rm -rf /'")), 1,
+         ("site.yaml", "partitions[0].nvlink_domain_gpus",)),
+]
+
+
+@pytest.mark.parametrize("case", DOMAIN_CASES, ids=[c.id for c in DOMAIN_CASES])
+def test_nvlink_domain_hostile_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    test_hostile_input_or_fault(case, tmp_path, capsys, monkeypatch)

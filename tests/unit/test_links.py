@@ -286,11 +286,15 @@ def test_tp_over_whole_nodes_pays_its_collectives_on_the_inter_node_link():
     assert tp_internode_ms(LM(inside, []), job, partition="g", gpu_type="H100-SXM", tp=8, micro_batch_size=1) == 0.0
     x = tp_internode_ms(LM(spans, []), job, partition="g", gpu_type="H100-SXM", tp=8, micro_batch_size=1)
     x_slow = tp_internode_ms(LM(slow, []), job, partition="g", gpu_type="H100-SXM", tp=8, micro_batch_size=1)
-    # two all-reduces of s*b*h bf16 per layer forward: a ring of 8 over 25 GB/s (14 steps, each
-    # with the inter-node latency), less the same volume over 450 GB/s NVLink
+    # two all-reduces of s*b*h bf16 per layer forward as NCCL runs them over two nodes of 4 (ring
+    # through the node's NVLink, the node's 4 x 25 GB/s of fabric shared; or tree, the faster:
+    # collectives.py), less the same volume over 450 GB/s NVLink
+    from memx_hpc.model import collectives as coll
     nbytes = 2 * 2 * 2048 * 4096
-    ring = 2 * 7 / 8 * nbytes / 25e9 * 1e3 + 14 * SITE_LATENCY_US["inter"] / 1e3
-    assert x == pytest.approx(ring - 2 * 7 / 8 * nbytes / 450e9 * 1e3, rel=1e-6)
+    shape = coll.group_shape(ranks=8, gpus_per_node=4, intra_gbytes_per_s=spans.intra_gbps("g"),
+                             inter_gbytes_per_s=25.0)
+    assert shape.domains == 2 and shape.ranks_per_domain == 4
+    assert x == pytest.approx(coll.allreduce_ms(nbytes, shape) - 2 * 7 / 8 * nbytes / 450e9 * 1e3, rel=1e-6)
     assert x_slow > 4 * x
     a = predict_plan(plan, inside, job, FlatModel())
     b = predict_plan(plan, spans, job, FlatModel())

@@ -66,7 +66,6 @@ def test_ultrascale_panels_form_groups_with_the_locked_split_and_one_pick_each()
     from collections import defaultdict
 
     from memx_hpc.model.api import AnalyticCostModel
-    from memx_hpc.model.compose import CostOptions
     from memx_hpc.search.rule import rule_key
     assert ranking.ULTRASCALE_TEST_NODES == {2, 8, 32}
     assert [ranking.split_of_ultrascale(n) for n in (1, 2, 4, 8)] == ["dev", "test", "dev", "test"]
@@ -85,7 +84,7 @@ def test_ultrascale_panels_form_groups_with_the_locked_split_and_one_pick_each()
         assert len({(r["dp"], r["tp"], r["pp"], r["mbs"], r["zero"]) for r in g}) == len(g)
     assert untimed and all(r["status"].startswith("crashed_or_oom") for r in untimed)
     # the roofline keeps it quick: the pick is the same code path whatever the cost model
-    ranking.ultrascale_predict(timed, untimed[:3], AnalyticCostModel(ranking.catalog()), CostOptions())
+    ranking.ultrascale_predict(timed, untimed[:3], AnalyticCostModel(ranking.catalog()), False)
     for g in groups.values():
         pick = min(g, key=lambda r: r["pred"])
         rule = max(g, key=lambda r: rule_key(r["dp"], r["tp"], r["mbs"]))

@@ -401,3 +401,25 @@ def test_every_fabric_cites_its_rate_and_link_kind():
         assert f.name == name and f.adapter_gbits_per_s > 0 and f.link in LINK_KINDS
         assert f"{f.adapter_gbits_per_s:g} Gb/s" in f.source, name  # the rate is the source's words
         assert f.adapters_per_node is None or f"{f.adapters_per_node} " in f.source, name
+
+
+# ---------------------------------------------------------------- NVLink domains of several nodes (GB200/GB300 NVL72)
+
+
+def test_nvlink_domain_defaults_to_a_node_and_takes_whole_nodes(tmp_path, capsys):
+    """``nvlink_domain_gpus``: a node by default; an NVL72 rack of 4-GPU nodes states 72; a
+    domain that does not hold whole nodes, or is no whole number, is refused naming the field."""
+    part = {"name": "g", "gpu_type": "GB200", "nodes": 18, "gpus_per_node": 4}
+    assert site_from_mapping({"name": "n", "partitions": [part]}).partition("g").domain_gpus == 4
+    rack = site_from_mapping({"name": "n", "partitions": [dict(part, nvlink_domain_gpus=72)]})
+    assert rack.partition("g").domain_gpus == 72
+    for bad, needle in ((70, "multiple of gpus_per_node"), (0, "between"), ("rack", "whole number"),
+                        (4096, "between")):
+        with pytest.raises(SpecError) as e:
+            site_from_mapping({"name": "n", "partitions": [dict(part, nvlink_domain_gpus=bad)]})
+        assert e.value.field.endswith("nvlink_domain_gpus") and needle in str(e.value)
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump({"name": "n", "partitions": [dict(part, nvlink_domain_gpus=70)]}))
+    assert main(["validate", "--site", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "partitions[0].nvlink_domain_gpus" in err and "site.yaml" in err and "Traceback" not in err
