@@ -418,3 +418,35 @@ def test_distributed_optimizer_both_searches_each_layout_with_and_without_it():
     with pytest.raises(SpecError) as e:
         job_from_mapping({**doc, "distributed_optimizer": "sometimes"})
     assert e.value.field == "distributed_optimizer"
+
+
+@pytest.mark.parametrize("extra,attr,wanted", [({"virtual_stages": [2]}, "vp", {2}),
+                                               ({"context_parallel_sizes": [2]}, "cp", {2}),
+                                               ({"virtual_stages": [2, 4]}, "vp", {2, 4})])
+def test_a_narrowing_that_leaves_out_1_is_honoured_by_every_plan_or_refused_by_name(extra, attr, wanted):
+    """A job's virtual_stages / context_parallel_sizes without 1: every layout takes one of the
+    listed degrees (single-stage and cross-vendor layouts that cannot are left out, not given 1),
+    the count agrees, and a space that holds none says which field and why."""
+    from memx_hpc.search.space import space_size
+    from memx_hpc.slurm.cmdline import cross_vendor_refusal
+    from memx_hpc.spec import job_from_mapping
+    site = _long_site()
+    job = job_from_mapping({"model": {"preset": "Llama-2-7B", "seq_length": 16384, "num_layers": 8},
+                            "global_batch_size": 16, "micro_batch_sizes": [1], **extra})
+    for opts in (SpaceOptions(layer_granularity=2, max_pipeline_stages=4),
+                 SpaceOptions(layer_granularity=2, max_pipeline_stages=3, single_vendor=True)):
+        space = PlanSpace(site, job, opts)
+        size = space_size(space)
+        assert (size.plans, size.skeletons) == (len(space), len(space.skeletons)) and len(space)
+        assert {getattr(sk, attr) for sk in space.skeletons} == wanted
+        vendor = {p.name: space._vendor[i] for i, p in enumerate(site.partitions)}
+        crossing = [sk for sk in space.skeletons
+                    if len({vendor[site.partitions[p].name] for p, _ in sk.groups}) > 1]
+        field = "virtual_stages" if attr == "vp" else "cp"
+        assert bool(crossing) == (cross_vendor_refusal(field, 2) is None and not opts.single_vendor)
+    # one stage cannot interleave: nothing left, refused by the field's name
+    if attr == "vp":
+        empty = PlanSpace(site, job, SpaceOptions(layer_granularity=2, max_pipeline_stages=1))
+        assert len(empty) == 0
+        field, why = empty.why_empty()
+        assert field == "virtual_stages" and "leave out 1" in why
