@@ -174,6 +174,17 @@ def _loss_func(loss_mask: Any, output_tensor: Any) -> tuple[Any, Any, dict[str, 
     return loss, num_tokens, {"lm loss": report}
 
 
+def per_chunk(data: Iterator[dict[str, Any]], chunks: int) -> Any:
+    """The data iterator(s) the schedule takes: with ``chunks`` > 1 (interleaved), one per model
+    chunk, each the same micro-batch sequence (every chunk's forward step reads micro-batch j as
+    its j-th; the interleaved schedule runs each chunk's micro-batches in order)."""
+    if chunks == 1:
+        return data
+    import itertools
+
+    return list(itertools.tee(data, chunks))
+
+
 def _forward_step(data_iterator: Iterator[dict[str, Any]], model: Any) -> tuple[Any, Any]:
     batch = next(data_iterator)
     output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
@@ -335,6 +346,20 @@ def _dtype(args: TrainArgs, rank: int, torch: Any, on_cpu: bool) -> Any:
     return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
 
 
+def virtual_stages(args: TrainArgs) -> int:
+    """Model chunks per pipeline rank: the layout's (Megatron-LM derives
+    ``--virtual-pipeline-model-parallel-size`` from ``--pipeline-model-parallel-layout``: its
+    ``|``-separated parts are ``pp x v`` chunks), else 1."""
+    layout, pp = args.pipeline_model_parallel_layout, args.pipeline_model_parallel_size
+    if not layout or pp < 2:
+        return 1
+    parts = layout.count("|") + 1
+    if parts % pp:
+        raise _Refused(f"--pipeline-model-parallel-layout has {parts} chunks, not a multiple of "
+                       f"--pipeline-model-parallel-size {pp}")
+    return parts // pp
+
+
 def _init_groups(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool) -> tuple[Any, str]:
     """Start torch.distributed and megatron-core's groups by the group rule, seed the RNGs as
     Megatron-LM does; ``(the cross-vendor group collection or None, the default backend)``."""
@@ -358,6 +383,7 @@ def _init_groups(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool) -> tup
         world_size=world, timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes))
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=virtual_stages(args) if virtual_stages(args) > 1 else None,
         expert_model_parallel_size=args.expert_model_parallel_size,
         expert_tensor_parallel_size=args.expert_tensor_parallel_size,
         pipeline_model_parallel_comm_backend=None if on_cpu else args.pipeline_model_parallel_comm_backend)
@@ -470,11 +496,12 @@ def _layer_spec(args: TrainArgs, attention: _Attention) -> Any:
 
 @dataclass(frozen=True, kw_only=True)
 class _Built:
-    """The model as megatron-core trains it: the GPT module, its DDP wrapper, optimizer and
-    learning-rate schedule, with the padded vocabulary the checkpoint records."""
+    """The model as megatron-core trains it: the GPT module of each model chunk of this rank
+    (one, or one per virtual stage under the interleaved schedule), their DDP wrappers, the
+    optimizer and learning-rate schedule, with the padded vocabulary the checkpoint records."""
 
-    model: Any
-    ddp: Any
+    model: tuple[Any, ...]
+    ddp: tuple[Any, ...]
     optimizer: Any
     scheduler: Any
     vocab: int
@@ -492,31 +519,41 @@ def _build(args: TrainArgs, config: Any, attention: _Attention, tokenizer: Any, 
     multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
     vocab = -(-tokenizer.vocab_size // multiple) * multiple
     spec = _layer_spec(args, attention)
-    model = GPTModel(
-        config=config, transformer_layer_spec=spec,
-        vocab_size=vocab, max_sequence_length=args.max_position_embeddings or args.seq_length,
-        pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(), parallel_output=True,
-        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base,
-        rope_scaling=args.use_rope_scaling, rope_scaling_factor=args.rope_scaling_factor,
-        **({"pg_collection": pgc} if pgc else {}))
-    if not on_cpu:
-        model.cuda(torch.cuda.current_device())
+    v = virtual_stages(args)
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=dtype != torch.float32, overlap_grad_reduce=False,
         use_distributed_optimizer=args.use_distributed_optimizer and not on_cpu)
-    ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model,
-                                  **({"pg_collection": pgc} if pgc else {}))
-    config.no_sync_func = ddp.no_sync
+    models, ddps = [], []
+    # Megatron-LM's get_model: one GPTModel per model chunk (vp_stage), the embedding on the
+    # first chunk of the first stage, the output layer on the last chunk of the last stage,
+    # each in its own DDP wrapper (gradient buckets of the chunks after the first disabled)
+    for i in range(v):
+        vp = i if v > 1 else None
+        model = GPTModel(
+            config=config, transformer_layer_spec=spec,
+            vocab_size=vocab, max_sequence_length=args.max_position_embeddings or args.seq_length,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=v == 1, vp_stage=vp),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=v == 1, vp_stage=vp), parallel_output=True,
+            share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+            position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base,
+            rope_scaling=args.use_rope_scaling, rope_scaling_factor=args.rope_scaling_factor,
+            **({"vp_stage": vp} if vp is not None else {}), **({"pg_collection": pgc} if pgc else {}))
+        if not on_cpu:
+            model.cuda(torch.cuda.current_device())
+        models.append(model)
+        ddps.append(DistributedDataParallel(config=config, ddp_config=ddp_config, module=model,
+                                            disable_bucketing=i > 0, **({"pg_collection": pgc} if pgc else {})))
+    config.no_sync_func = [d.no_sync for d in ddps] if v > 1 else ddps[0].no_sync
     config.finalize_model_grads_func = partial(finalize_model_grads, pg_collection=pgc) if pgc \
         else finalize_model_grads
-    optimizer, scheduler = _optimizer(args, config, ddp, b, pgc, dtype, torch, on_cpu)
-    return _Built(model=model, ddp=ddp, optimizer=optimizer, scheduler=scheduler, vocab=vocab)
+    optimizer, scheduler = _optimizer(args, config, ddps, b, pgc, dtype, torch, on_cpu)
+    return _Built(model=tuple(models), ddp=tuple(ddps), optimizer=optimizer, scheduler=scheduler, vocab=vocab)
 
 
-def _optimizer(args: TrainArgs, config: Any, ddp: Any, b: _Batches, pgc: Any, dtype: Any, torch: Any,
+def _optimizer(args: TrainArgs, config: Any, ddps: Sequence[Any], b: _Batches, pgc: Any, dtype: Any, torch: Any,
                on_cpu: bool) -> tuple[Any, Any]:
-    """megatron-core's optimizer over ``ddp`` and Megatron-LM's learning-rate schedule."""
+    """megatron-core's optimizer over the model chunks ``ddps`` and Megatron-LM's learning-rate
+    schedule."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
@@ -526,7 +563,7 @@ def _optimizer(args: TrainArgs, config: Any, ddp: Any, b: _Batches, pgc: Any, dt
         adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
         clip_grad=args.clip_grad, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         params_dtype=dtype, use_distributed_optimizer=args.use_distributed_optimizer and not on_cpu)
-    optimizer = get_megatron_optimizer(opt_config, [ddp], **({"pg_collection": pgc, "use_gloo_process_groups": False}
+    optimizer = get_megatron_optimizer(opt_config, list(ddps), **({"pg_collection": pgc, "use_gloo_process_groups": False}
                                                              if pgc else {}))
     config.grad_scale_func = optimizer.scale_loss  # as Megatron-LM's setup: fp16 loss scaling
     scheduler = OptimizerParamScheduler(
@@ -549,16 +586,19 @@ def _log_layout(args: TrainArgs, env: DistEnv, config: Any, built: _Built, atten
 
     rank, tp, pp = env.rank, args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     stage = ps.get_pipeline_model_parallel_rank()
-    n_layers = get_num_layers_to_build(config, pp_rank=stage)
-    first = get_transformer_layer_offset(config, pp_rank=stage)
+    v = len(built.model)
+    chunks = [(get_transformer_layer_offset(config, vp_stage=i if v > 1 else None, pp_rank=stage),
+               get_num_layers_to_build(config, vp_stage=i if v > 1 else None, pp_rank=stage)) for i in range(v)]
+    n_layers = sum(n for _, n in chunks)
     recompute = args.recompute_granularity or "none"
     if args.recompute_granularity == "full":
         recompute += f"/{args.recompute_method}/{args.recompute_num_layers}"
-    n_params = sum(p.numel() for p in built.model.parameters())
+    n_params = sum(p.numel() for m in built.model for p in m.parameters())
     _log(rank, layout_line(rank=rank, fields={
         "world": env.world_size, "tp rank": f"{ps.get_tensor_model_parallel_rank()}/{tp}",
         "pp stage": f"{stage}/{pp}", "dp rank": f"{ps.get_data_parallel_rank()}/{b.dp}",
-        "layers": f"{first}-{first + n_layers - 1}" if n_layers else "none", "num layers": n_layers,
+        "layers": ",".join(f"{a}-{a + n - 1}" for a, n in chunks if n) or "none", "num layers": n_layers,
+        **({"virtual stages": v} if v > 1 else {}),
         "embedding": ps.is_pipeline_first_stage(), "loss": ps.is_pipeline_last_stage(), "recompute": recompute,
         "parameters": n_params, "micro batches": b.num_microbatches,
         "component": os.environ.get("MEMX_COMPONENT", "-"), "partition": os.environ.get("MEMX_PARTITION", "-"),
@@ -638,6 +678,7 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
                                     tokenizer=tokenizer)
         start = _resume(args, rank, built, ckpt_args, dp_group, ranks, torch)
         data, valid_data = _data(args, tokenizer, b, start, device, torch)
+        data = per_chunk(data, len(built.model))
     except _Refused as e:
         _log(rank, f"error: {e}")
         return 1
@@ -688,12 +729,13 @@ class _Loop:
     metrics: MetricsLog | None = None  # TensorBoard / Weights & Biases (the last rank only)
     flops_per_iteration: float = 0.0  # for the throughput (TFLOP/s per device), as Megatron-LM counts them
 
-    def _fwd_bwd(self, data: Iterator[dict[str, Any]], *, forward_only: bool) -> list[Any]:
+    def _fwd_bwd(self, data: Iterator[dict[str, Any]] | list[Iterator[dict[str, Any]]], *,
+                 forward_only: bool) -> list[Any]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         a = self.args
         return get_forward_backward_func()(
-            forward_step_func=_forward_step, data_iterator=data, model=[self.built.ddp],
+            forward_step_func=_forward_step, data_iterator=data, model=list(self.built.ddp),
             num_microbatches=self.batches.num_microbatches, seq_length=a.seq_length,
             micro_batch_size=a.micro_batch_size, decoder_seq_length=a.seq_length, forward_only=forward_only,
             **self.schedule_groups)
@@ -704,7 +746,8 @@ class _Loop:
         torch, built = self.torch, self.built
         torch.distributed.barrier()
         t0 = time.perf_counter()
-        built.ddp.zero_grad_buffer()
+        for ddp in built.ddp:
+            ddp.zero_grad_buffer()
         built.optimizer.zero_grad()
         losses = self._fwd_bwd(data, forward_only=False)
         _, grad_norm, _ = built.optimizer.step()
@@ -790,6 +833,7 @@ class _Loop:
                                  dp_rank=ps.get_data_parallel_rank(), dp=b.dp,
                                  start_microbatch=k * a.eval_iters * b.num_microbatches, torch=self.torch,
                                  device=self.device)
+        vdata = per_chunk(vdata, len(self.built.ddp))
         out = []
         with self.torch.no_grad():
             for _ in range(a.eval_iters):

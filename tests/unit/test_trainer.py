@@ -315,3 +315,29 @@ def test_tensorboard_events_hold_loss_learning_rate_throughput_and_memory(tmp_pa
         import wandb  # noqa: F401
     except ImportError:
         assert "wandb is not installed" in r1.stdout
+
+
+@pytest.mark.slow
+def test_cross_vendor_pipeline_interleaves_virtual_stages_and_resumes(tmp_path: Path) -> None:
+    """Virtual stages across vendors: the layout's four chunks on two stages declared on two
+    vendors train on the group rule's explicit groups with megatron-core's interleaved
+    schedule, lose what the same run on parallel_state's groups loses, and a run stopped after
+    one iteration resumes from its checkpoint (keys model0, model1) to the uninterrupted losses."""
+    argv = [*TINY, "--train-iters", "3", "--pipeline-model-parallel-size", "2",
+            "--pipeline-model-parallel-layout", "Et|t|t|tL", "--pipeline-model-parallel-comm-backend", "ucc"]
+    cross = {"MEMX_RANK_VENDORS": "nvidia*1,amd*1", "MEMX_CROSS_VENDOR_BACKEND": "ucc"}
+    full = _launch(argv, 2, extra_env=cross)
+    assert all(p.returncode == 0 for p in full), [p.stdout[-3000:] for p in full]
+    losses = [i.lm_loss for i in parse_log(full[0].stdout + full[1].stdout).iterations]
+    assert len(losses) == 3
+    assert "virtual stages: 2" in full[0].stdout and "layers: 0-0,2-2" in full[0].stdout
+    plain = _launch(argv, 2)
+    assert [i.lm_loss for i in parse_log(plain[0].stdout + plain[1].stdout).iterations] == pytest.approx(losses,
+                                                                                                        rel=1e-6)
+    ck = str(tmp_path / "ck")
+    first = _launch(argv + ["--save", ck, "--save-interval", "1", "--exit-interval", "1"], 2, extra_env=cross)
+    assert all(p.returncode == 0 for p in first)
+    rest = _launch(argv + ["--save", ck, "--load", ck], 2, extra_env=cross)
+    assert all(p.returncode == 0 for p in rest), [p.stdout[-3000:] for p in rest]
+    resumed = parse_log(rest[0].stdout + rest[1].stdout)
+    assert [i.lm_loss for i in resumed.iterations] == pytest.approx(losses[1:], rel=1e-6)
