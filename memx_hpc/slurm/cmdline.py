@@ -201,10 +201,12 @@ def project_entry_refusal(job: TrainJob) -> Refusal | None:
 
 #: The parallel degrees above 1 the project's entry (cross-vendor plans) builds: Plan field ->
 #: whether it does. Virtual stages: one GPTModel per model chunk and megatron-core's interleaved
-#: schedule over the cross-vendor pipeline group (memx_hpc/train/pretrain_gpt.py). Expert
-#: parallel it runs (megatron-core's MoE layer, all-to-all dispatcher, its expert groups built
-#: by the group rule).
-PROJECT_ENTRY_DEGREES = {"virtual_stages": True, "cp": False}
+#: schedule over the cross-vendor pipeline group (memx_hpc/train/pretrain_gpt.py). Context
+#: parallel: its groups (cp, dp_cp) stay inside each stage's partition, built by the group rule,
+#: with Transformer Engine's attention (the space already asks for it on every CP partition).
+#: Expert parallel it runs (megatron-core's MoE layer, all-to-all dispatcher, its expert groups
+#: built by the group rule).
+PROJECT_ENTRY_DEGREES = {"virtual_stages": True, "cp": True}
 _DEGREE_WHY = {"virtual_stages": ("virtual pipeline stages", "builds one model chunk per rank"),
                "cp": ("context parallel", "builds no context-parallel groups")}
 

@@ -174,6 +174,17 @@ def _loss_func(loss_mask: Any, output_tensor: Any) -> tuple[Any, Any, dict[str, 
     return loss, num_tokens, {"lm loss": report}
 
 
+def cp_slices(data: Iterator[dict[str, Any]], cp: int) -> Iterator[dict[str, Any]]:
+    """This rank's part of each micro-batch under context parallel (megatron-core's
+    get_batch_on_this_cp_rank, as Megatron-LM's get_batch: 2 x CP sequence chunks, rank r
+    taking chunks r and 2CP-1-r so that causal attention work is balanced); as is at CP 1."""
+    if cp == 1:
+        return data
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    return (get_batch_on_this_cp_rank(batch) for batch in data)
+
+
 def per_chunk(data: Iterator[dict[str, Any]], chunks: int) -> Any:
     """The data iterator(s) the schedule takes: with ``chunks`` > 1 (interleaved), one per model
     chunk, each the same micro-batch sequence (every chunk's forward step reads micro-batch j as
@@ -191,8 +202,8 @@ def _forward_step(data_iterator: Iterator[dict[str, Any]], model: Any) -> tuple[
     return output, partial(_loss_func, batch["loss_mask"])
 
 
-def planned_groups(*, world: int, tp: int, pp: int, on_cpu: bool, torch: Any,
-                   environ: dict[str, str] | None = None) -> tuple[GroupBackend, ...]:
+def planned_groups(*, world: int, tp: int, pp: int, on_cpu: bool, torch: Any, cp: int = 1, ep: int = 1,
+                   etp: int | None = None, environ: dict[str, str] | None = None) -> tuple[GroupBackend, ...]:
     """The job's process groups and backends (memx_hpc.slurm.groups), from the per-rank vendors
     the rendered script exports (``MEMX_RANK_VENDORS``); without them, every rank is on this
     process's kind of device."""
@@ -204,7 +215,7 @@ def planned_groups(*, world: int, tp: int, pp: int, on_cpu: bool, torch: Any,
     else:
         here = "cpu" if on_cpu else ("amd" if getattr(torch.version, "hip", None) else "nvidia")
         vendors = (here,) * world
-    return group_backends(vendors, tp=tp, dp=world // (tp * pp), pp=pp,
+    return group_backends(vendors, tp=tp, dp=world // (tp * cp * pp), pp=pp, cp=cp, ep=ep, etp=etp,
                           cross_vendor_backend=env.get("MEMX_CROSS_VENDOR_BACKEND", "ucc"))
 
 
@@ -227,12 +238,23 @@ def process_group_collection(groups: Sequence[GroupBackend], *, rank: int, on_cp
     pgc.tp, pgc.pp, pgc.mp, pgc.dp = mine["tp"], mine["pp"], mine["mp"], mine["dp"]
     pgc.embd = mine.get("embd")
     pgc.pos_embd = mine.get("pos_embd")
-    # cp = ep = 1, expert TP = TP: the remaining groups are these or single ranks.
-    pgc.cp = ps.get_context_parallel_group()
-    pgc.ep = ps.get_expert_model_parallel_group()
-    pgc.tp_cp = pgc.expt_tp = pgc.tp_ep = pgc.tp
-    pgc.tp_ep_pp = pgc.mp
-    pgc.dp_cp = pgc.intra_dp_cp = pgc.expt_dp = pgc.intra_expt_dp = pgc.intra_dist_opt = pgc.dp
+    # Context and expert groups never leave a stage (so never a partition nor a vendor): the
+    # rule's own where it lists them (cp, dp_cp, ep, etp, edp), else megatron-core's, which are
+    # single ranks or equal to a group above (CP 1: dp_cp is dp; EP 1 with expert TP = TP:
+    # the experts' groups are TP's and DP x CP's). The compound groups megatron-core also asks
+    # for (tp x cp, expert tp x ep, and with the pipeline) come from parallel_state.
+    cp = mine.get("cp")
+    pgc.cp = cp if cp is not None else ps.get_context_parallel_group()
+    pgc.dp_cp = pgc.intra_dp_cp = pgc.intra_dist_opt = mine.get("dp_cp", pgc.dp)
+    pgc.tp_cp = ps.get_tensor_and_context_parallel_group() if cp is not None else pgc.tp
+    experts = "ep" in mine or "etp" in mine or "edp" in mine
+    pgc.ep = mine["ep"] if "ep" in mine else ps.get_expert_model_parallel_group()
+    pgc.expt_tp = mine["etp"] if "etp" in mine else (ps.get_expert_tensor_parallel_group() if experts else pgc.tp)
+    pgc.expt_dp = pgc.intra_expt_dp = mine["edp"] if "edp" in mine else pgc.dp_cp
+    pgc.tp_ep = ps.get_expert_tensor_and_model_parallel_group() if experts else pgc.tp
+    pgc.tp_ep_pp = ps.get_expert_tensor_model_pipeline_parallel_group() if experts else pgc.mp
+    # the router's token counts (MoE): every rank of the stage
+    pgc.tp_dp_cp = ps.get_tensor_and_data_parallel_group(with_context_parallel=True)
     pgc.inter_dist_opt = None
     return pgc
 
@@ -300,10 +322,10 @@ class _Batches:
 
 def _batches(args: TrainArgs, world: int) -> _Batches:
     """Data-parallel size, global batch, micro-batches per iteration and iterations to run."""
-    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    if world % (tp * pp):
-        raise _Refused(f"world size {world} is not divisible by tp*pp = {tp * pp}")
-    dp = world // (tp * pp)
+    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
+    if world % (tp * cp * pp):
+        raise _Refused(f"world size {world} is not divisible by tp*cp*pp = {tp * cp * pp}")
+    dp = world // (tp * cp * pp)
     gbs = args.global_batch_size or args.micro_batch_size * dp
     if gbs % (args.micro_batch_size * dp):
         raise _Refused(f"global batch size {gbs} is not a multiple of micro batch size "
@@ -373,7 +395,8 @@ def _init_groups(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool) -> tup
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     if not on_cpu:
         torch.cuda.set_device(env.local_rank)
-    groups = planned_groups(world=world, tp=tp, pp=pp, on_cpu=on_cpu, torch=torch)
+    cp, ep, etp = args.context_parallel_size, args.expert_model_parallel_size, args.expert_tensor_parallel_size
+    groups = planned_groups(world=world, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, on_cpu=on_cpu, torch=torch)
     if rank == 0:
         for line in format_map(groups):
             _log(rank, "process group " + line + (" [gloo on the CPU]" if on_cpu else ""))
@@ -382,7 +405,7 @@ def _init_groups(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool) -> tup
         backend=default_backend, init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=rank,
         world_size=world, timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes))
     ps.initialize_model_parallel(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
         virtual_pipeline_model_parallel_size=virtual_stages(args) if virtual_stages(args) > 1 else None,
         expert_model_parallel_size=args.expert_model_parallel_size,
         expert_tensor_parallel_size=args.expert_tensor_parallel_size,
@@ -421,6 +444,10 @@ def _attention(args: TrainArgs, rank: int, on_cpu: bool) -> _Attention:
     # a path that stores the matrices). "unfused"/"local" keep megatron-core's
     # DotProductAttention, which stores them, with dropout.
     use_te = not on_cpu and args.transformer_impl == "transformer_engine"
+    if args.context_parallel_size > 1 and not use_te:
+        raise _Refused(f"--context-parallel-size {args.context_parallel_size} needs Transformer Engine's attention "
+                       f"(--transformer-impl transformer_engine on a GPU): megatron-core's local attention has no "
+                       f"context parallel")
     flash_like = not use_te and args.attention_backend in ("auto", "flash", "fused")
     attention_dropout = args.attention_dropout
     if flash_like and attention_dropout > 0:
@@ -448,6 +475,7 @@ def _transformer_config(args: TrainArgs, attention: _Attention, dtype: Any, torc
         init_method_std=args.init_method_std,
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        context_parallel_size=args.context_parallel_size,
         sequence_parallel=args.sequence_parallel,
         pipeline_model_parallel_layout=args.pipeline_model_parallel_layout,
         num_layers_in_first_pipeline_stage=args.decoder_first_pipeline_num_layers,
@@ -597,6 +625,8 @@ def _log_layout(args: TrainArgs, env: DistEnv, config: Any, built: _Built, atten
     _log(rank, layout_line(rank=rank, fields={
         "world": env.world_size, "tp rank": f"{ps.get_tensor_model_parallel_rank()}/{tp}",
         "pp stage": f"{stage}/{pp}", "dp rank": f"{ps.get_data_parallel_rank()}/{b.dp}",
+        **({"cp rank": f"{ps.get_context_parallel_rank()}/{args.context_parallel_size}"}
+           if args.context_parallel_size > 1 else {}),
         "layers": ",".join(f"{a}-{a + n - 1}" for a, n in chunks if n) or "none", "num layers": n_layers,
         **({"virtual stages": v} if v > 1 else {}),
         "embedding": ps.is_pipeline_first_stage(), "loss": ps.is_pipeline_last_stage(), "recompute": recompute,
@@ -670,7 +700,9 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         built = _build(args, config, attention, tokenizer, b, pgc, dtype, torch, on_cpu)
         _log_layout(args, env, config, built, attention, b, backend, torch, on_cpu)
         device = "cpu" if on_cpu else torch.device("cuda", torch.cuda.current_device())
-        dp_group = pgc.dp if pgc is not None else ps.get_data_parallel_group()
+        # losses and the checkpoint's replicas: DP and CP together (Megatron-LM's
+        # get_data_parallel_group(with_context_parallel=True); DP itself at CP 1)
+        dp_group = pgc.dp_cp if pgc is not None else ps.get_data_parallel_group(with_context_parallel=True)
         ranks = {"pp_rank": ps.get_pipeline_model_parallel_rank(), "pp": args.pipeline_model_parallel_size,
                  "tp_rank": ps.get_tensor_model_parallel_rank(), "tp": args.tensor_model_parallel_size,
                  "dp_rank": ps.get_data_parallel_rank()}
@@ -678,7 +710,7 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
                                     tokenizer=tokenizer)
         start = _resume(args, rank, built, ckpt_args, dp_group, ranks, torch)
         data, valid_data = _data(args, tokenizer, b, start, device, torch)
-        data = per_chunk(data, len(built.model))
+        data = per_chunk(cp_slices(data, args.context_parallel_size), len(built.model))
     except _Refused as e:
         _log(rank, f"error: {e}")
         return 1
@@ -833,7 +865,7 @@ class _Loop:
                                  dp_rank=ps.get_data_parallel_rank(), dp=b.dp,
                                  start_microbatch=k * a.eval_iters * b.num_microbatches, torch=self.torch,
                                  device=self.device)
-        vdata = per_chunk(vdata, len(self.built.ddp))
+        vdata = per_chunk(cp_slices(vdata, self.args.context_parallel_size), len(self.built.ddp))
         out = []
         with self.torch.no_grad():
             for _ in range(a.eval_iters):
