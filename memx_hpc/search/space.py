@@ -366,7 +366,7 @@ class PlanSpace:
                                               f"transformer_engine on partition {names} (it trains with {impls}; "
                                               f"megatron-core's local attention has no context parallel)")
         # a narrowing that leaves out 1 is honoured or refused, never dropped: say why nothing takes it
-        cross = [] if self.options.single_vendor or len(set(self._vendor)) < 2 else [
+        cross = [] if self.single_vendor() or len(set(self._vendor)) < 2 else [
             r.reason for r in (cross_vendor_refusal("virtual_stages", 2),) if r is not None]
         vps = self.vp_candidates()
         if vps and 1 not in vps:
@@ -377,7 +377,7 @@ class PlanSpace:
                 f"{self.job.global_batch_size} / (micro-batch x DP)) a multiple of the stages"
                 + (f"; cross-vendor plans cannot take them ({'; '.join(cross)})" if cross else "")
                 + "; add 1 to the list to allow plans without interleaving")
-        if 1 not in cps and len(set(self._vendor)) > 1 and not self.options.single_vendor \
+        if 1 not in cps and len(set(self._vendor)) > 1 and not self.single_vendor() \
                 and not all(self.cross_vendor_cp(c) for c in cps):
             why = cross_vendor_refusal("cp", max(cps))
             return "context_parallel_sizes", (
@@ -505,6 +505,22 @@ class PlanSpace:
             return [1] if 1 in cands else []
         return cands
 
+    def single_vendor(self) -> bool:
+        """Whether only plans inside one vendor are searched: asked for (:attr:`SpaceOptions.single_vendor`),
+        or the job trains in FP8 (:meth:`cross_vendor_note` says why)."""
+        return self.options.single_vendor or bool(self.job.fp8)
+
+    def cross_vendor_note(self) -> str | None:
+        """Why this job's cross-vendor plans are left out of the space although the site has
+        partitions of two vendors, or None. FP8: Megatron-LM runs FP8 GEMMs through Transformer
+        Engine, and a cross-vendor plan's ranks run the project's megatron-core entry, which has
+        no FP8 path (``render`` refuses such a plan: :func:`memx_hpc.slurm.render.fp8_refusal`)."""
+        if not self.job.fp8 or self.options.single_vendor or len(set(self._vendor)) < 2:
+            return None
+        return (f"cross-vendor plans left out of the search: the job trains in FP8 (fp8: {self.job.fp8}), and plans "
+                f"spanning vendors run the project's megatron-core entry, which has no FP8 path (Megatron-LM runs "
+                f"FP8 GEMMs through Transformer Engine only in its own pretrain_gpt.py); 'fp8: none' searches them")
+
     def cross_vendor_cp(self, cp: int) -> bool:
         """Whether a cross-vendor layout may take context-parallel degree ``cp`` (its CP groups
         stay inside each stage's partition; the project's entry must build them)."""
@@ -516,7 +532,7 @@ class PlanSpace:
         out = []
         for g in range(1, most + 1):
             out += list(itertools.permutations(usable, g))
-        if self.options.single_vendor:
+        if self.single_vendor():
             out = [seq for seq in out if len({self._vendor[i] for i in seq}) == 1]
         return out
 
@@ -847,7 +863,7 @@ def space_size(space: "PlanSpace") -> SpaceSize:
             if not n_splits(structure, 1):
                 continue  # nor for any longer structure: the lowest split only grows
             single = sum(f(structure) for f in single_of) if len(vendors) > 1 else ways
-            cross = 0 if (o.single_vendor or not space.cross_vendor_cp(cp)) else ways - single
+            cross = 0 if (space.single_vendor() or not space.cross_vendor_cp(cp)) else ways - single
             cross_vps = set(space.vp_choices(sum(structure), m, True))
             for vp in sorted(set(space.vp_choices(sum(structure), m, False)) | cross_vps):
                 splits = n_splits(structure, vp)

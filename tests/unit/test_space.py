@@ -455,3 +455,28 @@ def test_a_narrowing_that_leaves_out_1_is_honoured_by_every_plan_or_refused_by_n
         assert len(empty) == 0
         field, why = empty.why_empty()
         assert field == "virtual_stages" and "leave out 1" in why
+
+
+def test_fp8_leaves_cross_vendor_plans_out_and_the_notes_say_why():
+    """FP8 runs through Transformer Engine in Megatron-LM's pretrain_gpt.py; cross-vendor plans run
+    the project's entry, which has none: an FP8 job's space holds single-vendor plans only, counted
+    exactly, and the search's notes say so (as they say when a narrowing leaves out 1)."""
+    from memx_hpc.search.report import space_notes
+    from memx_hpc.search.space import space_size
+    from memx_hpc.spec import job_from_mapping
+    site = load_site(ROOT / "site_configs" / "example-h100-mi300x.yaml")
+    base = {"model": {"preset": "Llama-2-7B", "num_layers": 8}, "global_batch_size": 16, "micro_batch_sizes": [1]}
+    plain = PlanSpace(site, job_from_mapping(base), SpaceOptions(layer_granularity=2))
+    fp8 = PlanSpace(site, job_from_mapping({**base, "fp8": "hybrid"}), SpaceOptions(layer_granularity=2))
+    vendors = {p.name: plain._vendor[i] for i, p in enumerate(site.partitions)}
+
+    def crossing(space):
+        return [sk for sk in space.skeletons if len({vendors[site.partitions[p].name] for p, _ in sk.groups}) > 1]
+
+    assert crossing(plain) and not crossing(fp8) and len(fp8)
+    size = space_size(fp8)
+    assert (size.plans, size.skeletons) == (len(fp8), len(fp8.skeletons))
+    assert space_notes(plain) == []
+    assert any("FP8" in n and "cross-vendor plans left out" in n for n in space_notes(fp8))
+    narrowed = PlanSpace(site, job_from_mapping({**base, "virtual_stages": [2]}), SpaceOptions(layer_granularity=2))
+    assert any(n.startswith("the job's virtual_stages [2] leave out 1") for n in space_notes(narrowed))
