@@ -46,10 +46,16 @@ times a *recompute assignment*:
   on wherever the launched entry runs them (:func:`memx_hpc.slurm.cmdline.performance_options`:
   Megatron-LM's ``pretrain_gpt.py`` on GPUs; not the project's entry, not CPU devices), as
   production recipes run them; ``SpaceOptions.overlap`` False turns them off everywhere.
-* Cross-vendor layouts run the project's megatron-core entry (one model chunk per rank, no
-  context- or expert-parallel groups): they keep ``v = 1``, ``c = 1``. CP and EP groups
-  never leave a stage, so never a partition nor a vendor: the cross-vendor group rule
-  (:mod:`memx_hpc.slurm.groups`) has nothing to give them.
+* Cross-vendor layouts run the project's megatron-core entry, which takes the degrees
+  :data:`memx_hpc.slurm.cmdline.PROJECT_ENTRY_DEGREES` names (today virtual stages: its
+  interleaved schedule over the cross-vendor pipeline group; CP: ring attention inside each
+  stage; EP). CP and EP groups never leave a stage, so never a partition nor a vendor: the group
+  rule (:mod:`memx_hpc.slurm.groups`) gives them their vendor's library. An FP8 job keeps to one
+  vendor (:meth:`PlanSpace.cross_vendor_note`: the entry has no FP8 path).
+* **Narrowing.** A job's or site's ``virtual_stages`` / ``context_parallel_sizes`` /
+  ``expert_parallel_sizes`` are honoured by every plan: a layout that cannot take a listed
+  degree (one stage where the list leaves out 1; cross-vendor where the entry cannot) is left
+  out, never given 1 instead, and a space left empty says which field and why (:meth:`why_empty`).
 * **Recompute.** Each stage gets its own level from ``none < selective < full on
   k = ceil(n_max*j/steps) layers`` (j = 1..steps; n_max the largest stage of its
   partition group, a stage recomputing min(k, n): one ``--recompute-num-layers`` per

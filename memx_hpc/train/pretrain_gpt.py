@@ -6,7 +6,9 @@ local layer spec, initialises real tensor and pipeline parallel groups, wraps th
 model in megatron-core's ``DistributedDataParallel``, trains ``--train-iters`` (or
 ``--train-samples``) on Megatron's indexed data (``--data-path``, megatron-core's GPTDataset,
 a tokenizer from local files: :mod:`memx_hpc.train.tokenizer`) or on synthetic data
-(``--mock-data``) with megatron-core's 1F1B schedule (``get_forward_backward_func``) and its
+(``--mock-data``) with megatron-core's 1F1B schedule (``get_forward_backward_func``; interleaved
+over one model chunk per virtual stage when ``--pipeline-model-parallel-layout`` has ``pp x v``
+chunks), context- and expert-parallel groups by the group rule, and its
 optimizer, evaluates, saves and loads megatron-core distributed checkpoints
 (:mod:`memx_hpc.train.checkpoint`), and logs iteration time and memory in Megatron-LM's
 format (:mod:`memx_hpc.train.logs`), also as TensorBoard events (``--tensorboard-dir``).
