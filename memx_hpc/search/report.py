@@ -18,6 +18,7 @@ from .objective import MemoryErrorBand
 
 if TYPE_CHECKING:
     from ..model.links import LinkModel
+    from .space import PlanSpace
 
 GiB = 2**30
 
@@ -63,6 +64,25 @@ def stage_summary(plan: Plan, *, compact: bool = False) -> str:
         rc = rcs[0] if len(set(rcs)) == 1 else ",".join(rcs)
         parts.append(f"{name}:{layers}" + ("" if compact and rc == "none" else f"/{rc}"))
     return ("|" if compact else " | ").join(parts)
+
+
+def space_notes(space: "PlanSpace") -> list[str]:
+    """What the space holds of a job's request that a reader might expect otherwise, one line
+    each: a narrowing of virtual stages or context parallel that leaves out 1 (honoured by every
+    plan: layouts that cannot take a listed degree are left out, never given 1) and cross-vendor
+    plans left out for this job (:meth:`~memx_hpc.search.space.PlanSpace.cross_vendor_note`)."""
+    out = []
+    for name, cands in (("virtual_stages", space.vp_candidates()), ("context_parallel_sizes", space.cp_candidates())):
+        if cands and 1 not in cands:
+            whose = "job's" if getattr(space.job, name) else "site's"
+            what = ("layouts of one stage, or whose micro-batches per iteration are not a multiple of their stages, "
+                    "are left out" if name == "virtual_stages" else
+                    "layouts on partitions without Transformer Engine are left out")
+            out.append(f"the {whose} {name} {cands} leave out 1: every plan takes one of them; {what}")
+    note = space.cross_vendor_note()
+    if note is not None:
+        out.append(note)
+    return out
 
 
 def gpu_types_of(site: Site) -> list[str]:

@@ -46,10 +46,16 @@ times a *recompute assignment*:
   on wherever the launched entry runs them (:func:`memx_hpc.slurm.cmdline.performance_options`:
   Megatron-LM's ``pretrain_gpt.py`` on GPUs; not the project's entry, not CPU devices), as
   production recipes run them; ``SpaceOptions.overlap`` False turns them off everywhere.
-* Cross-vendor layouts run the project's megatron-core entry (one model chunk per rank, no
-  context- or expert-parallel groups): they keep ``v = 1``, ``c = 1``. CP and EP groups
-  never leave a stage, so never a partition nor a vendor: the cross-vendor group rule
-  (:mod:`memx_hpc.slurm.groups`) has nothing to give them.
+* Cross-vendor layouts run the project's megatron-core entry, which takes the degrees
+  :data:`memx_hpc.slurm.cmdline.PROJECT_ENTRY_DEGREES` names (today virtual stages: its
+  interleaved schedule over the cross-vendor pipeline group; CP: ring attention inside each
+  stage; EP). CP and EP groups never leave a stage, so never a partition nor a vendor: the group
+  rule (:mod:`memx_hpc.slurm.groups`) gives them their vendor's library. An FP8 job keeps to one
+  vendor (:meth:`PlanSpace.cross_vendor_note`: the entry has no FP8 path).
+* **Narrowing.** A job's or site's ``virtual_stages`` / ``context_parallel_sizes`` /
+  ``expert_parallel_sizes`` are honoured by every plan: a layout that cannot take a listed
+  degree (one stage where the list leaves out 1; cross-vendor where the entry cannot) is left
+  out, never given 1 instead, and a space left empty says which field and why (:meth:`why_empty`).
 * **Recompute.** Each stage gets its own level from ``none < selective < full on
   k = ceil(n_max*j/steps) layers`` (j = 1..steps; n_max the largest stage of its
   partition group, a stage recomputing min(k, n): one ``--recompute-num-layers`` per
@@ -83,7 +89,7 @@ from ..errors import SpecError
 from ..model.compose import Block, CompositionInputs, Layout
 from .. import placement
 from ..placement import comm_vendor, group_fits, place_groups, site_facts
-from ..slurm.cmdline import performance_options
+from ..slurm.cmdline import cross_vendor_refusal, performance_options
 from ..spec import Plan, Recompute, Site, Stage, TrainJob
 
 #: The fewest tokens per rank at which context parallel is searched by default: below it
@@ -365,6 +371,25 @@ class PlanSpace:
             return "context_parallel_sizes", (f"the {whose} context_parallel_sizes {cps} need transformer_impl "
                                               f"transformer_engine on partition {names} (it trains with {impls}; "
                                               f"megatron-core's local attention has no context parallel)")
+        # a narrowing that leaves out 1 is honoured or refused, never dropped: say why nothing takes it
+        cross = [] if self.single_vendor() or len(set(self._vendor)) < 2 else [
+            r.reason for r in (cross_vendor_refusal("virtual_stages", 2),) if r is not None]
+        vps = self.vp_candidates()
+        if vps and 1 not in vps:
+            whose = "job's" if self.job.virtual_stages else "site's"
+            return "virtual_stages", (
+                f"the {whose} virtual_stages {vps} leave out 1, and no layout takes them: interleaving needs at "
+                f"least 2 pipeline stages of at least v layers each, and micro-batches per iteration (global batch "
+                f"{self.job.global_batch_size} / (micro-batch x DP)) a multiple of the stages"
+                + (f"; cross-vendor plans cannot take them ({'; '.join(cross)})" if cross else "")
+                + "; add 1 to the list to allow plans without interleaving")
+        if 1 not in cps and len(set(self._vendor)) > 1 and not self.single_vendor() \
+                and not all(self.cross_vendor_cp(c) for c in cps):
+            why = cross_vendor_refusal("cp", max(cps))
+            return "context_parallel_sizes", (
+                f"the {whose} context_parallel_sizes {cps} leave out 1, and no layout takes them: each stage's "
+                f"TP x CP x DP ranks must fit one partition that trains with Transformer Engine"
+                + (f"; cross-vendor plans cannot take them ({why.reason})" if why else ""))
         return None
 
     # ------------------------------------------------------------------ candidates
@@ -477,11 +502,35 @@ class PlanSpace:
         return (None,)
 
     def vp_choices(self, pp: int, num_microbatches: int, cross_vendor: bool) -> list[int]:
-        """The virtual stages a layout of ``pp`` stages may take (1 always; more only with
-        ``pp >= 2``, micro-batches in whole groups of ``pp``, on one vendor)."""
-        if cross_vendor or pp < 2 or num_microbatches % pp:
-            return [1]
-        return self.vp_candidates()
+        """The virtual stages a layout of ``pp`` stages may take: the candidates with ``pp >= 2``
+        and micro-batches in whole groups of ``pp`` (across vendors only where the project's
+        entry runs interleaving), else 1 -- unless the job's or site's ``virtual_stages`` leave 1
+        out: then such a layout takes none (is not searched), never 1 in the list's place."""
+        cands = self.vp_candidates()
+        if pp < 2 or num_microbatches % pp or (cross_vendor and cross_vendor_refusal("virtual_stages", 2)):
+            return [1] if 1 in cands else []
+        return cands
+
+    def single_vendor(self) -> bool:
+        """Whether only plans inside one vendor are searched: asked for (:attr:`SpaceOptions.single_vendor`),
+        or the job trains in FP8 (:meth:`cross_vendor_note` says why)."""
+        return self.options.single_vendor or bool(self.job.fp8)
+
+    def cross_vendor_note(self) -> str | None:
+        """Why this job's cross-vendor plans are left out of the space although the site has
+        partitions of two vendors, or None. FP8: Megatron-LM runs FP8 GEMMs through Transformer
+        Engine, and a cross-vendor plan's ranks run the project's megatron-core entry, which has
+        no FP8 path (``render`` refuses such a plan: :func:`memx_hpc.slurm.render.fp8_refusal`)."""
+        if not self.job.fp8 or self.options.single_vendor or len(set(self._vendor)) < 2:
+            return None
+        return (f"cross-vendor plans left out of the search: the job trains in FP8 (fp8: {self.job.fp8}), and plans "
+                f"spanning vendors run the project's megatron-core entry, which has no FP8 path (Megatron-LM runs "
+                f"FP8 GEMMs through Transformer Engine only in its own pretrain_gpt.py); 'fp8: none' searches them")
+
+    def cross_vendor_cp(self, cp: int) -> bool:
+        """Whether a cross-vendor layout may take context-parallel degree ``cp`` (its CP groups
+        stay inside each stage's partition; the project's entry must build them)."""
+        return cp == 1 or cross_vendor_refusal("cp", cp) is None
 
     def _partition_sequences(self, tp: int) -> list[tuple[int, ...]]:
         usable = [i for i, p in enumerate(self.partitions) if self.tp_placeable(p, tp)]
@@ -489,7 +538,7 @@ class PlanSpace:
         out = []
         for g in range(1, most + 1):
             out += list(itertools.permutations(usable, g))
-        if self.options.single_vendor:
+        if self.single_vendor():
             out = [seq for seq in out if len({self._vendor[i] for i in seq}) == 1]
         return out
 
@@ -527,7 +576,7 @@ class PlanSpace:
                 if any(len(r) == 0 for r in ranges):
                     continue
                 cross = len({self._vendor[i] for i in seq}) > 1
-                if cross and cp > 1:
+                if cross and not self.cross_vendor_cp(cp):
                     continue
                 for counts in itertools.product(*ranges):
                     pp = sum(counts)
@@ -535,8 +584,7 @@ class PlanSpace:
                         continue
                     structure = tuple(counts)
                     groups = tuple(zip(seq, counts))
-                    vps = [v for v in ([1] if cross else self.vp_choices(pp, m, False))
-                           if len(self._split_table(structure, v))]
+                    vps = [v for v in self.vp_choices(pp, m, cross) if len(self._split_table(structure, v))]
                     perf = {do: self._performance(seq, cross, do) for do in dopts}
                     out += [Skeleton(tp=tp, dp=dp, micro_batch_size=mbs, groups=groups, sequence_parallel=sp, vp=v,
                                      cp=cp, ep=ep, etp=etp, distributed_optimizer=do, **perf[do])
@@ -822,15 +870,17 @@ def space_size(space: "PlanSpace") -> SpaceSize:
             if not n_splits(structure, 1):
                 continue  # nor for any longer structure: the lowest split only grows
             single = sum(f(structure) for f in single_of) if len(vendors) > 1 else ways
-            cross = 0 if (o.single_vendor or cp > 1) else ways - single
-            for vp in space.vp_choices(sum(structure), m, False):
+            cross = 0 if (space.single_vendor() or not space.cross_vendor_cp(cp)) else ways - single
+            cross_vps = set(space.vp_choices(sum(structure), m, True))
+            for vp in sorted(set(space.vp_choices(sum(structure), m, False)) | cross_vps):
                 splits = n_splits(structure, vp)
                 if not splits:
                     continue
                 per = splits
                 for st in structure:
                     per *= levels_of(st, vp)
-                w = single + (cross if vp == 1 else 0)
+                w = (single if vp in space.vp_choices(sum(structure), m, False) else 0) + \
+                    (cross if vp in cross_vps else 0)
                 plans += per * w * sp_choices * n_experts
                 skeletons += w * sp_choices * n_experts
             if plans > o.max_plans or skeletons > o.max_skeletons:

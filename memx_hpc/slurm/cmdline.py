@@ -38,7 +38,8 @@ from ..spec import (PROJECT_ENTRY_TOKENIZERS, ModelSpec, Plan, Recompute, Site, 
 
 __all__ = ["SYNTHETIC_TRAIN_ITERS", "RUN_KINDS", "TrainingLength", "ComponentShape", "CommandLine",
            "training_length", "command_line", "pipeline_layout", "recompute_args", "virtual_recompute_refusal",
-           "project_entry_plan_refusal", "project_entry_refusal", "Refusal",
+           "project_entry_plan_refusal", "project_entry_refusal", "Refusal", "cross_vendor_refusal",
+           "PROJECT_ENTRY_DEGREES",
            "CHECKPOINT_FORMAT", "exit_duration_min", "PROJECT_ENTRY_MODULE", "TP_COMM_OVERLAP_OFF", "overlap_refusal",
            "performance_options", "performance_args"]
 
@@ -198,16 +199,35 @@ def project_entry_refusal(job: TrainJob) -> Refusal | None:
     return None
 
 
+#: The parallel degrees above 1 the project's entry (cross-vendor plans) builds: Plan field ->
+#: whether it does. Virtual stages: one GPTModel per model chunk and megatron-core's interleaved
+#: schedule over the cross-vendor pipeline group (memx_hpc/train/pretrain_gpt.py). Context
+#: parallel: its groups (cp, dp_cp) stay inside each stage's partition, built by the group rule,
+#: with Transformer Engine's attention (the space already asks for it on every CP partition).
+#: Expert parallel it runs (megatron-core's MoE layer, all-to-all dispatcher, its expert groups
+#: built by the group rule).
+PROJECT_ENTRY_DEGREES = {"virtual_stages": True, "cp": True}
+_DEGREE_WHY = {"virtual_stages": ("virtual pipeline stages", "builds one model chunk per rank"),
+               "cp": ("context parallel", "builds no context-parallel groups")}
+
+
+def cross_vendor_refusal(name: str, value: int) -> Refusal | None:
+    """Why a cross-vendor plan (the project's entry) cannot take ``value`` of the parallel degree
+    ``name`` (a :data:`PROJECT_ENTRY_DEGREES` key), or None. The search and render ask this."""
+    if value <= 1 or PROJECT_ENTRY_DEGREES.get(name, True):
+        return None
+    label, why = _DEGREE_WHY[name]
+    return Refusal(field=name, reason=f"{label} ({name} {value}): the project's megatron-core entry, which "
+                                      f"cross-vendor plans run, {why}")
+
+
 def project_entry_plan_refusal(plan: Plan) -> Refusal | None:
     """Why the project's entry (cross-vendor plans) cannot run ``plan``'s parallel degrees, or
-    None: it builds one model chunk per rank and no context-parallel groups, so cross-vendor
-    plans keep one virtual stage and CP 1 (the search asks the same); expert parallel it runs
-    (megatron-core's MoE layer, all-to-all dispatcher)."""
-    for name, label in (("virtual_stages", "virtual pipeline stages"), ("cp", "context parallel")):
-        if getattr(plan, name) > 1:
-            return Refusal(field=name, reason=f"{label} ({name} {getattr(plan, name)}): the project's megatron-core "
-                                              f"entry, which cross-vendor plans run, builds one model chunk per rank "
-                                              f"without context-parallel groups")
+    None (:func:`cross_vendor_refusal` of each degree; the search asks the same)."""
+    for name in PROJECT_ENTRY_DEGREES:
+        refusal = cross_vendor_refusal(name, getattr(plan, name))
+        if refusal is not None:
+            return refusal
     return None
 
 

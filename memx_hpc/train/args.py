@@ -139,6 +139,8 @@ class TrainArgs:
     moe_aux_loss_coeff: float = 0.0
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: int | None = None
+    #: context parallel (ring attention; Transformer Engine's attention only)
+    context_parallel_size: int = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--use-distributed-optimizer", action="store_true")
     d.add_argument("--expert-model-parallel-size", type=int, default=1)
     d.add_argument("--expert-tensor-parallel-size", type=int, default=None)
+    d.add_argument("--context-parallel-size", type=int, default=1)
 
     moe = p.add_argument_group("mixture of experts (megatron-core's MoE layer, local spec)")
     # the flags, defaults and choices of the model's MoE fields come from their one table
@@ -316,7 +319,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
         p.error("--save-interval needs --save")
     for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size",
                  "train_iters", "train_samples", "log_interval", "expert_model_parallel_size", "num_experts",
-                 "expert_tensor_parallel_size", "moe_router_topk", "tensorboard_log_interval"):
+                 "expert_tensor_parallel_size", "moe_router_topk", "tensorboard_log_interval",
+                 "context_parallel_size"):
         if getattr(ns, name) is not None and getattr(ns, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     freq = ns.moe_layer_freq.strip()
@@ -328,6 +332,9 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
     if layer_freq != 1:
         p.error(f"--moe-layer-freq {freq}: this entry builds every layer as MoE (1); a mix of dense and MoE "
                 "layers runs through Megatron-LM's pretrain_gpt.py")
+    if ns.context_parallel_size > 1 and ns.seq_length % (2 * ns.context_parallel_size):
+        p.error(f"--seq-length {ns.seq_length} is not a multiple of 2 x --context-parallel-size "
+                f"{ns.context_parallel_size} (ring attention splits each sequence into 2 x CP chunks)")
     if ns.num_experts is None and (ns.expert_model_parallel_size > 1 or ns.expert_tensor_parallel_size is not None):
         p.error("--expert-model-parallel-size / --expert-tensor-parallel-size need --num-experts")
     if ns.num_experts is not None and ns.num_experts % ns.expert_model_parallel_size:
@@ -379,4 +386,5 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
         moe_layer_freq=layer_freq, moe_aux_loss_coeff=ns.moe_aux_loss_coeff,
         expert_model_parallel_size=ns.expert_model_parallel_size,
         expert_tensor_parallel_size=ns.expert_tensor_parallel_size,
+        context_parallel_size=ns.context_parallel_size,
     )

@@ -102,11 +102,23 @@ def _rng_state(torch: Any, *, pp_rank: int, pp: int, tp_rank: int, tp: int, dp_r
     return ShardedObject("rng_state", [state], (pp, tp), (pp_rank, tp_rank), replica_id=dp_rank)
 
 
+def model_keys(chunks: int) -> list[str]:
+    """Megatron-LM's keys of the model chunks (generate_state_dict): ``model`` for one,
+    ``model0``, ``model1``, ... under the interleaved schedule."""
+    return ["model"] if chunks == 1 else [f"model{i}" for i in range(chunks)]
+
+
+def _chunks(model: Any) -> list[Any]:
+    return list(model) if isinstance(model, (list, tuple)) else [model]
+
+
 def _state_dict(*, model: Any, optimizer: Any, scheduler: Any, iteration: int, args: Namespace, dp_group: Any,
                 rng: Any, is_loading: bool) -> dict[str, Any]:
     meta = _metadata(dp_group)
-    sd: dict[str, Any] = {"args": args, "checkpoint_version": 3.0, "iteration": iteration,
-                          "model": model.sharded_state_dict(metadata=meta)}
+    chunks = _chunks(model)
+    sd: dict[str, Any] = {"args": args, "checkpoint_version": 3.0, "iteration": iteration}
+    for key, chunk in zip(model_keys(len(chunks)), chunks):
+        sd[key] = chunk.sharded_state_dict(metadata=meta)
     sd["optimizer"] = optimizer.sharded_state_dict(sd, is_loading=is_loading, metadata=meta)
     sd["opt_param_scheduler"] = scheduler.state_dict()
     if rng is not None:
@@ -161,7 +173,9 @@ def load(base: str, *, model: Any, optimizer: Any, scheduler: Any, args: Namespa
                      dp_group=dp_group, rng=rng, is_loading=True)
     sd.pop("args")
     loaded = dist_checkpointing.load(sd, path)
-    model.load_state_dict(loaded["model"])
+    chunks = _chunks(model)
+    for key, chunk in zip(model_keys(len(chunks)), chunks):
+        chunk.load_state_dict(loaded[key])
     optimizer.load_state_dict(loaded["optimizer"])
     scheduler.load_state_dict(loaded["opt_param_scheduler"])
     note = "same TP/PP: RNG restored"

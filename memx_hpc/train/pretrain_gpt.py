@@ -6,7 +6,9 @@ local layer spec, initialises real tensor and pipeline parallel groups, wraps th
 model in megatron-core's ``DistributedDataParallel``, trains ``--train-iters`` (or
 ``--train-samples``) on Megatron's indexed data (``--data-path``, megatron-core's GPTDataset,
 a tokenizer from local files: :mod:`memx_hpc.train.tokenizer`) or on synthetic data
-(``--mock-data``) with megatron-core's 1F1B schedule (``get_forward_backward_func``) and its
+(``--mock-data``) with megatron-core's 1F1B schedule (``get_forward_backward_func``; interleaved
+over one model chunk per virtual stage when ``--pipeline-model-parallel-layout`` has ``pp x v``
+chunks), context- and expert-parallel groups by the group rule, and its
 optimizer, evaluates, saves and loads megatron-core distributed checkpoints
 (:mod:`memx_hpc.train.checkpoint`), and logs iteration time and memory in Megatron-LM's
 format (:mod:`memx_hpc.train.logs`), also as TensorBoard events (``--tensorboard-dir``).
@@ -174,14 +176,36 @@ def _loss_func(loss_mask: Any, output_tensor: Any) -> tuple[Any, Any, dict[str, 
     return loss, num_tokens, {"lm loss": report}
 
 
+def cp_slices(data: Iterator[dict[str, Any]], cp: int) -> Iterator[dict[str, Any]]:
+    """This rank's part of each micro-batch under context parallel (megatron-core's
+    get_batch_on_this_cp_rank, as Megatron-LM's get_batch: 2 x CP sequence chunks, rank r
+    taking chunks r and 2CP-1-r so that causal attention work is balanced); as is at CP 1."""
+    if cp == 1:
+        return data
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    return (get_batch_on_this_cp_rank(batch) for batch in data)
+
+
+def per_chunk(data: Iterator[dict[str, Any]], chunks: int) -> Any:
+    """The data iterator(s) the schedule takes: with ``chunks`` > 1 (interleaved), one per model
+    chunk, each the same micro-batch sequence (every chunk's forward step reads micro-batch j as
+    its j-th; the interleaved schedule runs each chunk's micro-batches in order)."""
+    if chunks == 1:
+        return data
+    import itertools
+
+    return list(itertools.tee(data, chunks))
+
+
 def _forward_step(data_iterator: Iterator[dict[str, Any]], model: Any) -> tuple[Any, Any]:
     batch = next(data_iterator)
     output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
     return output, partial(_loss_func, batch["loss_mask"])
 
 
-def planned_groups(*, world: int, tp: int, pp: int, on_cpu: bool, torch: Any,
-                   environ: dict[str, str] | None = None) -> tuple[GroupBackend, ...]:
+def planned_groups(*, world: int, tp: int, pp: int, on_cpu: bool, torch: Any, cp: int = 1, ep: int = 1,
+                   etp: int | None = None, environ: dict[str, str] | None = None) -> tuple[GroupBackend, ...]:
     """The job's process groups and backends (memx_hpc.slurm.groups), from the per-rank vendors
     the rendered script exports (``MEMX_RANK_VENDORS``); without them, every rank is on this
     process's kind of device."""
@@ -193,7 +217,7 @@ def planned_groups(*, world: int, tp: int, pp: int, on_cpu: bool, torch: Any,
     else:
         here = "cpu" if on_cpu else ("amd" if getattr(torch.version, "hip", None) else "nvidia")
         vendors = (here,) * world
-    return group_backends(vendors, tp=tp, dp=world // (tp * pp), pp=pp,
+    return group_backends(vendors, tp=tp, dp=world // (tp * cp * pp), pp=pp, cp=cp, ep=ep, etp=etp,
                           cross_vendor_backend=env.get("MEMX_CROSS_VENDOR_BACKEND", "ucc"))
 
 
@@ -216,12 +240,23 @@ def process_group_collection(groups: Sequence[GroupBackend], *, rank: int, on_cp
     pgc.tp, pgc.pp, pgc.mp, pgc.dp = mine["tp"], mine["pp"], mine["mp"], mine["dp"]
     pgc.embd = mine.get("embd")
     pgc.pos_embd = mine.get("pos_embd")
-    # cp = ep = 1, expert TP = TP: the remaining groups are these or single ranks.
-    pgc.cp = ps.get_context_parallel_group()
-    pgc.ep = ps.get_expert_model_parallel_group()
-    pgc.tp_cp = pgc.expt_tp = pgc.tp_ep = pgc.tp
-    pgc.tp_ep_pp = pgc.mp
-    pgc.dp_cp = pgc.intra_dp_cp = pgc.expt_dp = pgc.intra_expt_dp = pgc.intra_dist_opt = pgc.dp
+    # Context and expert groups never leave a stage (so never a partition nor a vendor): the
+    # rule's own where it lists them (cp, dp_cp, ep, etp, edp), else megatron-core's, which are
+    # single ranks or equal to a group above (CP 1: dp_cp is dp; EP 1 with expert TP = TP:
+    # the experts' groups are TP's and DP x CP's). The compound groups megatron-core also asks
+    # for (tp x cp, expert tp x ep, and with the pipeline) come from parallel_state.
+    cp = mine.get("cp")
+    pgc.cp = cp if cp is not None else ps.get_context_parallel_group()
+    pgc.dp_cp = pgc.intra_dp_cp = pgc.intra_dist_opt = mine.get("dp_cp", pgc.dp)
+    pgc.tp_cp = ps.get_tensor_and_context_parallel_group() if cp is not None else pgc.tp
+    experts = "ep" in mine or "etp" in mine or "edp" in mine
+    pgc.ep = mine["ep"] if "ep" in mine else ps.get_expert_model_parallel_group()
+    pgc.expt_tp = mine["etp"] if "etp" in mine else (ps.get_expert_tensor_parallel_group() if experts else pgc.tp)
+    pgc.expt_dp = pgc.intra_expt_dp = mine["edp"] if "edp" in mine else pgc.dp_cp
+    pgc.tp_ep = ps.get_expert_tensor_and_model_parallel_group() if experts else pgc.tp
+    pgc.tp_ep_pp = ps.get_expert_tensor_model_pipeline_parallel_group() if experts else pgc.mp
+    # the router's token counts (MoE): every rank of the stage
+    pgc.tp_dp_cp = ps.get_tensor_and_data_parallel_group(with_context_parallel=True)
     pgc.inter_dist_opt = None
     return pgc
 
@@ -289,10 +324,10 @@ class _Batches:
 
 def _batches(args: TrainArgs, world: int) -> _Batches:
     """Data-parallel size, global batch, micro-batches per iteration and iterations to run."""
-    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    if world % (tp * pp):
-        raise _Refused(f"world size {world} is not divisible by tp*pp = {tp * pp}")
-    dp = world // (tp * pp)
+    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
+    if world % (tp * cp * pp):
+        raise _Refused(f"world size {world} is not divisible by tp*cp*pp = {tp * cp * pp}")
+    dp = world // (tp * cp * pp)
     gbs = args.global_batch_size or args.micro_batch_size * dp
     if gbs % (args.micro_batch_size * dp):
         raise _Refused(f"global batch size {gbs} is not a multiple of micro batch size "
@@ -335,6 +370,20 @@ def _dtype(args: TrainArgs, rank: int, torch: Any, on_cpu: bool) -> Any:
     return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
 
 
+def virtual_stages(args: TrainArgs) -> int:
+    """Model chunks per pipeline rank: the layout's (Megatron-LM derives
+    ``--virtual-pipeline-model-parallel-size`` from ``--pipeline-model-parallel-layout``: its
+    ``|``-separated parts are ``pp x v`` chunks), else 1."""
+    layout, pp = args.pipeline_model_parallel_layout, args.pipeline_model_parallel_size
+    if not layout or pp < 2:
+        return 1
+    parts = layout.count("|") + 1
+    if parts % pp:
+        raise _Refused(f"--pipeline-model-parallel-layout has {parts} chunks, not a multiple of "
+                       f"--pipeline-model-parallel-size {pp}")
+    return parts // pp
+
+
 def _init_groups(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool) -> tuple[Any, str]:
     """Start torch.distributed and megatron-core's groups by the group rule, seed the RNGs as
     Megatron-LM does; ``(the cross-vendor group collection or None, the default backend)``."""
@@ -348,7 +397,8 @@ def _init_groups(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool) -> tup
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     if not on_cpu:
         torch.cuda.set_device(env.local_rank)
-    groups = planned_groups(world=world, tp=tp, pp=pp, on_cpu=on_cpu, torch=torch)
+    cp, ep, etp = args.context_parallel_size, args.expert_model_parallel_size, args.expert_tensor_parallel_size
+    groups = planned_groups(world=world, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, on_cpu=on_cpu, torch=torch)
     if rank == 0:
         for line in format_map(groups):
             _log(rank, "process group " + line + (" [gloo on the CPU]" if on_cpu else ""))
@@ -357,7 +407,8 @@ def _init_groups(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool) -> tup
         backend=default_backend, init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=rank,
         world_size=world, timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes))
     ps.initialize_model_parallel(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
+        virtual_pipeline_model_parallel_size=virtual_stages(args) if virtual_stages(args) > 1 else None,
         expert_model_parallel_size=args.expert_model_parallel_size,
         expert_tensor_parallel_size=args.expert_tensor_parallel_size,
         pipeline_model_parallel_comm_backend=None if on_cpu else args.pipeline_model_parallel_comm_backend)
@@ -395,6 +446,10 @@ def _attention(args: TrainArgs, rank: int, on_cpu: bool) -> _Attention:
     # a path that stores the matrices). "unfused"/"local" keep megatron-core's
     # DotProductAttention, which stores them, with dropout.
     use_te = not on_cpu and args.transformer_impl == "transformer_engine"
+    if args.context_parallel_size > 1 and not use_te:
+        raise _Refused(f"--context-parallel-size {args.context_parallel_size} needs Transformer Engine's attention "
+                       f"(--transformer-impl transformer_engine on a GPU): megatron-core's local attention has no "
+                       f"context parallel")
     flash_like = not use_te and args.attention_backend in ("auto", "flash", "fused")
     attention_dropout = args.attention_dropout
     if flash_like and attention_dropout > 0:
@@ -422,6 +477,7 @@ def _transformer_config(args: TrainArgs, attention: _Attention, dtype: Any, torc
         init_method_std=args.init_method_std,
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        context_parallel_size=args.context_parallel_size,
         sequence_parallel=args.sequence_parallel,
         pipeline_model_parallel_layout=args.pipeline_model_parallel_layout,
         num_layers_in_first_pipeline_stage=args.decoder_first_pipeline_num_layers,
@@ -470,11 +526,12 @@ def _layer_spec(args: TrainArgs, attention: _Attention) -> Any:
 
 @dataclass(frozen=True, kw_only=True)
 class _Built:
-    """The model as megatron-core trains it: the GPT module, its DDP wrapper, optimizer and
-    learning-rate schedule, with the padded vocabulary the checkpoint records."""
+    """The model as megatron-core trains it: the GPT module of each model chunk of this rank
+    (one, or one per virtual stage under the interleaved schedule), their DDP wrappers, the
+    optimizer and learning-rate schedule, with the padded vocabulary the checkpoint records."""
 
-    model: Any
-    ddp: Any
+    model: tuple[Any, ...]
+    ddp: tuple[Any, ...]
     optimizer: Any
     scheduler: Any
     vocab: int
@@ -492,31 +549,41 @@ def _build(args: TrainArgs, config: Any, attention: _Attention, tokenizer: Any, 
     multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
     vocab = -(-tokenizer.vocab_size // multiple) * multiple
     spec = _layer_spec(args, attention)
-    model = GPTModel(
-        config=config, transformer_layer_spec=spec,
-        vocab_size=vocab, max_sequence_length=args.max_position_embeddings or args.seq_length,
-        pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(), parallel_output=True,
-        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base,
-        rope_scaling=args.use_rope_scaling, rope_scaling_factor=args.rope_scaling_factor,
-        **({"pg_collection": pgc} if pgc else {}))
-    if not on_cpu:
-        model.cuda(torch.cuda.current_device())
+    v = virtual_stages(args)
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=dtype != torch.float32, overlap_grad_reduce=False,
         use_distributed_optimizer=args.use_distributed_optimizer and not on_cpu)
-    ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model,
-                                  **({"pg_collection": pgc} if pgc else {}))
-    config.no_sync_func = ddp.no_sync
+    models, ddps = [], []
+    # Megatron-LM's get_model: one GPTModel per model chunk (vp_stage), the embedding on the
+    # first chunk of the first stage, the output layer on the last chunk of the last stage,
+    # each in its own DDP wrapper (gradient buckets of the chunks after the first disabled)
+    for i in range(v):
+        vp = i if v > 1 else None
+        model = GPTModel(
+            config=config, transformer_layer_spec=spec,
+            vocab_size=vocab, max_sequence_length=args.max_position_embeddings or args.seq_length,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=v == 1, vp_stage=vp),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=v == 1, vp_stage=vp), parallel_output=True,
+            share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+            position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base,
+            rope_scaling=args.use_rope_scaling, rope_scaling_factor=args.rope_scaling_factor,
+            **({"vp_stage": vp} if vp is not None else {}), **({"pg_collection": pgc} if pgc else {}))
+        if not on_cpu:
+            model.cuda(torch.cuda.current_device())
+        models.append(model)
+        ddps.append(DistributedDataParallel(config=config, ddp_config=ddp_config, module=model,
+                                            disable_bucketing=i > 0, **({"pg_collection": pgc} if pgc else {})))
+    config.no_sync_func = [d.no_sync for d in ddps] if v > 1 else ddps[0].no_sync
     config.finalize_model_grads_func = partial(finalize_model_grads, pg_collection=pgc) if pgc \
         else finalize_model_grads
-    optimizer, scheduler = _optimizer(args, config, ddp, b, pgc, dtype, torch, on_cpu)
-    return _Built(model=model, ddp=ddp, optimizer=optimizer, scheduler=scheduler, vocab=vocab)
+    optimizer, scheduler = _optimizer(args, config, ddps, b, pgc, dtype, torch, on_cpu)
+    return _Built(model=tuple(models), ddp=tuple(ddps), optimizer=optimizer, scheduler=scheduler, vocab=vocab)
 
 
-def _optimizer(args: TrainArgs, config: Any, ddp: Any, b: _Batches, pgc: Any, dtype: Any, torch: Any,
+def _optimizer(args: TrainArgs, config: Any, ddps: Sequence[Any], b: _Batches, pgc: Any, dtype: Any, torch: Any,
                on_cpu: bool) -> tuple[Any, Any]:
-    """megatron-core's optimizer over ``ddp`` and Megatron-LM's learning-rate schedule."""
+    """megatron-core's optimizer over the model chunks ``ddps`` and Megatron-LM's learning-rate
+    schedule."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
@@ -526,7 +593,7 @@ def _optimizer(args: TrainArgs, config: Any, ddp: Any, b: _Batches, pgc: Any, dt
         adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
         clip_grad=args.clip_grad, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         params_dtype=dtype, use_distributed_optimizer=args.use_distributed_optimizer and not on_cpu)
-    optimizer = get_megatron_optimizer(opt_config, [ddp], **({"pg_collection": pgc, "use_gloo_process_groups": False}
+    optimizer = get_megatron_optimizer(opt_config, list(ddps), **({"pg_collection": pgc, "use_gloo_process_groups": False}
                                                              if pgc else {}))
     config.grad_scale_func = optimizer.scale_loss  # as Megatron-LM's setup: fp16 loss scaling
     scheduler = OptimizerParamScheduler(
@@ -549,16 +616,21 @@ def _log_layout(args: TrainArgs, env: DistEnv, config: Any, built: _Built, atten
 
     rank, tp, pp = env.rank, args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     stage = ps.get_pipeline_model_parallel_rank()
-    n_layers = get_num_layers_to_build(config, pp_rank=stage)
-    first = get_transformer_layer_offset(config, pp_rank=stage)
+    v = len(built.model)
+    chunks = [(get_transformer_layer_offset(config, vp_stage=i if v > 1 else None, pp_rank=stage),
+               get_num_layers_to_build(config, vp_stage=i if v > 1 else None, pp_rank=stage)) for i in range(v)]
+    n_layers = sum(n for _, n in chunks)
     recompute = args.recompute_granularity or "none"
     if args.recompute_granularity == "full":
         recompute += f"/{args.recompute_method}/{args.recompute_num_layers}"
-    n_params = sum(p.numel() for p in built.model.parameters())
+    n_params = sum(p.numel() for m in built.model for p in m.parameters())
     _log(rank, layout_line(rank=rank, fields={
         "world": env.world_size, "tp rank": f"{ps.get_tensor_model_parallel_rank()}/{tp}",
         "pp stage": f"{stage}/{pp}", "dp rank": f"{ps.get_data_parallel_rank()}/{b.dp}",
-        "layers": f"{first}-{first + n_layers - 1}" if n_layers else "none", "num layers": n_layers,
+        **({"cp rank": f"{ps.get_context_parallel_rank()}/{args.context_parallel_size}"}
+           if args.context_parallel_size > 1 else {}),
+        "layers": ",".join(f"{a}-{a + n - 1}" for a, n in chunks if n) or "none", "num layers": n_layers,
+        **({"virtual stages": v} if v > 1 else {}),
         "embedding": ps.is_pipeline_first_stage(), "loss": ps.is_pipeline_last_stage(), "recompute": recompute,
         "parameters": n_params, "micro batches": b.num_microbatches,
         "component": os.environ.get("MEMX_COMPONENT", "-"), "partition": os.environ.get("MEMX_PARTITION", "-"),
@@ -630,7 +702,9 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
         built = _build(args, config, attention, tokenizer, b, pgc, dtype, torch, on_cpu)
         _log_layout(args, env, config, built, attention, b, backend, torch, on_cpu)
         device = "cpu" if on_cpu else torch.device("cuda", torch.cuda.current_device())
-        dp_group = pgc.dp if pgc is not None else ps.get_data_parallel_group()
+        # losses and the checkpoint's replicas: DP and CP together (Megatron-LM's
+        # get_data_parallel_group(with_context_parallel=True); DP itself at CP 1)
+        dp_group = pgc.dp_cp if pgc is not None else ps.get_data_parallel_group(with_context_parallel=True)
         ranks = {"pp_rank": ps.get_pipeline_model_parallel_rank(), "pp": args.pipeline_model_parallel_size,
                  "tp_rank": ps.get_tensor_model_parallel_rank(), "tp": args.tensor_model_parallel_size,
                  "dp_rank": ps.get_data_parallel_rank()}
@@ -638,6 +712,7 @@ def _train(args: TrainArgs, env: DistEnv, torch: Any, on_cpu: bool, tracker: Any
                                     tokenizer=tokenizer)
         start = _resume(args, rank, built, ckpt_args, dp_group, ranks, torch)
         data, valid_data = _data(args, tokenizer, b, start, device, torch)
+        data = per_chunk(cp_slices(data, args.context_parallel_size), len(built.model))
     except _Refused as e:
         _log(rank, f"error: {e}")
         return 1
@@ -688,12 +763,13 @@ class _Loop:
     metrics: MetricsLog | None = None  # TensorBoard / Weights & Biases (the last rank only)
     flops_per_iteration: float = 0.0  # for the throughput (TFLOP/s per device), as Megatron-LM counts them
 
-    def _fwd_bwd(self, data: Iterator[dict[str, Any]], *, forward_only: bool) -> list[Any]:
+    def _fwd_bwd(self, data: Iterator[dict[str, Any]] | list[Iterator[dict[str, Any]]], *,
+                 forward_only: bool) -> list[Any]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         a = self.args
         return get_forward_backward_func()(
-            forward_step_func=_forward_step, data_iterator=data, model=[self.built.ddp],
+            forward_step_func=_forward_step, data_iterator=data, model=list(self.built.ddp),
             num_microbatches=self.batches.num_microbatches, seq_length=a.seq_length,
             micro_batch_size=a.micro_batch_size, decoder_seq_length=a.seq_length, forward_only=forward_only,
             **self.schedule_groups)
@@ -704,7 +780,8 @@ class _Loop:
         torch, built = self.torch, self.built
         torch.distributed.barrier()
         t0 = time.perf_counter()
-        built.ddp.zero_grad_buffer()
+        for ddp in built.ddp:
+            ddp.zero_grad_buffer()
         built.optimizer.zero_grad()
         losses = self._fwd_bwd(data, forward_only=False)
         _, grad_norm, _ = built.optimizer.step()
@@ -790,6 +867,7 @@ class _Loop:
                                  dp_rank=ps.get_data_parallel_rank(), dp=b.dp,
                                  start_microbatch=k * a.eval_iters * b.num_microbatches, torch=self.torch,
                                  device=self.device)
+        vdata = per_chunk(cp_slices(vdata, self.args.context_parallel_size), len(self.built.ddp))
         out = []
         with self.torch.no_grad():
             for _ in range(a.eval_iters):

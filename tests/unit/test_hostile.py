@@ -1117,3 +1117,19 @@ DOMAIN_CASES = [
 @pytest.mark.parametrize("case", DOMAIN_CASES, ids=[c.id for c in DOMAIN_CASES])
 def test_nvlink_domain_hostile_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
     test_hostile_input_or_fault(case, tmp_path, capsys, monkeypatch)
+
+
+# ---------------------------------------------------------------- cross-vendor vocabulary: a narrowing no plan can take
+
+
+NARROWING_CASES = [
+    Case("job-virtual-stages-without-1-on-one-stage", lambda t: [
+        "search", "--analytic", "--max-stages", "1", "--out", str(t / "out"), "--site", site(t), "--job",
+        job(t, JOB + "virtual_stages: [2]\n")], 1,
+         ("job.yaml", "virtual_stages", "leave out 1", "at least 2 pipeline stages")),
+]
+
+
+@pytest.mark.parametrize("case", NARROWING_CASES, ids=[c.id for c in NARROWING_CASES])
+def test_narrowing_hostile_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    test_hostile_input_or_fault(case, tmp_path, capsys, monkeypatch)

@@ -663,3 +663,66 @@ def test_megatron_lm_accepts_the_rendered_microbatch_group_size_per_virtual_stag
     # without the field nothing is rendered and megatron-core's default (pp) holds
     plain = render(dataclasses.replace(plan, microbatch_group_size_per_vp_stage=None), site, job)
     assert "--microbatch-group-size-per-virtual-pipeline-stage" not in plain
+
+
+XVENDOR_JOBS = {  # job file (under jobs/), the narrowing appended, the Plan field it sets, the degree
+    "llama3-70b": ("llama3-70b.yaml", "virtual_stages: [2]\n", "virtual_stages", 2),
+    "llama3-8b-128k": ("llama3-8b-32k.yaml", "context_parallel_sizes: [2]\n", "cp", 2),
+    "mixtral-8x7b": ("mixtral-8x7b.yaml", "expert_parallel_sizes: [8]\n", "ep", 8),
+}
+
+
+@pytest.fixture(scope="module")
+def cross_vendor_plans(tmp_path_factory):
+    """The top ten plans the planner library finds on one H100 node and one MI300X node
+    (site_configs/example-h100-mi300x.yaml; shipped reference profiles and datasheet figures)
+    for a 70B job narrowed to 2 virtual stages, a 128k-token 8B job narrowed to CP 2 and
+    Mixtral narrowed to EP 8."""
+    from memx_hpc.planner import PlanRequest, plan
+
+    tmp = tmp_path_factory.mktemp("xvendor")
+    site = ROOT / "site_configs" / "example-h100-mi300x.yaml"
+    out = {}
+    for name, (base, extra, _, _) in XVENDOR_JOBS.items():
+        text = (ROOT / "jobs" / base).read_text() + extra
+        if name == "llama3-8b-128k":
+            text = text.replace("seq_length: 32768", "seq_length: 131072").replace("global_batch_size: 64",
+                                                                                  "global_batch_size: 16")
+        job_file = tmp / f"{name}.yaml"
+        job_file.write_text(text)
+        r = plan(PlanRequest(site=site, job=job_file, store=tmp / f"{name}.h5", top_k=10, write=False,
+                             progress=False))
+        out[name] = (load_site(site), load_job(job_file), [c.plan for c in r.ranked])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(XVENDOR_JOBS))
+def test_cross_vendor_top_plans_keep_the_jobs_degree_and_megatron_lm_accepts_them(name, cross_vendor_plans,
+                                                                                    monkeypatch):
+    """Cross-vendor plans speak Megatron's vocabulary: on one H100 and one MI300X node, every one
+    of the top ten plans has the degree the job names (virtual stages 2, CP 2, EP 8), at least one
+    spans both vendors, and every rendered component is accepted by Megatron-LM's parse_args +
+    validate_args and by the project's entry (which cross-vendor plans run)."""
+    from memx_hpc.train.args import parse_args as entry_parse_args
+
+    site, job, plans = cross_vendor_plans[name]
+    _, _, field, degree = XVENDOR_JOBS[name]
+    assert len(plans) == 10
+    assert all(getattr(p, field) == degree for p in plans), [(p.pp, p.virtual_stages, p.cp, p.ep) for p in plans]
+    vendor = {p.name: site.gpu(p.gpu_type).vendor for p in site.partitions}
+    spanning = [p for p in plans if len({vendor[s.partition] for s in p.stages}) > 1]
+    assert spanning
+    for plan in plans:
+        text = render(plan, site, job)
+        req = describe(plan, site, job)
+        for c in range(len(req.components)):
+            argv = _argv_of(text, c)
+            args = judge(argv, req.world_size, monkeypatch, _judged_env(text, c))
+            assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size,
+                    args.expert_model_parallel_size) == (plan.tp, plan.pp, plan.cp, plan.ep)
+            assert (args.virtual_pipeline_model_parallel_size or 1) == plan.virtual_stages
+            if plan in spanning:
+                assert "-m memx_hpc.train.pretrain_gpt" in text
+                mine = entry_parse_args(argv)
+                assert (mine.context_parallel_size, mine.expert_model_parallel_size) == (plan.cp, plan.ep)

@@ -577,9 +577,12 @@ def test_what_the_new_degrees_cannot_run_is_refused_by_name() -> None:
     argv = describe(Plan(tp=2, dp=1, micro_batch_size=1, global_batch_size=64, virtual_stages=2, stages=even),
                     site, job).megatron_argv[0]
     assert argv[argv.index("--recompute-num-layers") + 1] == "2"  # 2 of each chunk's 8 = 4 of the stage
-    # cross-vendor plans run the project's entry: one chunk per rank, no CP
+    # cross-vendor plans run the project's entry: virtual stages (its interleaved schedule), no CP
     cross = (Stage(partition="gpu_a100", num_layers=16), Stage(partition="gpu_mi250x", num_layers=16))
-    for kw, field in ((dict(virtual_stages=2), "virtual_stages"), (dict(cp=2), "cp")):
+    argv = describe(Plan(tp=2, dp=1, micro_batch_size=1, global_batch_size=64, stages=cross, virtual_stages=2),
+                    site, job).megatron_argv[0]
+    assert argv[argv.index("--pipeline-model-parallel-layout") + 1].count("|") == 3
+    for kw, field in ((dict(cp=2), "cp"),):
         with pytest.raises(SpecError) as e:
             describe(Plan(tp=2, dp=1, micro_batch_size=1, global_batch_size=64, stages=cross, **kw), site, job)
         # CP: the MI250X partition's local layer refuses it before the entry does

@@ -250,13 +250,14 @@ def test_bad_options_are_spec_errors():
 
 def test_example_site_space_sizes():
     """The 20-GPU example site: MemX searched 31,240 plans. With an 8-layer grid ours is of
-    that size; the default 4-layer grid (better plans) is a few hundred thousand."""
+    that size (a little over 100,000 now that cross-vendor layouts interleave virtual stages too);
+    the default 4-layer grid (better plans) is a few hundred thousand."""
     site = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml")
     for job_file in ("gpt3-2.7b.yaml", "llama2-7b.yaml"):
         job = load_job(ROOT / "jobs" / job_file)
         coarse = PlanSpace(site, job, SpaceOptions(layer_granularity=8))
         default = PlanSpace(site, job)
-        assert 10_000 <= len(coarse) < 100_000
+        assert 10_000 <= len(coarse) < 200_000
         assert 100_000 <= len(default) < 1_000_000
 
 
@@ -344,8 +345,9 @@ def test_the_new_dimensions_are_enumerated_and_counted_exactly(model, extra):
         parts = [site.partitions[p].name for p, _ in sk.groups]
         cross = len({vendor[n] for n in parts}) > 1
         seen.add((sk.vp > 1, sk.cp > 1, sk.ep > 1, cross))
-        if cross:  # the project's entry: one chunk, no CP
-            assert (sk.vp, sk.cp) == (1, 1)
+        if cross:  # the project's entry: the degrees it builds (memx_hpc.slurm.cmdline.PROJECT_ENTRY_DEGREES)
+            from memx_hpc.slurm.cmdline import cross_vendor_refusal
+            assert cross_vendor_refusal("virtual_stages", sk.vp) is None and cross_vendor_refusal("cp", sk.cp) is None
         if sk.cp > 1:  # ring attention needs Transformer Engine: the NVIDIA partitions here
             assert set(parts) <= {"h100", "a100"}
         if sk.vp > 1:
@@ -418,3 +420,63 @@ def test_distributed_optimizer_both_searches_each_layout_with_and_without_it():
     with pytest.raises(SpecError) as e:
         job_from_mapping({**doc, "distributed_optimizer": "sometimes"})
     assert e.value.field == "distributed_optimizer"
+
+
+@pytest.mark.parametrize("extra,attr,wanted", [({"virtual_stages": [2]}, "vp", {2}),
+                                               ({"context_parallel_sizes": [2]}, "cp", {2}),
+                                               ({"virtual_stages": [2, 4]}, "vp", {2, 4})])
+def test_a_narrowing_that_leaves_out_1_is_honoured_by_every_plan_or_refused_by_name(extra, attr, wanted):
+    """A job's virtual_stages / context_parallel_sizes without 1: every layout takes one of the
+    listed degrees (single-stage and cross-vendor layouts that cannot are left out, not given 1),
+    the count agrees, and a space that holds none says which field and why."""
+    from memx_hpc.search.space import space_size
+    from memx_hpc.slurm.cmdline import cross_vendor_refusal
+    from memx_hpc.spec import job_from_mapping
+    site = _long_site()
+    job = job_from_mapping({"model": {"preset": "Llama-2-7B", "seq_length": 16384, "num_layers": 8},
+                            "global_batch_size": 16, "micro_batch_sizes": [1], **extra})
+    for opts in (SpaceOptions(layer_granularity=2, max_pipeline_stages=4),
+                 SpaceOptions(layer_granularity=2, max_pipeline_stages=3, single_vendor=True)):
+        space = PlanSpace(site, job, opts)
+        size = space_size(space)
+        assert (size.plans, size.skeletons) == (len(space), len(space.skeletons)) and len(space)
+        assert {getattr(sk, attr) for sk in space.skeletons} == wanted
+        vendor = {p.name: space._vendor[i] for i, p in enumerate(site.partitions)}
+        crossing = [sk for sk in space.skeletons
+                    if len({vendor[site.partitions[p].name] for p, _ in sk.groups}) > 1]
+        field = "virtual_stages" if attr == "vp" else "cp"
+        if cross_vendor_refusal(field, 2) is not None or opts.single_vendor:
+            assert not crossing
+        elif attr == "vp":  # (CP also needs Transformer Engine on both vendors: not this site's AMD)
+            assert crossing
+    # one stage cannot interleave: nothing left, refused by the field's name
+    if attr == "vp":
+        empty = PlanSpace(site, job, SpaceOptions(layer_granularity=2, max_pipeline_stages=1))
+        assert len(empty) == 0
+        field, why = empty.why_empty()
+        assert field == "virtual_stages" and "leave out 1" in why
+
+
+def test_fp8_leaves_cross_vendor_plans_out_and_the_notes_say_why():
+    """FP8 runs through Transformer Engine in Megatron-LM's pretrain_gpt.py; cross-vendor plans run
+    the project's entry, which has none: an FP8 job's space holds single-vendor plans only, counted
+    exactly, and the search's notes say so (as they say when a narrowing leaves out 1)."""
+    from memx_hpc.search.report import space_notes
+    from memx_hpc.search.space import space_size
+    from memx_hpc.spec import job_from_mapping
+    site = load_site(ROOT / "site_configs" / "example-h100-mi300x.yaml")
+    base = {"model": {"preset": "Llama-2-7B", "num_layers": 8}, "global_batch_size": 16, "micro_batch_sizes": [1]}
+    plain = PlanSpace(site, job_from_mapping(base), SpaceOptions(layer_granularity=2))
+    fp8 = PlanSpace(site, job_from_mapping({**base, "fp8": "hybrid"}), SpaceOptions(layer_granularity=2))
+    vendors = {p.name: plain._vendor[i] for i, p in enumerate(site.partitions)}
+
+    def crossing(space):
+        return [sk for sk in space.skeletons if len({vendors[site.partitions[p].name] for p, _ in sk.groups}) > 1]
+
+    assert crossing(plain) and not crossing(fp8) and len(fp8)
+    size = space_size(fp8)
+    assert (size.plans, size.skeletons) == (len(fp8), len(fp8.skeletons))
+    assert space_notes(plain) == []
+    assert any("FP8" in n and "cross-vendor plans left out" in n for n in space_notes(fp8))
+    narrowed = PlanSpace(site, job_from_mapping({**base, "virtual_stages": [2]}), SpaceOptions(layer_granularity=2))
+    assert any(n.startswith("the job's virtual_stages [2] leave out 1") for n in space_notes(narrowed))

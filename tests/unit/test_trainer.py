@@ -315,3 +315,62 @@ def test_tensorboard_events_hold_loss_learning_rate_throughput_and_memory(tmp_pa
         import wandb  # noqa: F401
     except ImportError:
         assert "wandb is not installed" in r1.stdout
+
+
+@pytest.mark.slow
+def test_cross_vendor_pipeline_interleaves_virtual_stages_and_resumes(tmp_path: Path) -> None:
+    """Virtual stages across vendors: the layout's four chunks on two stages declared on two
+    vendors train on the group rule's explicit groups with megatron-core's interleaved
+    schedule, lose what the same run on parallel_state's groups loses, and a run stopped after
+    one iteration resumes from its checkpoint (keys model0, model1) to the uninterrupted losses."""
+    argv = [*TINY, "--train-iters", "3", "--pipeline-model-parallel-size", "2",
+            "--pipeline-model-parallel-layout", "Et|t|t|tL", "--pipeline-model-parallel-comm-backend", "ucc"]
+    cross = {"MEMX_RANK_VENDORS": "nvidia*1,amd*1", "MEMX_CROSS_VENDOR_BACKEND": "ucc"}
+    full = _launch(argv, 2, extra_env=cross)
+    assert all(p.returncode == 0 for p in full), [p.stdout[-3000:] for p in full]
+    losses = [i.lm_loss for i in parse_log(full[0].stdout + full[1].stdout).iterations]
+    assert len(losses) == 3
+    assert "virtual stages: 2" in full[0].stdout and "layers: 0-0,2-2" in full[0].stdout
+    plain = _launch(argv, 2)
+    assert [i.lm_loss for i in parse_log(plain[0].stdout + plain[1].stdout).iterations] == pytest.approx(losses,
+                                                                                                        rel=1e-6)
+    ck = str(tmp_path / "ck")
+    first = _launch(argv + ["--save", ck, "--save-interval", "1", "--exit-interval", "1"], 2, extra_env=cross)
+    assert all(p.returncode == 0 for p in first)
+    rest = _launch(argv + ["--save", ck, "--load", ck], 2, extra_env=cross)
+    assert all(p.returncode == 0 for p in rest), [p.stdout[-3000:] for p in rest]
+    resumed = parse_log(rest[0].stdout + rest[1].stdout)
+    assert [i.lm_loss for i in resumed.iterations] == pytest.approx(losses[1:], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_cross_vendor_pipeline_of_experts_builds_the_rules_expert_groups() -> None:
+    """A mixture of experts across vendors (EP 2 inside each stage, two stages on two vendors,
+    virtual stages too): the entry hands megatron-core the group rule's expert groups (ep, edp;
+    the router's stage-wide group) and loses what the same run on parallel_state's groups loses."""
+    argv = [*TINY, "--train-iters", "2", "--global-batch-size", "8", "--pipeline-model-parallel-size", "2",
+            "--pipeline-model-parallel-layout", "Et|t|t|tL", "--pipeline-model-parallel-comm-backend", "ucc",
+            "--num-experts", "4", "--expert-model-parallel-size", "2", "--swiglu", "--disable-bias-linear"]
+    cross = _launch(argv, 4, timeout=300,
+                    extra_env={"MEMX_RANK_VENDORS": "nvidia*2,amd*2", "MEMX_CROSS_VENDOR_BACKEND": "ucc"})
+    assert all(p.returncode == 0 for p in cross), [p.stdout[-3000:] for p in cross]
+    out = "".join(p.stdout for p in cross)
+    assert "process group ep: nccl x1 (inside one vendor (nvidia)) [0, 1]; nccl x1 (inside one vendor (amd)) [2, 3]" \
+        in out and "experts: 2/4" in out
+    plain = _launch(argv, 4, timeout=300)
+    assert all(p.returncode == 0 for p in plain), [p.stdout[-3000:] for p in plain]
+    losses = [i.lm_loss for i in parse_log(out).iterations]
+    assert len(losses) == 2
+    assert [i.lm_loss for i in parse_log("".join(p.stdout for p in plain)).iterations] == pytest.approx(losses,
+                                                                                                       rel=1e-6)
+
+
+def test_context_parallel_without_transformer_engine_is_refused_by_name() -> None:
+    """CP (which cross-vendor plans may carry inside each stage) runs on Transformer Engine's
+    attention only: without it (here, the CPU) every rank stops with exit 1 saying why."""
+    argv = [*TINY, "--train-iters", "1", "--context-parallel-size", "2"]
+    runs = _launch(argv, 2)
+    assert [p.returncode for p in runs] == [1, 1], [p.stdout[-2000:] for p in runs]
+    assert "error: --context-parallel-size 2 needs Transformer Engine's attention" in runs[0].stdout
+    with pytest.raises(SystemExit):  # ring attention's 2 x CP chunks, as Megatron-LM asserts
+        parse_args([*TINY, "--train-iters", "1", "--context-parallel-size", "3"])
