@@ -7,6 +7,7 @@ import dataclasses
 
 from ..errors import SpecError
 from ..placement import comm_vendor
+from ..search.report import space_notes
 from ..search.space import PlanSpace, SpaceOptions
 from ..slurm.cmdline import project_entry_refusal
 from ..slurm.render import sequence_parallel_refusal
@@ -20,7 +21,14 @@ def launchable_space(site: Site, job: TrainJob, options: SpaceOptions) -> tuple[
     a note per exclusion saying what was left out and why. A plan whose stages speak more
     than one vendor's collectives runs the project's megatron-core entry over a cross-vendor
     backend: the space leaves such plans out when that entry cannot build the job's
-    tokenizer or the site names no cross-vendor pipeline backend (render refuses both)."""
+    tokenizer or the site names no cross-vendor pipeline backend (render refuses both). The
+    notes end with what the space holds of the job's request that a reader might expect
+    otherwise (:func:`memx_hpc.search.report.space_notes`)."""
+    options, notes = _launchable(site, job, options)
+    return options, notes + space_notes(PlanSpace(site, job, options))
+
+
+def _launchable(site: Site, job: TrainJob, options: SpaceOptions) -> tuple[SpaceOptions, list[str]]:
     options, notes = _launchable_sequence_parallel(site, options)
     vendors = sorted({comm_vendor(site, p) for p in site.partitions})
     if len(vendors) < 2 or options.single_vendor:
