@@ -82,7 +82,7 @@ import numpy as np
 from ..spec import DENSE_SHAPE_FIELDS, LayerShape, LayerSample
 from .analytic import ATTENTION_KINDS
 from .api import LayerQuery, analytic_activation_bytes, kernels_of, resolve_gpu, roofline_components
-from .host import layer_host_ms
+from .host import query_host_ms
 
 #: How an answer was obtained, from most to least direct.
 HOW = ("measured", "interpolated", "extrapolated")
@@ -355,7 +355,7 @@ class Anchors:
     def _row_entry(self, row: dict[str, Any], gpus: Any, shapes: dict, gpu_of: dict) -> Any:
         """``(query, GPU type, series key, [mbs, r_time, r_mem, log flops, log roofline ms,
         compute ms, memory ms, comm ms, flops per W, host floor ms, eager])`` of a stored row through
-        ``gpus`` (the host floor: :func:`memx_hpc.model.host.layer_host_ms` of a layer, 0 for
+        ``gpus`` (the host floor: :func:`memx_hpc.model.host.query_host_ms` of a layer, 0 for
         the embedding and head); False for a row this binding cannot use."""
         try:
             q = self._query(row["q"], shapes)
@@ -369,7 +369,7 @@ class Anchors:
         rt = math.log(row["t"] / roof) if row["t"] else math.nan
         rm = math.log(row["m"] / max(analytic_activation_bytes(q), 1)) if row["m"] else math.nan
         key = (g.name, q.kind, _cfg(q), _shape_key(row["q"]["shape"], q.kind))
-        host = layer_host_ms(q.recompute, q.tp) if q.kind == "layer" else 0.0
+        host = query_host_ms(q)
         return q, g, key, (float(q.micro_batch_size), rt, rm, math.log(max(c["flops"], 1.0)), math.log(roof),
                            c["compute_ms"], c["memory_ms"], c["comm_ms"], _flops_per_watt(q, g), host,
                            float(q.kernels == "eager"))
