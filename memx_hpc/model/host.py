@@ -47,25 +47,55 @@ SELECTIVE_OPS = 8
 #: two of the input gradients in the backward.
 TP_COLLECTIVES_FORWARD = 2
 TP_COLLECTIVES_BACKWARD = 2
+#: Sequence parallelism (Megatron's ``--sequence-parallel``) replaces each all-reduce by an
+#: all-gather before the block and a reduce-scatter after it: four collectives forward; the
+#: backward mirrors them and all-gathers each block's input again for its weight gradient.
+SP_COLLECTIVES_FORWARD = 4
+SP_COLLECTIVES_BACKWARD = 6
+#: A gated MLP (SwiGLU: Megatron's ``--swiglu``) splits FC1's output, applies the activation
+#: to one half and multiplies by the other: two operators beyond GeLU's one forward, and
+#: autograd's two per forward one backward.
+GATED_EXTRA_FORWARD = 2
+GATED_EXTRA_BACKWARD = 4
 #: Host cost of one eager operator (us): see the module docstring.
 HOST_US_PER_OP = 20.0
 
 
-def layer_ops(recompute: str, tp: int) -> int:
-    """Operators the host dispatches for one layer's forward+backward of one micro-batch."""
-    comm_f = TP_COLLECTIVES_FORWARD if tp > 1 else 0
-    comm_b = TP_COLLECTIVES_BACKWARD if tp > 1 else 0
-    ops = FORWARD_OPS + comm_f + BACKWARD_OPS + comm_b
+def layer_ops(recompute: str, tp: int, *, sequence_parallel: bool = False, gated: bool = False) -> int:
+    """Operators the host dispatches for one layer's forward+backward of one micro-batch:
+    :data:`FORWARD_OPS` and :data:`BACKWARD_OPS`, the TP collectives (all-reduces, or the
+    all-gathers and reduce-scatters of sequence parallelism), a gated MLP's extra operators,
+    and the forward again under full recompute (a few under selective)."""
+    sp = sequence_parallel and tp > 1
+    comm_f = (SP_COLLECTIVES_FORWARD if sp else TP_COLLECTIVES_FORWARD) if tp > 1 else 0
+    comm_b = (SP_COLLECTIVES_BACKWARD if sp else TP_COLLECTIVES_BACKWARD) if tp > 1 else 0
+    fwd = FORWARD_OPS + (GATED_EXTRA_FORWARD if gated else 0)
+    ops = fwd + comm_f + BACKWARD_OPS + (GATED_EXTRA_BACKWARD if gated else 0) + comm_b
     if recompute == "full":
-        ops += FORWARD_OPS + comm_f
+        ops += fwd + comm_f
     elif recompute == "selective":
         ops += SELECTIVE_OPS
     return ops
 
 
-def layer_host_ms(recompute: str, tp: int, us_per_op: float = HOST_US_PER_OP) -> float:
+def layer_host_ms(recompute: str, tp: int, us_per_op: float = HOST_US_PER_OP, *, sequence_parallel: bool = False,
+                  gated: bool = False) -> float:
     """The host time of one layer's forward+backward of one micro-batch (ms)."""
-    return layer_ops(recompute, tp) * us_per_op * 1e-3
+    return layer_ops(recompute, tp, sequence_parallel=sequence_parallel, gated=gated) * us_per_op * 1e-3
+
+
+def query_host_ms(q, us_per_op: float = HOST_US_PER_OP) -> float:
+    """:func:`layer_host_ms` of a layer query (its recompute, TP, sequence parallelism and
+    activation: a gated one dispatches more); 0 for the embedding and head."""
+    if q.kind != "layer":
+        return 0.0
+    gated = getattr(getattr(q, "shape", None), "activation", "gelu") in GATED_ACTIVATIONS
+    return layer_host_ms(q.recompute, q.tp, us_per_op, sequence_parallel=bool(getattr(q, "sequence_parallel", False)),
+                         gated=gated)
+
+
+#: Activations of a gated MLP (:class:`memx_hpc.spec.LayerShape`'s ``activation``).
+GATED_ACTIVATIONS = ("swiglu",)
 
 
 def host_us_per_op(cost_model) -> float:
@@ -80,7 +110,7 @@ def host_bound(queries, values, us_per_op: float = HOST_US_PER_OP) -> np.ndarray
     out = np.array(values, dtype=np.float64, copy=True).reshape(len(queries), 2)
     for i, q in enumerate(queries):
         if q.kind == "layer":
-            out[i, 0] = max(out[i, 0], layer_host_ms(q.recompute, q.tp, us_per_op))
+            out[i, 0] = max(out[i, 0], query_host_ms(q, us_per_op))
     return out
 
 
@@ -151,5 +181,6 @@ def layer_host_ms_parallel(recompute: str, tp: int, *, cp: int, moe_share: float
     return f * us_per_op * 1e-3, b * us_per_op * 1e-3
 
 
-__all__ = ["BACKWARD_OPS", "FORWARD_OPS", "HOST_US_PER_OP", "SELECTIVE_OPS", "host_bound", "host_us_per_op",
-           "layer_host_ms", "layer_host_ms_parallel", "layer_ops", "parallel_host_ops"]
+__all__ = ["BACKWARD_OPS", "FORWARD_OPS", "GATED_ACTIVATIONS", "HOST_US_PER_OP", "SELECTIVE_OPS", "host_bound",
+           "host_us_per_op", "layer_host_ms", "layer_host_ms_parallel", "layer_ops", "parallel_host_ops",
+           "query_host_ms"]
