@@ -424,6 +424,7 @@ def decompose(plan, site, job, cm, pred) -> dict:
     i, n, tp, pp, v = st.stage, st.num_layers, plan.tp, plan.pp, plan.virtual_stages
     first, last = i == 0, i == pp - 1
     m = pred.num_microbatches
+    g = plan.microbatch_group_size_per_vp_stage if v > 1 else None
     params = analytic.stage_params(job.model, n, first=first, last=last, tp=tp, pp=pp, ep=plan.ep, etp=plan.etp)
     et = tp if plan.etp is None else plan.etp
     start = analytic.stage_first_layer(job.model, n, first=first, last=last)
@@ -439,7 +440,7 @@ def decompose(plan, site, job, cm, pred) -> dict:
     sp = plan.sequence_parallel and tp > 1
     head = 0.0
     if last:
-        head = (float(in_flight_heads(pp, i, m, v)) * analytic.head_activation_bytes(
+        head = (float(in_flight_heads(pp, i, m, v, group=g)) * analytic.head_activation_bytes(
             shape_of(job), micro_batch_size=plan.micro_batch_size, tp=tp, precision=job.precision,
             sequence_parallel=sp) + logits_transient_bytes(job, tp, plan.micro_batch_size)) / plan.cp
     scale = a0(st.gpu_type)
@@ -447,8 +448,8 @@ def decompose(plan, site, job, cm, pred) -> dict:
     band = table_band(st.gpu_type, cm.basis(st.gpu_type)).fraction if hasattr(cm, "basis") else float("nan")
     return dict(stage=i, layers=n, params=params, weights=parts["weights"], grads=parts["grads"],
                 optimizer=parts["optimizer"], fp8=fp8, state=st.state_bytes, activations=st.activation_bytes,
-                head=head, units=float(in_flight_units(pp, i, m, v)),
-                chunks=in_flight_chunks(i, pp, m, v) if v > 1 else None, m=m, a=scale, b=st.overhead_bytes,
+                head=head, units=float(in_flight_units(pp, i, m, v, group=g)),
+                chunks=in_flight_chunks(i, pp, m, v, g) if v > 1 else None, m=m, a=scale, b=st.overhead_bytes,
                 alloc=alloc, device=st.peak_bytes, capacity=st.capacity_bytes,
                 limit=st.capacity_bytes * (1 - site.memory_safety_margin), band=band)
 

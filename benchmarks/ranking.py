@@ -29,7 +29,14 @@ memx_hpc.datapaths.SOURCES):
    hidden 512) whose step is dominated by fixed costs, run in deterministic mode: a test of
    the fixed and communication costs more than of the GEMMs. Locked split: the CSV's, by
    case family (a group is formed from the cases of one half).
-4. Cephalo (MIT licence): model_memory.json and model_latencies.json hold one
+4. ultrascale-dev (Hugging Face's Ultra-Scale Playbook, nanotron, Apache-2.0): H100 runs on
+   1-64 nodes of 8, a group is one (model, nodes) panel of layouts that ran (each layout
+   once), the plans priced with overlap_grad_reduce off as its own section's first pass.
+   Locked split: 2, 8 and 32 nodes are test (ULTRASCALE_TEST_NODES). H100 is not in the
+   store, so its runs are datasheet-only in both passes (as MLM-CI's H100 cases); a panel of
+   one node counts as single-node, the others as multi-node. Its own section (also
+   ``--only ultrascale``) adds the other pass, the plans that never ran and the false-OOM calls.
+5. Cephalo (MIT licence): model_memory.json and model_latencies.json hold one
    configuration per (model, GPU set, batch) -- FSDP memory curves and per-layer
    latencies -- with no competing plans of the same GPUs, so they form no ranking group;
    they score the layer times and memory in benchmarks/accuracy.py.
@@ -320,6 +327,23 @@ def ultrascale_runs(path: Path | None = None, panels=None):
     return path, timed, untimed, dict(left)
 
 
+def ultrascale_ranking_runs(panels=None):
+    """The ultrascale-dev layouts that ran, as the cross-set tables take them: ``(path, chip,
+    nodes_kind, runs)`` like :func:`mlm_ci_runs`, each run with its own chip (H100, never in
+    the store: datasheet-only in both passes) and site kind (one node: single-node, else
+    multi-node), its plan with ``overlap_grad_reduce`` off (``predict(model)``: the first pass
+    of :func:`score_ultrascale`)."""
+    path, timed, _, _ = ultrascale_runs(panels=panels)
+    chip = _chip(catalog(), ULTRASCALE_GPU)
+    for r in timed:
+        plan = r["plan"]
+        r.update(name=r["model"], chip=chip, nodes_kind="single-node" if r["nodes"] == 1 else "multi-node",
+                 queries=[layer_query(r["job"], ULTRASCALE_GPU, kind="layer", tp=plan.tp,
+                                      micro_batch_size=plan.micro_batch_size, recompute="none",
+                                      sequence_parallel=plan.sequence_parallel)])
+    return path, None, None, timed
+
+
 def ultrascale_family(r) -> str:
     """The layout family a time error is reported by."""
     if r["tp"] > 8:
@@ -458,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data: {data} ({SOURCES['vtrain']}; {SOURCES['sailor']}; {SOURCES['cephalo']})")
     samples = store_samples(data)
     print(f"store: {len(samples)} per-layer samples (Sailor profiles + Cephalo latencies)")
-    sets = [("vTrain",) + vtrain_runs(), ("Sailor",) + sailor_runs(), ("MLM-CI",) + mlm_ci_runs()]
+    sets = [("vTrain",) + vtrain_runs(), ("Sailor",) + sailor_runs(), ("MLM-CI",) + mlm_ci_runs(),
+            ("ultrascale-dev",) + ultrascale_ranking_runs()]
     rank_rows: list = []
     prov: dict[tuple, list] = defaultdict(list)
     kind_rows, mem_rows = [], []
@@ -470,8 +495,9 @@ def main(argv: list[str] | None = None) -> int:
             if drop not in fits:
                 fits[drop] = fit_without(samples, drop)
             model = fits[drop]
-            # a set whose GPU types the store never held (the CI's H100 and GB200 runs) is
-            # datasheet-only in both passes: its "profiled" pass keeps the profiled types only
+            # a set whose GPU types the store never held (the CI's H100 and GB200 runs, the
+            # ultrascale H100 sweep) is datasheet-only in both passes: its "profiled" pass keeps
+            # the profiled types only
             runs = [r for r in all_runs if store_kind == "datasheet-only" or r.get("chip", chip) in stored]
             for kind in sorted({r.get("nodes_kind", nodes_kind) for r in runs}):
                 sub = [r for r in runs if r.get("nodes_kind", nodes_kind) == kind]
@@ -534,14 +560,15 @@ def _score_pass(name, nodes_kind, store_kind, runs, model, prov, rank_rows, kind
 
 def _print_tables(rank_rows, prov, kind_rows, mem_rows) -> None:
     print(f"\nRanking within groups of plans for the same GPUs (test: vTrain {sorted(VTRAIN_TEST_LAYERS)}-layer "
-          f"models, Sailor {sorted(SAILOR_TEST_NODES)} nodes, MLM-CI the CSV's test case families; groups of >= 2 "
-          f"plans):")
+          f"models, Sailor {sorted(SAILOR_TEST_NODES)} nodes, MLM-CI the CSV's test case families, ultrascale-dev "
+          f"{sorted(ULTRASCALE_TEST_NODES)} nodes; groups of >= 2 plans):")
     table(rank_rows, ["set", "chip in store", "split", "cost model", "groups", "top-1", "rule top-1",
                       "mean regret %", "rule regret %", "time MAPE %"])
     print("regret: measured time of the picked plan over the group's measured fastest, minus 1. 'datasheet-only': "
           "every sample of the set's chip (vTrain GA100-SXM4, Sailor GH200, MLM-CI GA100-SXM4) removed from the "
           "store before the fit; MLM-CI's H100-SXM and GB200 were never profiled, so its 'profiled' rows hold "
-          "its A100 groups only.")
+          "its A100 groups only; ultrascale-dev (H100-SXM, never profiled) has datasheet-only rows only, its plans "
+          "with overlap_grad_reduce off (its own section below scores both).")
     print("\nTime MAPE of the predictor's plans by the least direct provenance of their layer times:")
     rows = [[name, how, split, len(v), f"{np.mean(v):.1f}", f"{np.median(v):.1f}"]
             for name in dict.fromkeys(k[0] for k in prov) for how in HOW_ORDER for split in ("dev", "test")
@@ -550,16 +577,23 @@ def _print_tables(rank_rows, prov, kind_rows, mem_rows) -> None:
     print("\nMemory: predicted device peak (uncalibrated) against Sailor's recorded max_mem (bias: mean signed "
           "error, negative = predicted low):")
     table(mem_rows, ["set", "chip in store", "split", "plans", "MAPE %", "bias %", "max APE %"])
-    print("\nBy site kind (predictor against the rule; memx_hpc/data/ranking.yaml copies the dev rows):")
+    print("\nBy site kind (predictor against the rule, every set's groups of that kind counted; "
+          "memx_hpc/data/ranking.yaml copies the dev rows):")
+    table(site_kind_rows(kind_rows), ["nodes", "chip in store", "split", "groups", "predictor top-1", "rule top-1",
+                                      "recommends"])
+
+
+def site_kind_rows(kind_rows) -> list[list]:
+    """The 'By site kind' table: per (nodes, chip in store, split), the groups of every set of
+    that kind (``kind_rows``: what :func:`_score_pass` appends) and their top-1 counts summed."""
     agg: dict[tuple, list] = defaultdict(lambda: [0, 0, 0])
     for nodes_kind, store_kind, split, _, o in kind_rows:
         a = agg[(nodes_kind, store_kind, split)]
         a[0] += o["groups"]
         a[1] += o["top1_n"]
         a[2] += o["rule_n"]
-    rows = [[nk, sk, split, n, f"{t / n:.0%}", f"{r / n:.0%}", "predictor" if t >= r else "rule"]
+    return [[nk, sk, split, n, f"{t / n:.0%}", f"{r / n:.0%}", "predictor" if t >= r else "rule"]
             for (nk, sk, split), (n, t, r) in sorted(agg.items())]
-    table(rows, ["nodes", "chip in store", "split", "groups", "predictor top-1", "rule top-1", "recommends"])
 
 
 if __name__ == "__main__":

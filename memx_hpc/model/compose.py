@@ -193,6 +193,8 @@ class Layout:
     sequence_parallel: bool = False
     #: model chunks per pipeline rank (interleaved 1F1B)
     virtual_stages: int = 1
+    #: the plan's --microbatch-group-size-per-virtual-pipeline-stage (None: megatron-core's default, pp)
+    microbatch_group_size_per_vp_stage: int | None = None
     #: the plan's --use-distributed-optimizer (None: the job's)
     distributed_optimizer: bool | None = None
     #: the plan's --overlap-grad-reduce / --overlap-param-gather (what hides the DP synchronisation)
@@ -291,6 +293,7 @@ class _LayoutTables:
         self.m = np.zeros(S, dtype=np.int64)
         self.pp = np.zeros(S, dtype=np.int64)
         self.vp = np.ones(S, dtype=np.int64)
+        self.vg = np.zeros(S, dtype=np.int64)  # the micro-batch group per virtual stage; 0: the default
         for li, lay in enumerate(inputs.layouts):
             self._add(li, lay)
 
@@ -299,7 +302,8 @@ class _LayoutTables:
         pl, pp, tp, dp, mbs = lay.placement, lay.pp, lay.tp, lay.dp, lay.micro_batch_size
         sp, cp, ep, etp, v = lay.sequence_parallel, pl.cp, pl.ep, pl.etp, lay.virtual_stages
         m = job.global_batch_size // (mbs * dp)
-        self.m[li], self.pp[li], self.vp[li] = m, pp, v
+        g = lay.microbatch_group_size_per_vp_stage if v > 1 else None
+        self.m[li], self.pp[li], self.vp[li], self.vg[li] = m, pp, v, g or 0
         names = pl.stage_partitions
         bounds, one_node = stage_links(pl, self.inputs.site)
         tied = tied_sync_ms(self.links, job, tp, pp, names[0], names[-1])
@@ -310,8 +314,8 @@ class _LayoutTables:
             c = self.sk["ctx"][li, i] = self._context(gpu, tp, mbs, sp)
             s = self.sk["state"][li, i] = self._state(tp, pp, dp, first, last, cp, ep, etp, job)
             self.sk["opt"][li, i] = self._opt(gpu, s, dp * cp, job)
-            self.sk["inflight"][li, i] = in_flight_units(pp, i, m, v)
-            self.sk["heads"][li, i] = in_flight_heads(pp, i, m, v) if last else 1
+            self.sk["inflight"][li, i] = in_flight_units(pp, i, m, v, group=g)
+            self.sk["heads"][li, i] = in_flight_heads(pp, i, m, v, group=g) if last else 1
             self.sk["first"][li, i] = first
             self.sk["last"][li, i] = last
             if i < pp - 1:
@@ -463,7 +467,7 @@ class Composer:
         # (rows, layers, dense | experts, terms); a model without routed experts keeps the dense terms only
         self._sync = np.ascontiguousarray(sync[:, :, 0, :] if not sync[:, :, 1:, :].any() else sync)
         self._sk = t.sk
-        self._sk_m, self._sk_pp, self._sk_vp = t.m, t.pp, t.vp
+        self._sk_m, self._sk_pp, self._sk_vp, self._sk_vg = t.m, t.pp, t.vp, t.vg
         self.contexts = tuple(t.ctx_ids)
         self._ctx_logits = np.array([logits_transient_bytes(self.job, tp, mbs) for _, tp, mbs, _ in self.contexts],
                                     dtype=np.float64)
@@ -549,13 +553,14 @@ class Composer:
             tail = sync + self._opt[g["opt"], ni] + g["tied"]
             m = self._sk_m[sk]
             vp = self._sk_vp[sk]
+            vg = self._sk_vg[sk]
             fidx = np.flatnonzero(feasible)
-            key = (pp[fidx] * 1_000_000 + m[fidx]) * 1024 + vp[fidx]
-            for kv in np.unique(key):
-                rows = fidx[key == kv]
-                v_ = int(kv % 1024)
-                p_, m_ = int(kv // 1024 // 1_000_000), int(kv // 1024 % 1_000_000)
-                fin = interleaved_finish(fwd[rows, :p_], bwd[rows, :p_], g["link"][rows, :max(p_ - 1, 0)], m_, v_)
+            keys = np.stack([pp[fidx], m[fidx], vp[fidx], vg[fidx]], axis=1)
+            uniq, which = np.unique(keys, axis=0, return_inverse=True)
+            for u, (p_, m_, v_, g_) in enumerate(uniq.tolist()):
+                rows = fidx[which.reshape(-1) == u]
+                fin = interleaved_finish(fwd[rows, :p_], bwd[rows, :p_], g["link"][rows, :max(p_ - 1, 0)], m_, v_,
+                                         g_ or None)
                 iteration[rows] = np.max(fin + tail[rows, :p_], axis=1)
         return BlockCost(iteration_ms=iteration, max_utilisation=umax, balance=balance, feasible=feasible,
                          risk_utilisation=risk)
@@ -594,6 +599,7 @@ class _Composing:
     dp_per_stage: tuple[int, ...]
     cp: int
     virtual_stages: int
+    vp_group: int | None  # micro-batches per virtual-stage group (None: megatron-core's default, pp)
     options: CostOptions
     overhead_of: object
     memory_scale: object
@@ -676,9 +682,9 @@ def _replica_prediction(c: _Composing, i: int, ri: int, stage, r: _Replica, v, x
                                             logits_transient_bytes(job, r.tp, mbs))
     act, transient = float(act) * x.act_scale, float(transient) * x.act_scale
     head = float(last * ah) * x.act_scale
-    heads = float(in_flight_heads(p, i, c.microbatches[i], c.virtual_stages)) if last else 1.0
+    heads = float(in_flight_heads(p, i, c.microbatches[i], c.virtual_stages, group=c.vp_group)) if last else 1.0
     params, experts, state = _replica_state(c, i, n, r)
-    units = float(in_flight_units(p, i, c.microbatches[i], c.virtual_stages))
+    units = float(in_flight_units(p, i, c.microbatches[i], c.virtual_stages, group=c.vp_group))
     over = int(c.overhead_of(r.gpu_type))
     scale = float(c.memory_scale(r.gpu_type)) if c.memory_scale else 1.0
     peak = float(stage_peak_bytes(state, units, act, transient, scale, over, head, heads))
@@ -725,13 +731,14 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
                   link_ms: Sequence[float], sync_of, tied_ms: float, sequence_parallel: bool,
                   options: CostOptions, memory_scale=None, host_us: float = HOST_US_PER_OP,
                   links=None, virtual_stages: int = 1, extras: Sequence[StageExtras] | None = None, state_of=None,
-                  cp: int = 1, extras_of=None) -> Prediction:
+                  cp: int = 1, extras_of=None, vp_group: int | None = None) -> Prediction:
     """The scalar composition shared by :func:`predict_plan` and :func:`predict_general`.
 
     ``stages``: per stage (layers, base mode of the layers not fully recomputed, number of
     fully recomputed layers, replicas). ``extras``: per stage, what context and expert
     parallel change (:func:`stage_extras`; None: nothing); ``state_of(stage, layers, first,
-    last, tp)``: ``(params, expert params, state bytes)`` (None: the dense rule).
+    last, tp)``: ``(params, expert params, state bytes)`` (None: the dense rule). ``vp_group``:
+    the plan's ``microbatch_group_size_per_vp_stage`` (None: megatron-core's default, ``pp``).
     """
     p = len(stages)
     mbs = micro_batch_size
@@ -740,7 +747,8 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
     m = max(ms)
     values = iter(_replica_values(job, stages, mbs, sequence_parallel, model_predict, host_us))
     c = _Composing(site=site, job=job, micro_batch_size=mbs, pp=p, microbatches=tuple(ms), most_microbatches=m,
-                   dp_per_stage=tuple(dp_per_stage), cp=cp, virtual_stages=virtual_stages, options=options,
+                   dp_per_stage=tuple(dp_per_stage), cp=cp, virtual_stages=virtual_stages,
+                   vp_group=vp_group if virtual_stages > 1 else None, options=options,
                    overhead_of=overhead_of, memory_scale=memory_scale, sync_of=sync_of, state_of=state_of)
     limit = memory_limit(site)
     per: list[dict] = []
@@ -763,7 +771,7 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
         bwd_stage.append(best[1] - best[0])
     link_ms = list(link_ms)
     fin = interleaved_finish(np.array([fwd_stage]), np.array([bwd_stage]), np.array([link_ms]).reshape(1, -1), m,
-                             virtual_stages)[0]
+                             virtual_stages, c.vp_group)[0]
     out, utils, feasible, reason = _finish_stages(site, per, fin, link_ms, tied_ms, p, limit)
     iteration = max(s.finish_ms for s in out)
     umax = max(utils)
@@ -823,7 +831,8 @@ def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: 
                          sequence_parallel=plan.sequence_parallel, options=options or CostOptions(),
                          memory_scale=memory_scale_of(cost_model, site), host_us=host_us_per_op(cost_model),
                          links=lm, virtual_stages=plan.virtual_stages, state_of=state_of, cp=cp,
-                         extras_of=extras_of if need_extras else None)
+                         extras_of=extras_of if need_extras else None,
+                         vp_group=plan.microbatch_group_size_per_vp_stage)
 
 
 def _check_general_fits(plan: GeneralPlan, site: Site, stages: list) -> None:

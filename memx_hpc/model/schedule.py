@@ -445,16 +445,34 @@ def closed_form_ms(forward_ms, backward_ms, link_ms, num_microbatches):
     return np.sum(t, axis=-1) + 2.0 * np.sum(c, axis=-1) + (np.asarray(num_microbatches) - 1) * np.max(t, axis=-1)
 
 
-def interleaved_finish(forward_ms, backward_ms, link_ms, num_microbatches: int, virtual_stages: int = 1):
+def interleaved_finish(forward_ms, backward_ms, link_ms, num_microbatches: int, virtual_stages: int = 1,
+                       group: int | None = None):
     """Each stage's finish time under 1F1B, or with ``v`` model chunks per stage under interleaved
     1F1B, priced as 1F1B of ``m·v`` micro-batches of ``1/v`` of each stage's time: the
     warm-up/cool-down bubble shrinks to ``(p-1)/(v·m)`` of the steady state (Narayanan et al.
     2021, §2.2.2) and every stage boundary carries ``v`` times the messages, as interleaving
     sends them. The embedding and the head sit in the first / last chunk in Megatron; here
     they are spread over the stage's chunks (:func:`simulate_interleaved` is the exact
-    schedule; tests/unit/test_schedule_interleaved.py compares the two)."""
+    schedule; tests/unit/test_schedule_interleaved.py compares the two).
+
+    ``group``: micro-batches per virtual-stage group (``--microbatch-group-size-per-virtual-
+    pipeline-stage``); None or ``p`` is megatron-core's default and priced as above. Another
+    group changes the op order the 1F1B of ``m·v`` does not follow (and lets ``m`` be no
+    multiple of ``p``), so each plan is priced by :func:`simulate_interleaved` itself, in
+    Megatron's order for that group, with the same ``1/v`` chunks and links (the wrap link
+    from the last stage to the first left out, as above). One Python simulation per plan:
+    the search prices the default group only."""
     v = int(virtual_stages)
     if v == 1:
         return pipeline_finish_batch(forward_ms, backward_ms, link_ms, num_microbatches)
-    return pipeline_finish_batch(np.asarray(forward_ms) / v, np.asarray(backward_ms) / v, link_ms,
-                                 num_microbatches * v)
+    f, b = np.asarray(forward_ms, dtype=np.float64), np.asarray(backward_ms, dtype=np.float64)
+    p = f.shape[1]
+    if group is None or int(group) == p:
+        return pipeline_finish_batch(f / v, b / v, link_ms, num_microbatches * v)
+    c = np.broadcast_to(np.asarray(link_ms, dtype=np.float64), (f.shape[0], max(p - 1, 0)))
+    out = np.empty_like(f)
+    for r in range(f.shape[0]):
+        sim = simulate_interleaved(np.repeat(f[r, :, None] / v, v, axis=1), np.repeat(b[r, :, None] / v, v, axis=1),
+                                   list(c[r]) + [0.0], num_microbatches, group=int(group))
+        out[r] = sim.stage_finish_ms
+    return out

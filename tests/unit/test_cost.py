@@ -455,3 +455,54 @@ def test_moe_host_operators_follow_the_layer_structure():
     assert b1 == 2 * f1 and b2 == 2 * f2  # autograd: about two operators per forward one
     assert fe - f1 == host.MOE_EP_EXCHANGE_OPS  # the EP all-to-alls and count exchange
     assert host.parallel_host_ops(cp=1, moe=False, local_experts=1, ep=1) == (0, 0)
+
+
+def test_a_micro_batch_group_per_virtual_stage_is_priced_in_memory_and_time():
+    """``microbatch_group_size_per_vp_stage`` = 3 on p = 2, v = 2, m = 6: the last stage's
+    warm-up is ``(v - 1)·G`` = 3 chunk forwards (the default G = p: 2), so it holds 4 chunks of 3
+    layers, not 3, beside one micro-batch's output layer and loss; the pipeline is Megatron's
+    interleaved order for that group, simulated; and the vectorised search prices the same."""
+    from memx_hpc.model.schedule import simulate_interleaved
+    site = two_partition_site(memory_safety_margin=0.3)
+    job = job_for_model(small_model(8), 6)
+    plan = Plan(tp=1, dp=1, micro_batch_size=1, global_batch_size=6, virtual_stages=2,
+                microbatch_group_size_per_vp_stage=3,
+                stages=(Stage(partition="pA", num_layers=2), Stage(partition="pV", num_layers=6)))
+    model = LinearModel()
+    pred = predict_plan(plan, site, job, model)
+    default = predict_plan(dataclasses.replace(plan, microbatch_group_size_per_vp_stage=None), site, job, model)
+    logits = logits_transient_bytes(job, 1, 1)
+    assert pred.stages[-1].activation_bytes == round(4 / 2 * 6 * 1e8 + 1 * 5e7 + logits)
+    assert default.stages[-1].activation_bytes == round(3 / 2 * 6 * 1e8 + 1 * 5e7 + logits)
+    assert pred.stages[-1].peak_bytes > default.stages[-1].peak_bytes
+    f = np.array([[s.forward_ms / 2] * 2 for s in pred.stages])
+    b = np.array([[s.backward_ms / 2] * 2 for s in pred.stages])
+    exact = simulate_interleaved(f, b, [pred.stages[0].send_ms, 0.0], 6, group=3)
+    assert pred.pipeline_ms == pytest.approx(exact.total_ms, rel=1e-12)
+    assert pred.num_microbatches == 6
+
+    space = PlanSpace(site, dataclasses.replace(job, virtual_stages=(2,)),
+                      SpaceOptions(layer_granularity=1, max_pipeline_stages=2, recompute_spread=None, overlap=False))
+    inputs = space.composition_inputs()
+    grouped = tuple(dataclasses.replace(lay, microbatch_group_size_per_vp_stage=3)
+                    if lay.virtual_stages > 1 and job.global_batch_size // (lay.micro_batch_size * lay.dp) == 6
+                    else lay for lay in inputs.layouts)
+    inputs = dataclasses.replace(inputs, layouts=grouped)
+    queries = required_queries(inputs)
+    preds = {q: tuple(v) for q, v in zip(queries, model.predict(queries))}
+    comp = Composer(inputs, preds, overhead_bytes={p.gpu_type: model.overhead_bytes(p.gpu_type)
+                                                   for p in space.partitions})
+    cost = comp.compose(space.decode(0, len(space)))
+    checked = 0
+    for i in range(len(space)):
+        lay = grouped[int(space.decode(i, i + 1).skeleton[0])]
+        if not lay.microbatch_group_size_per_vp_stage:
+            continue
+        p = predict_plan(dataclasses.replace(space.plan_at(i), microbatch_group_size_per_vp_stage=3), site, job,
+                         model)
+        assert p.feasible == cost.feasible[i]
+        assert p.max_utilisation == pytest.approx(cost.max_utilisation[i], rel=1e-12)
+        if p.feasible:
+            checked += 1
+            assert p.iteration_ms == pytest.approx(cost.iteration_ms[i], rel=1e-12)
+    assert checked > 0

@@ -92,3 +92,30 @@ def test_ultrascale_panels_form_groups_with_the_locked_split_and_one_pick_each()
     s = ranking.score_groups(timed, "pred")
     assert s["dev"]["groups"] == 1 and s["test"]["groups"] == 1
     assert 0 <= s["dev"]["top1_n"] <= 1 and s["test"]["regret_median"] >= 0
+
+
+def test_the_site_kind_table_counts_the_ultrascale_panels_as_multi_node_h100_groups():
+    """The 'By site kind' table (what memx_hpc/data/ranking.yaml is copied from) holds the
+    ultrascale-dev panels: H100 is never in the store, so datasheet-only; a panel of 2 or more
+    nodes in the multi-node rows (4 nodes dev, 2 test: the locked split), one node single-node."""
+    from collections import defaultdict
+
+    from memx_hpc.model.api import AnalyticCostModel
+    path, chip, nodes_kind, runs = ranking.ultrascale_ranking_runs(panels=[("1B", 1), ("1B", 2), ("1B", 4)])
+    assert path.name == "runs.csv" and chip is None and nodes_kind is None
+    assert {(r["nodes"], r["nodes_kind"], r["split"]) for r in runs} == {
+        (1, "single-node", "dev"), (2, "multi-node", "test"), (4, "multi-node", "dev")}
+    assert {r["chip"] for r in runs} == {ranking._chip(ranking.catalog(), "H100-SXM")}
+    assert all(not r["plan"].overlap_grad_reduce and r["queries"] for r in runs)
+    prov, rank_rows, kind_rows, mem_rows = defaultdict(list), [], [], []
+    roof = AnalyticCostModel(ranking.catalog())  # quick: the rows are the same code path whatever the model
+    multi = [r for r in runs if r["nodes_kind"] == "multi-node"]
+    ranking._score_pass("ultrascale-dev multi-node", "multi-node", "datasheet-only", multi, roof, prov, rank_rows,
+                        kind_rows, mem_rows)
+    # another set's multi-node groups of the same kind are summed with them
+    other = dict(groups=3, top1_n=2, rule_n=1)
+    kind_rows.append(("multi-node", "datasheet-only", "dev", "MLM-CI multi-node", other))
+    rows = {tuple(r[:3]): r for r in ranking.site_kind_rows(kind_rows)}
+    assert rows[("multi-node", "datasheet-only", "dev")][3] == 1 + 3
+    assert rows[("multi-node", "datasheet-only", "test")][3] == 1
+    assert all(k[0] == "multi-node" for k in rows)

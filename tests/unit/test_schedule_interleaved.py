@@ -115,3 +115,26 @@ def test_the_searchs_interleaved_pricing_against_the_exact_schedule(p, m, v):
         plain = float(interleaved_finish(stage[None], 2 * stage[None], links[None, :p - 1], m, 1).max())
         assert exact * (1 - 1e-3) <= priced <= exact * 1.06
         assert priced < plain
+
+
+def test_a_micro_batch_group_runs_megatron_cores_order_and_prices_it():
+    """p = 2, v = 2, m = 6, ``--microbatch-group-size-per-virtual-pipeline-stage 3``: megatron-core's
+    ``get_schedule_table(6, 2, 3)`` runs micro-batches 0-2 through chunk 0, then chunk 1, then 3-5;
+    the last stage warms up with ``(v - 1)·G = 3`` forwards (the first ``2(p - 1) + 3 = 5``) and
+    backwards take the chunks in reverse. The composition prices that order, simulated."""
+    from memx_hpc.model.compose import interleaved_finish
+    table = [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1), (3, 0), (4, 0), (5, 0), (3, 1), (4, 1), (5, 1)]
+    assert [(j, c) for k, j, c in schedule_interleaved(0, 2, 6, 2, 3) if k == "F"] == table
+    assert [interleaved_warmup(i, 2, 6, 2, 3) for i in range(2)] == [5, 3]
+    last = [f"{k}{j}{c}" for k, j, c in schedule_interleaved(1, 2, 6, 2, 3)]
+    assert last == ("F00 F10 F20 F01 B01 F11 B11 F21 B21 F30 B00 F40 B10 F50 B20 F31 B31 F41 B41 F51 B51 "
+                    "B30 B40 B50").split()
+    assert in_flight_chunks(1, 2, 6, 2, 3) == 4 and in_flight_chunks(1, 2, 6, 2) == 3
+    stage, links = np.array([[1.0, 1.7]]), np.array([[0.2]])
+    exact = simulate_interleaved(np.repeat(stage.T / 2, 2, axis=1), np.repeat(2 * stage.T / 2, 2, axis=1),
+                                 [0.2, 0.0], 6, group=3)
+    got = interleaved_finish(stage, 2 * stage, links, 6, 2, 3)[0]
+    assert tuple(got) == pytest.approx(exact.stage_finish_ms, rel=1e-12)
+    # the default group (None or p) keeps the search's 1F1B-of-m·v pricing
+    assert tuple(interleaved_finish(stage, 2 * stage, links, 6, 2, 2)[0]) == \
+        tuple(interleaved_finish(stage, 2 * stage, links, 6, 2)[0])
