@@ -112,9 +112,13 @@ def picks(result: SearchResult) -> dict[str, ScoredPlan]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _fullest(s: ScoredPlan) -> tuple[str, float, int, int]:
-    """(GPU type, utilisation, peak bytes, capacity bytes) of the plan's fullest GPU."""
-    st = max(s.prediction.stages, key=lambda x: x.peak_bytes / x.capacity_bytes)
+def _fullest(s: ScoredPlan, band_of=lambda gpu: 0.0) -> tuple[str, float, int, int]:
+    """(GPU type, utilisation, peak bytes, capacity bytes) of the plan's fullest GPU once each
+    peak is widened by its type's error band (``band_of``): the GPU the OOM risk words speak
+    of, which on a plan of two GPU types with unlike bands need not be the one with the
+    highest bare peak."""
+    st = max(s.prediction.stages, key=lambda x: (x.peak_bytes * (1.0 + band_of(x.gpu_type)) / x.capacity_bytes,
+                                                 x.peak_bytes / x.capacity_bytes))
     return st.gpu_type, st.peak_bytes / st.capacity_bytes, st.peak_bytes, st.capacity_bytes
 
 
@@ -191,7 +195,7 @@ def explain(result: SearchResult, *, bands: Mapping[str, MemoryErrorBand] | None
                 lines.append(f"{words:<19} none: every plan that fits has a GPU whose peak is within the expected "
                              f"error of its capacity")
             continue
-        g, u, peak, cap = _fullest(s)
+        g, u, peak, cap = _fullest(s, lambda gpu: _band_of(bands, result, gpu))
         band = _band_of(bands, result, g)
         t = s.prediction.iteration_ms
         cost = ("the fastest" if t0 is None or abs(t - t0) <= 1e-9 * t0
