@@ -72,11 +72,9 @@ def run(args: argparse.Namespace) -> int:
     job = load_job(args.job)
     if args.resume:
         from ..planner import resume_job
-        from ..shellsafe import check_path
 
-        # the folder is loaded on the cluster's nodes through the script: refused here, by its
-        # option's name, before the checkpoint is read
-        check_path(args.resume, "--resume")
+        # a folder with shell characters is refused there, by its option's name, before the
+        # checkpoint is read (plan --resume shares the check)
         job, note = resume_job(job, args.resume)
         print(f"memx-hpc render: {note}", file=sys.stderr)
     plan, origin = load_plan_with_origin(args.plan)
