@@ -85,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import SpecError
-    from ..planner import parse_finish, plan, require_slurm, submit_best, submit_finish
+    from ..planner import parse_finish, plan, submit_best, submit_finish
     from .search import report, request_from_args
 
     if args.iters is not None and args.iters < 1:
@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     if args.finish is not None and args.iters is not None:
         raise SpecError("--finish sets the iterations of the scripts it renders; leave out --iters",
                         field="--iters", found=args.iters)
+    if args.finish is not None or args.submit:
+        from ..planner import require_slurm  # with the site discovery, only when Slurm is asked
     if args.finish is not None:
         require_slurm("--finish asks Slurm when each plan would start, and Slurm does not answer (sinfo).")
     if args.submit:

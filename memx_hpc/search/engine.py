@@ -498,10 +498,12 @@ def search(space: PlanSpace, cost_model: "CostModel", *, options: SearchOptions 
 def _result(space: PlanSpace, cost_model: "CostModel", options: SearchOptions, keeper: _Keeper,
             time_rank: dict[int, int], stats: CacheStats, share: RankShare, t0: float, comm, size: int) -> SearchResult:
     """The reported plans, each predicted on its own (the one-plan path), and the stats."""
-    top = _scored(space, cost_model, options, keeper.score[1], keeper.score[0], time_rank)
-    time_top = _scored(space, cost_model, options, keeper.time[1], None, time_rank)
-    recommended_top = _scored(space, cost_model, options, keeper.recommended, None, time_rank)
-    safe = _scored(space, cost_model, options, keeper.safe[1][:1], None, time_rank)
+    # the rankings share most of their plans: each is predicted once
+    memo: dict[int, tuple[Plan, Prediction]] = {}
+    top = _scored(space, cost_model, options, keeper.score[1], keeper.score[0], time_rank, memo)
+    time_top = _scored(space, cost_model, options, keeper.time[1], None, time_rank, memo)
+    recommended_top = _scored(space, cost_model, options, keeper.recommended, None, time_rank, memo)
+    safe = _scored(space, cost_model, options, keeper.safe[1][:1], None, time_rank, memo)
     ft, fu, fi = keeper.front
     pareto = tuple(ParetoPoint(index=int(i), iteration_ms=float(t), max_utilisation=float(u))
                    for t, u, i in zip(ft, fu, fi))
@@ -573,11 +575,17 @@ def _times_of(space: PlanSpace, composer: Composer, indices: np.ndarray) -> np.n
 
 
 def _scored(space: PlanSpace, cost_model: "CostModel", options: SearchOptions, indices, log_scores,
-            time_rank: dict[int, int]) -> tuple[ScoredPlan, ...]:
+            time_rank: dict[int, int], memo: dict[int, tuple[Plan, Prediction]] | None = None
+            ) -> tuple[ScoredPlan, ...]:
+    """The plans at ``indices``, each predicted on its own; ``memo`` (index -> plan and
+    prediction) keeps what an earlier list of the same search predicted."""
+    memo = {} if memo is None else memo
     out = []
     for r, i in enumerate(indices):
-        plan = space.plan_at(int(i))
-        pred = predict_plan(plan, space.site, space.job, cost_model, options=options.cost)
+        if int(i) not in memo:
+            plan = space.plan_at(int(i))
+            memo[int(i)] = (plan, predict_plan(plan, space.site, space.job, cost_model, options=options.cost))
+        plan, pred = memo[int(i)]
         ls = float(log_scores[r]) if log_scores is not None else float(
             log_score(pred.iteration_ms, pred.max_utilisation, pred.balance, options.weights))
         out.append(ScoredPlan(index=int(i), plan=plan, prediction=pred, score=float(np.exp(ls)), rank=r + 1,
