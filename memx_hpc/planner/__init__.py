@@ -12,6 +12,8 @@ and prints. The rooms, one purpose each:
 - :mod:`~memx_hpc.planner.finish`: plans ranked by when Slurm would finish them (``--finish``);
 - :mod:`~memx_hpc.planner.verify`: plans measured for real and the calibration refitted;
 - :mod:`~memx_hpc.planner.resume`: a job continued from a checkpoint of its model;
+- :mod:`~memx_hpc.planner.ranks`: under MPI, whether the ranks share a search (rank 0 decides,
+  the others wait for it before importing anything heavy);
 - :mod:`~memx_hpc.planner.render`: a plan file rendered into its sbatch script, and the script
   written, checked and submitted (``render``);
 - :mod:`~memx_hpc.planner.runs`: where a rendered run stands (its segments, checkpoint, why it
@@ -57,8 +59,8 @@ if TYPE_CHECKING:
     from ..search.objective import Weights
     from ..search.space import CP_MIN_TOKENS, DEFAULT_VIRTUAL_STAGES, SpaceOptions
     from .cluster import discover_site, require_slurm
-    from .conductor import (MIN_PLANS_PER_RANK, error_bands, load_specs, plan, prepare, profile_missing, rule_fallback,
-                            search_options, submit_best)
+    from .conductor import (error_bands, load_specs, plan, prepare, profile_missing, rule_fallback, search_options,
+                            submit_best)
     from .data import DataRequest, prepare_data
     from .finish import (FinishCandidate, FinishGoal, FinishRanking, cluster_view, finish_order, parse_finish,
                          rank_by_finish, submit_finish, usable_site)
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
     from .profiling import (IMPORT_FORMATS, ExportRequest, ExportResult, ImportRequest, ImportResult, ProfileRequest,
                             ProfileResult, StoreListing, StoreRequest, export_samples, import_samples, list_store,
                             profile_site, profile_store_path, source_disagreements)
+    from .ranks import MIN_PLANS_PER_RANK, ranks_follow, tell_ranks_failed
     from .render import RenderedPlan, check_script, launch_script, render_plan
     from .request import PlanRequest, PlanResult, Prepared
     from .resume import model_differences, resume_job
@@ -96,7 +99,9 @@ _ROOM_OF = {
     "SpaceOptions": "..search.space",
     "discover_site": ".cluster",
     "require_slurm": ".cluster",
-    "MIN_PLANS_PER_RANK": ".conductor",
+    "MIN_PLANS_PER_RANK": ".ranks",
+    "ranks_follow": ".ranks",
+    "tell_ranks_failed": ".ranks",
     "error_bands": ".conductor",
     "load_specs": ".conductor",
     "plan": ".conductor",
@@ -210,4 +215,4 @@ __all__ = ["CostOptions", "MIN_TYPES_FOR_DATASHEET_TRANSFER", "MIN_PLANS_PER_RAN
            "profile_store_path", "source_disagreements", "require_slurm", "discover_site",
            "CP_MIN_TOKENS", "DEFAULT_VIRTUAL_STAGES", "DataRequest", "prepare_data", "RunStatus", "Segment",
            "run_status", "RenderedPlan", "render_plan", "launch_script", "check_script",
-           "SiteStatus", "site_status"]
+           "SiteStatus", "site_status", "ranks_follow", "tell_ranks_failed"]
