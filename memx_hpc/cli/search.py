@@ -102,12 +102,13 @@ def add_search_options(p: argparse.ArgumentParser, *, out: bool = True, top_defa
         p.add_argument("--out", metavar="DIR", help="each run writes into DIR/<run id>/, DIR/latest points at the "
                                                     "newest (default DIR: the site's work_dir/plan-<job>)")
     add_json(p)
+    from ..planner.ranks import MIN_PLANS_PER_RANK  # light: no numpy, no cost model
     p.add_argument("--mpi", action="store_true",
                    help="require MPI (mpiexec/srun); without it MPI is still used when launched under it")
     p.add_argument("--min-plans-per-rank", type=_whole, default=None, metavar="N",
                    help="under MPI, a space of fewer plans than N per rank is searched by rank 0 alone (starting "
                         "a rank costs more than its share of a small search; a note says so); 0: every rank "
-                        "searches (default 500000)")
+                        f"searches (default {MIN_PLANS_PER_RANK})")
     p.add_argument("--analytic", action="store_true",
                    help="use the datasheet roofline model only, even where the store has measurements")
     p.add_argument("--no-cache", action="store_true",

@@ -33,13 +33,15 @@ __all__ = ["MIN_PLANS_PER_RANK", "DECISION_TAG", "OUTCOME_TAG", "TOGETHER", "ALO
            "follow_rank0", "tell_decision", "tell_outcome", "failure_of", "ranks_follow", "tell_ranks_failed"]
 
 #: Plans each MPI rank must get before starting it pays (``PlanRequest.min_plans_per_rank``).
-#: Measured with benchmarks/cli_speed.py and ``memx-hpc search --min-plans-per-rank 0`` under
-#: ``mpiexec -n 2`` against one rank, alternately, on the 2-core development machine (shared,
-#: load 6-11): spaces of 8,290 (local.yaml, tiny-gpt), 362,865 (cross-vendor, llama2-7b) and
-#: 1,451,460 plans were slower on 2 ranks than on one, every time (docs/cli.md, "Under MPI");
-#: where the cores are free a rank pays from about a million plans. 500,000 per rank keeps
-#: every measured case on one rank, and a space of 1M+ plans on 2.
-MIN_PLANS_PER_RANK = 500_000
+#: Measured with ``memx-hpc search --json --mpi --min-plans-per-rank 0`` under ``mpiexec -n 2``
+#: against one rank, alternately, twice each, warm cache, on the 2-core development machine
+#: (shared: load 10-13); wall seconds, 1 rank / 2 ranks:
+#: local.yaml tiny-gpt, 8,290 plans: 4.3 / 2.9, 1.4 / 3.1; cross-vendor llama2-7b, 362,865:
+#: 8.1 / 10.1, 9.8 / 10.5; the same, --max-stages 6, 904,458: 11.5 / 14.6, 22.0 / 21.7; the same,
+#: --layer-granularity 2, 1,678,653: 26.4 / 25.6, 29.3 / 21.6. Below about 1.7 million plans
+#: (850,000 a rank) one rank won or tied; 2 ranks took 1.5-2x the CPU time everywhere (each
+#: rank loads the cost model and MPICH's waits spin). 800,000 plans a rank.
+MIN_PLANS_PER_RANK = 800_000
 DECISION_TAG = 7318
 OUTCOME_TAG = 7319
 TOGETHER, ALONE = "together", "alone"
