@@ -107,6 +107,8 @@ def _extract(rev: str, into: Path) -> Path:
         sys.exit(f"cli_speed: cannot extract {rev} with git archive: {getattr(e, 'stderr', b'') or e}")
     into.mkdir(parents=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    # site_configs/local.yaml names the nodes' Python as .venv/bin/python, relative to the tree
+    (into / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
     return into
 
 
