@@ -84,31 +84,44 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import SpecError
-    from ..planner import parse_finish, plan, require_slurm, submit_best, submit_finish
-    from .search import report, request_from_args
+    from ..errors import MemxError, SpecError
+    from .search import follow_rank0, leading, report, request_from_args
 
     if args.iters is not None and args.iters < 1:
         raise SpecError("must be >= 1", field="--iters", found=args.iters)
     if args.finish is not None:
+        from ..planner import parse_finish
         parse_finish(args.finish)  # bad input is exit 1, before Slurm is asked anything
     if args.finish is not None and args.iters is not None:
         raise SpecError("--finish sets the iterations of the scripts it renders; leave out --iters",
                         field="--iters", found=args.iters)
+    if args.finish is not None or args.submit:
+        from ..planner import require_slurm  # with the site discovery, only when Slurm is asked
     if args.finish is not None:
         require_slurm("--finish asks Slurm when each plan would start, and Slurm does not answer (sinfo).")
     if args.submit:
         # before the search: no point planning for minutes to find there is nowhere to submit
         require_slurm("--submit: Slurm does not answer (sinfo), nothing was submitted.")
-    request = request_from_args(args, profile=True)
-    if args.resume:
-        import dataclasses
+    # under MPI the ranks other than 0 wait here for rank 0 to say whether they search
+    follows = follow_rank0(args)
+    if follows:
+        return 0
+    try:
+        request = request_from_args(args, profile=True, follower=follows is False)
+        if args.resume:
+            import dataclasses
 
-        from ..planner import resume_job
-        from ..spec import load_job
+            from ..planner import resume_job
+            from ..spec import load_job
 
-        job, note = resume_job(load_job(args.job), args.resume)
-        request = dataclasses.replace(request, job=job, notes=request.notes + (note,))
+            job, note = resume_job(load_job(args.job), args.resume)
+            request = dataclasses.replace(request, job=job, notes=request.notes + (note,))
+    except MemxError as e:
+        if follows is None:
+            leading(args, e)
+        raise
+    from ..planner import plan, submit_best, submit_finish
+
     outcome = plan(request)
     if not outcome.rank0:
         return 0

@@ -9,10 +9,6 @@ from pathlib import Path
 
 from .common import add_job, add_json, add_site, emit_json, shown
 
-# the fields of a plan file: an error about one of them names the plan file
-_PLAN_FIELDS = ("stages", "tp", "dp", "pp", "cp", "ep", "etp", "micro_batch_size", "global_batch_size",
-                "sequence_parallel", "virtual_stages", "layout")
-
 HELP = "write the heterogeneous sbatch script that launches a plan with Megatron-LM"
 
 DESCRIPTION = """\
@@ -63,38 +59,22 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import SpecError
-    from ..planfile import check_belongs, load_plan_with_origin
-    from ..slurm import render as r
-    from ..slurm.submit import launch
-    from ..spec import GeneralPlan, load_job, load_site
+    from ..planner import launch_script, render_plan
+    from ..spec import load_job, load_site
 
     site = load_site(args.site)
     job = load_job(args.job)
     if args.resume:
         from ..planner import resume_job
-        from ..shellsafe import check_path
 
-        # the folder is loaded on the cluster's nodes through the script: refused here, by its
-        # option's name, before the checkpoint is read
-        check_path(args.resume, "--resume")
+        # a folder with shell characters is refused there, by its option's name, before the
+        # checkpoint is read (plan --resume shares the check)
         job, note = resume_job(job, args.resume)
         print(f"memx-hpc render: {note}", file=sys.stderr)
-    plan, origin = load_plan_with_origin(args.plan)
-    check_belongs(origin, args.plan, site=site, job=job)
-    if isinstance(plan, GeneralPlan):
-        raise SpecError("a general plan (per-replica GPU types or TP) can be predicted but Megatron-LM cannot "
-                        "run it; render needs uniform tp and dp with one partition per stage", file=args.plan)
-    try:
-        request = r.describe(plan, site, job, iters=args.iters, extra=args.extra, log_dir=args.log_dir,
-                             workdir=args.chdir)
-    except SpecError as e:
-        # a field of the plan (its stages, degrees, batch) that does not fit the model or the
-        # site: the plan file is what to fix, so it is named
-        head = (e.field or "").split("[")[0].split(".")[0]
-        if e.file is None and head in _PLAN_FIELDS:
-            raise e.with_file(str(args.plan)) from None
-        raise
-    script = r.render_request(request)
+    rendered = render_plan(args.plan, site, job, iters=args.iters, extra=args.extra, log_dir=args.log_dir,
+                           workdir=args.chdir)
+    request = rendered.request
+    script = rendered.script
     if args.out == "-":
         return _to_stdout(args, script, request)
     out = Path(args.out) if args.out else Path(args.plan).with_suffix(".sbatch")
@@ -104,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("the script would replace the plan file it is rendered from; name another file",
                         field="--out", found=shown(out))
     # written, checked with bash -n, its log folder made (Slurm does not), asked, submitted
-    done = launch(script, out, test_only_when="never" if args.no_test_only else "auto", submit_job=args.submit)
+    done = launch_script(script, out, test_only=not args.no_test_only, submit=args.submit)
     verdict, job_id = done.test_only, done.job_id
 
     if args.json:
@@ -153,11 +133,8 @@ def run(args: argparse.Namespace) -> int:
 def _to_stdout(args: argparse.Namespace, script: str, request) -> int:
     """``--out -``: the script on stdout, checked (bash -n, sbatch --test-only) through a
     temporary copy; what was checked goes to stderr so that stdout is the script alone."""
-    import sys
-    import tempfile
-
     from ..errors import SpecError
-    from ..slurm.submit import launch
+    from ..planner import check_script
 
     if args.submit:
         raise SpecError("--submit needs the script in a file Slurm can read", field="--out", found="-",
@@ -165,9 +142,7 @@ def _to_stdout(args: argparse.Namespace, script: str, request) -> int:
     if args.json:
         raise SpecError("--json prints the report on stdout, where '--out -' prints the script", field="--out",
                         found="-", allowed="a file name with --json")
-    with tempfile.TemporaryDirectory(prefix="memx-render-") as tmp:
-        verdict = launch(script, Path(tmp) / "train.sbatch",
-                         test_only_when="never" if args.no_test_only else "auto").test_only
+    verdict = check_script(script, test_only=not args.no_test_only)
     sys.stdout.write(script)
     sys.stdout.flush()
     print(f"rendered {len(request.components)} hetjob component(s), {request.world_size} rank(s); bash -n: ok",

@@ -102,12 +102,13 @@ def add_search_options(p: argparse.ArgumentParser, *, out: bool = True, top_defa
         p.add_argument("--out", metavar="DIR", help="each run writes into DIR/<run id>/, DIR/latest points at the "
                                                     "newest (default DIR: the site's work_dir/plan-<job>)")
     add_json(p)
+    from ..planner.ranks import MIN_PLANS_PER_RANK  # light: no numpy, no cost model
     p.add_argument("--mpi", action="store_true",
                    help="require MPI (mpiexec/srun); without it MPI is still used when launched under it")
     p.add_argument("--min-plans-per-rank", type=_whole, default=None, metavar="N",
                    help="under MPI, a space of fewer plans than N per rank is searched by rank 0 alone (starting "
                         "a rank costs more than its share of a small search; a note says so); 0: every rank "
-                        "searches (default 500000)")
+                        f"searches (default {MIN_PLANS_PER_RANK})")
     p.add_argument("--analytic", action="store_true",
                    help="use the datasheet roofline model only, even where the store has measurements")
     p.add_argument("--no-cache", action="store_true",
@@ -178,10 +179,35 @@ def space_options(args: argparse.Namespace):
                         tp_across_nodes=getattr(args, "tp_across_nodes", False), overlap=not args.no_overlap)
 
 
-def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=None, job=None):
+def min_plans_per_rank(args: argparse.Namespace) -> int:
+    from ..planner import MIN_PLANS_PER_RANK
+    given = getattr(args, "min_plans_per_rank", None)
+    return MIN_PLANS_PER_RANK if given is None else given
+
+
+def follow_rank0(args: argparse.Namespace) -> bool | None:
+    """Under MPI, on a rank other than 0: wait for rank 0 to say whether the space is large
+    enough to share, before anything heavy is imported (:mod:`memx_hpc.planner.ranks`). True:
+    rank 0 searched alone, this rank has nothing to do; False: search with every rank; None:
+    rank 0, or no MPI."""
+    from ..planner import ranks_follow
+    return ranks_follow("require" if args.mpi else "auto", min_plans_per_rank(args), getattr(args, "finish", None))
+
+
+def leading(args: argparse.Namespace, error) -> None:
+    """Rank 0 failed before the planner told the other ranks anything: tell them (they stop
+    with the same error instead of waiting)."""
+    from ..planner import tell_ranks_failed
+    tell_ranks_failed("require" if args.mpi else "auto", min_plans_per_rank(args), getattr(args, "finish", None),
+                      error)
+
+
+def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=None, job=None,
+                      follower: bool = False):
     """The :class:`~memx_hpc.planner.PlanRequest` the search options describe; ``site`` and
-    ``job`` replace the files named by --site/--job when given (already loaded)."""
-    from ..planner import MIN_PLANS_PER_RANK, PlanRequest
+    ``job`` replace the files named by --site/--job when given (already loaded). ``follower``:
+    a rank other than 0 that rank 0 told to search with every rank (it decides nothing more)."""
+    from ..planner import PlanRequest
 
     no_profile = profile and getattr(args, "no_profile", False)
     finish = getattr(args, "finish", None)
@@ -196,8 +222,7 @@ def request_from_args(args: argparse.Namespace, *, profile: bool = False, site=N
                        out_dir=getattr(args, "out", None), mpi="require" if args.mpi else "auto",
                        analytic=args.analytic, use_cache=not args.no_cache,
                        objective=getattr(args, "objective", "recommended"), finish=finish,
-                       min_plans_per_rank=(MIN_PLANS_PER_RANK if getattr(args, "min_plans_per_rank", None) is None
-                                           else args.min_plans_per_rank),
+                       min_plans_per_rank=0 if follower else min_plans_per_rank(args),
                        reference=False if getattr(args, "no_reference", False) else None,
                        notes=(("--no-profile: searched with what the store already holds",) if no_profile else ())
                        + ((OVERLAP_FLAG_NOTE,) if args.overlap_grad_reduce else ()))
@@ -219,9 +244,20 @@ PROVENANCE_WORDS = {"measured": "measured by the profiler", "imported": "importe
 
 
 def execute(args: argparse.Namespace, *, profile_first: bool) -> int:
+    from ..errors import MemxError
+
+    follows = follow_rank0(args)
+    if follows:
+        return 0
+    try:
+        request = request_from_args(args, profile=profile_first, follower=follows is False)
+    except MemxError as e:
+        if follows is None:
+            leading(args, e)
+        raise
     from ..planner import plan
 
-    outcome = plan(request_from_args(args, profile=profile_first))
+    outcome = plan(request)
     if not outcome.rank0:
         return 0
     report(outcome, args)

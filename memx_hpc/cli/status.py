@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 
 from .common import add_json, add_site, emit_json, table
 
@@ -37,43 +36,30 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import SpecError
-    from ..slurm.local_cluster import partitions, slurm_available
-    from ..spec import load_site
 
     if args.run is not None:
         return _run_status(args)
     if args.site is None:
         raise SpecError("give a site file (what is in place) or a run (where it stands)", field="--site",
                         allowed="--site SITE.yaml, or RUN")
-    site = load_site(args.site)
-    from ..planner import store_paths
-    paths = store_paths(site, args.store)  # the same rule as plan/search
-    store_path, cache_path = paths.store, paths.cache
-    out: dict = {"site": site.name, "store": str(store_path), "cache": str(cache_path)}
-    has_sbatch = shutil.which("sbatch") is not None
-    up = slurm_available() if has_sbatch else False
-    out["slurm"] = {"installed": has_sbatch, "answers": up}
-    if up:
-        found = partitions()
-        out["slurm"]["partitions"] = {p.name: (p.name in found) for p in site.partitions}
-    out["e2e_runs"] = 0
-    records = []
-    if store_path.exists():
-        from ..profile.store import ProfileStore
-        store = ProfileStore(store_path)
-        out["store_summary"] = store.summary()
-        records = store.e2e_records(site=site.name)
-        out["e2e_runs"] = len(records)
-    else:
-        out["store_summary"] = []
-    from ..search.report import coverage, coverage_table
-    out["site_gpu_types"] = coverage(site, out["store_summary"], records)
-    model_file = paths.predictor
-    out["predictor"] = str(model_file) if model_file.exists() else None
+    from ..planner import site_status
+    from ..search.report import coverage_table
+
+    st = site_status(args.site, args.store)
+    store_path, cache_path = st.store, st.cache
+    out: dict = {"site": st.site, "store": str(store_path), "cache": str(cache_path),
+                 "slurm": {"installed": st.slurm_installed, "answers": st.slurm_answers}}
+    if st.slurm_answers:
+        out["slurm"]["partitions"] = dict(st.partitions_seen)
+    out["e2e_runs"] = st.e2e_runs
+    out["store_summary"] = st.store_summary
+    out["site_gpu_types"] = st.site_gpu_types
+    out["predictor"] = str(st.predictor) if st.predictor is not None else None
+    has_sbatch, up = st.slurm_installed, st.slurm_answers
     if args.json:
         emit_json(out)
         return 0
-    print(f"site {site.name}")
+    print(f"site {st.site}")
     if not has_sbatch:
         print("slurm: not installed here (plans profile through local subprocesses)")
     elif not up:

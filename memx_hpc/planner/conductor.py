@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
 
@@ -42,7 +41,7 @@ from ..model.assembled import AssembledCostModel
 from ..model.calibrate import CalibratedCostModel, leave_one_out
 from ..profile.store import ProfileStore
 from ..search.cache import PredictionCache
-from ..search.engine import SearchOptions, SearchResult, launched_under_mpi, mpi_comm, search
+from ..search.engine import SearchOptions, SearchResult, search
 from ..search.objective import (MIN_RUNS_FOR_OWN_BAND, MemoryErrorBand, Weights, memory_error_bands,
                                 parse_weights)
 from ..search.report import (MAX_PLAN_FILES, ProgressBar, link_rows, new_run_dir, new_run_id, pareto_png,
@@ -54,6 +53,8 @@ from ..slurm.cmdline import TP_COMM_OVERLAP_OFF, overlap_refusal, performance_op
 from ..slurm.submit import launch
 from ..spec import Site, TrainJob, load_job, load_site
 from .finish import cluster_view, rank_by_finish, usable_site
+from .ranks import (ALONE, MIN_PLANS_PER_RANK, TOGETHER, decides, failure_of, follow_rank0, tell_decision,
+                    tell_outcome, world)
 from .request import PlanRequest, PlanResult, Prepared
 from .space import launchable_space
 
@@ -63,15 +64,7 @@ if TYPE_CHECKING:
 __all__ = ["MIN_PLANS_PER_RANK", "PlanRequest", "PlanResult", "search_options", "error_bands", "rule_fallback",
            "profile_missing", "load_specs", "prepare", "Prepared", "plan", "submit_best", "overlap_notes"]
 
-#: Plans each MPI rank must get before starting it pays (``PlanRequest.min_plans_per_rank``).
-#: A rank costs its own start (imports, MPI, the cost model loaded after rank 0's) and a share
-#: of the predictions exchanged; on a 2-core machine (load ~8) 2 ranks searched the
-#: cross-vendor llama2-7b space (243,153 plans) in 9.4-10.6 s against 6.3-6.6 s on one, and
-#: local.yaml's tiny-gpt space (8,208 plans) in 1.5 s against 0.7 s (benchmarks/cli_speed.py
-#: prints the current figures). Spaces of a million plans and more are where ranks pay.
-MIN_PLANS_PER_RANK = 500_000
 T = TypeVar("T")
-_OUTCOME_TAG = 7319  # the message rank 0 sends the ranks it left idle: None or (error type, text)
 
 
 # --------------------------------------------------------------------------- request and result
@@ -121,13 +114,7 @@ def error_bands(cost_model: AssembledCostModel, site: Site, job: TrainJob, store
 
 
 def _mpi(request: PlanRequest) -> "Comm | None":
-    if request.comm is not None:
-        return request.comm
-    if request.mpi == "require":
-        return mpi_comm(required=True)
-    if request.mpi == "auto" and launched_under_mpi():
-        return mpi_comm()
-    return None
+    return request.comm if request.comm is not None else world(request.mpi)
 
 
 # --------------------------------------------------------------------------- the rule of thumb
@@ -308,25 +295,28 @@ def _one_rank_if_small(request: PlanRequest) -> tuple[PlanRequest | None, "Comm 
     """Under MPI with a space of fewer than ``request.min_plans_per_rank`` plans per rank:
     on rank 0 ``(the request for rank 0 alone, with a note saying why, the world)``; on the
     other ranks it waits for rank 0's outcome (rank 0's error is raised here too, so every
-    rank says why it stopped) and returns ``(None, world)``. Otherwise ``(request, None)``."""
-    if request.min_plans_per_rank <= 0 or request.finish is not None:
+    rank says why it stopped) and returns ``(None, world)``. Otherwise ``(request, None)``.
+    Only rank 0 counts the space; it tells the others (:mod:`memx_hpc.planner.ranks`)."""
+    if not decides(request.min_plans_per_rank, request.finish):
         return request, None
     comm = _mpi(request)
     if comm is None:
         return request, None
-    site, job = load_specs(request)
-    plans, size = len(PlanSpace(site, job, launchable_space(site, job, request.space)[0])), comm.Get_size()
-    if plans >= request.min_plans_per_rank * size:
-        return dataclasses.replace(request, site=site, job=job, comm=comm), None
     if comm.Get_rank() != 0:
-        # poll rather than block: MPICH's blocking receive spins on a core rank 0 needs
-        while not comm.Iprobe(source=0, tag=_OUTCOME_TAG):
-            time.sleep(0.05)
-        failure = comm.recv(source=0, tag=_OUTCOME_TAG)
-        if failure is not None:
-            kind, message = failure
-            raise (SpecError if kind == "SpecError" else SystemFailure)(message)
-        return None, comm
+        if follow_rank0(comm):
+            return None, comm
+        return dataclasses.replace(request, comm=comm), None
+    try:
+        site, job = load_specs(request)
+        plans = len(PlanSpace(site, job, launchable_space(site, job, request.space)[0]))
+    except MemxError as e:  # a bad site or job: every rank stops with it, none waits
+        tell_decision(comm, failure_of(e))
+        raise
+    size = comm.Get_size()
+    if plans >= request.min_plans_per_rank * size:
+        tell_decision(comm, TOGETHER)
+        return dataclasses.replace(request, site=site, job=job, comm=comm), None
+    tell_decision(comm, ALONE)
     note = (f"MPI: {size} ranks were started, but the space has {plans:,} plans, fewer than "
             f"{request.min_plans_per_rank:,} per rank (below that a rank's start costs more than its share "
             f"of the search): searched on rank 0 alone")
@@ -339,23 +329,22 @@ def plan(request: PlanRequest) -> PlanResult:
     rank 0 write the plan files, pareto.png and summary.json. Prints nothing on stdout.
     Under MPI, a space too small for its ranks is searched on rank 0 alone
     (``request.min_plans_per_rank``); the other ranks return ``rank0=False`` and no search."""
-    request, world = _one_rank_if_small(request)
+    request, idle = _one_rank_if_small(request)
     if request is None:
         return PlanResult(site=None, job=None, cost_model=None, search=None, notes=[], provenance={},
                           out_dir=Path("."), files=[], summary={}, rank0=False)
-    if world is None:
+    if idle is None:
         return _plan(request)
-    outcome = ("SystemFailure", "rank 0 stopped before it finished the search")
+    outcome: tuple[str, str] | None = ("SystemFailure", "rank 0 stopped before it finished the search")
     try:
         result = _plan(request)
         outcome = None
         return result
-    except (SpecError, SystemFailure) as e:
-        outcome = ("SpecError" if isinstance(e, SpecError) else "SystemFailure", str(e))
+    except MemxError as e:
+        outcome = failure_of(e)
         raise
     finally:
-        for r in range(1, world.Get_size()):
-            world.send(outcome, dest=r, tag=_OUTCOME_TAG)
+        tell_outcome(idle, outcome)
 
 
 def _plan(request: PlanRequest) -> PlanResult:

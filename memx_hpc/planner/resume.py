@@ -13,6 +13,7 @@ from argparse import Namespace
 
 from ..errors import SpecError, SystemFailure
 from ..params import VOCAB_DIVISIBLE_BY, padded_vocab_size
+from ..shellsafe import check_path
 from ..spec import Checkpointing, TrainJob
 
 __all__ = ["resume_job", "model_differences"]
@@ -77,7 +78,10 @@ def resume_job(job: TrainJob, checkpoint: str) -> tuple[TrainJob, str]:
     the script loads it (``--load``) and keeps saving (the job's save folder, else the same
     one). Returns the job and a note: the iteration it resumes at and the plan that wrote it.
     SpecError naming ``--resume``, the checkpoint and every differing model argument when
-    the models differ."""
+    the models differ; SpecError naming ``--resume`` for a folder that is not a plain path
+    (the script loads it on the cluster's nodes), before the checkpoint is read: ``plan
+    --resume`` and ``render --resume`` refuse it alike."""
+    check_path(checkpoint, "--resume")
     info = _read(checkpoint)
     a = info.args
     differ = model_differences(job, a)

@@ -27,7 +27,8 @@ from pathlib import Path
 from ..errors import SpecError
 from ..slurm.render import CHECKPOINT_POINTER, STATE_FILE, TRACKER_FILE
 
-__all__ = ["Segment", "RunStatus", "run_status", "read_segments", "MAX_STATE_BYTES", "OUTCOMES"]
+__all__ = ["Segment", "RunStatus", "run_status", "read_segments", "MAX_STATE_BYTES", "OUTCOMES", "SiteStatus",
+           "site_status"]
 
 #: the most of a state file that is read (its end): a run of 1000 segments writes about 500 kB
 MAX_STATE_BYTES = 1 << 20
@@ -244,3 +245,58 @@ def _verdict(segs: list[Segment], it: int | None, target: int | None) -> tuple[s
     if last.outcome == "max-segments":
         return "stopped", f"{at}; the run reached checkpoint.max_segments ({last.segment} segments)"
     return "stopped", f"{at}; sbatch did not take segment {last.segment + 1}: submit the script again to go on"
+
+
+# --------------------------------------------------------------------------- what is in place for a site
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiteStatus:
+    """What a plan on ``site`` would start from (``memx-hpc status --site``): where the store,
+    the prediction cache and the predictor are (by the rule plan and search use), whether
+    Slurm is installed and answers (and which of the site's partitions ``sinfo`` shows), the
+    store's summary per GPU type, the site's end-to-end runs, and per GPU type of the site
+    where its numbers would come from (:func:`memx_hpc.search.report.coverage` rows)."""
+
+    site: str
+    store: Path
+    cache: Path
+    predictor: Path | None  # the saved predictor, when there is one
+    slurm_installed: bool
+    slurm_answers: bool
+    partitions_seen: dict[str, bool]  # site partition -> shown by sinfo (empty when Slurm does not answer)
+    store_summary: list[dict]
+    e2e_runs: int
+    site_gpu_types: list[dict]
+
+
+def site_status(site, store: str | Path | None = None) -> SiteStatus:
+    """What is in place for ``site`` (a :class:`~memx_hpc.spec.Site` or its file); ``store``:
+    the profile store (default: the site's, then ``$MEMX_STORE``, as plan and search choose)."""
+    import shutil
+
+    from ..model.assemble import store_paths
+    from ..search.report import coverage
+    from ..slurm.local_cluster import partitions, slurm_available
+    from ..spec import Site, load_site
+
+    site = site if isinstance(site, Site) else load_site(site)
+    paths = store_paths(site, store)
+    installed = shutil.which("sbatch") is not None
+    up = slurm_available() if installed else False
+    seen: dict[str, bool] = {}
+    if up:
+        found = partitions()
+        seen = {p.name: (p.name in found) for p in site.partitions}
+    summary: list[dict] = []
+    records: list = []
+    if paths.store.exists():
+        from ..profile.store import ProfileStore
+
+        st = ProfileStore(paths.store)
+        summary = st.summary()
+        records = st.e2e_records(site=site.name)
+    return SiteStatus(site=site.name, store=paths.store, cache=paths.cache,
+                      predictor=paths.predictor if paths.predictor.exists() else None, slurm_installed=installed,
+                      slurm_answers=up, partitions_seen=seen, store_summary=summary, e2e_runs=len(records),
+                      site_gpu_types=coverage(site, summary, records))

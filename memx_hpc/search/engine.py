@@ -16,7 +16,6 @@ feasible plan (its iteration time, to give each reported plan its time-only rank
 
 from __future__ import annotations
 
-import os
 import resource
 import time
 from dataclasses import dataclass, field
@@ -33,44 +32,9 @@ from ..model.queries import MODE_NAMES, context_queries
 from ..model.host import host_us_per_op
 from ..spec import Plan
 from .cache import CacheStats, PredictionCache, signature
+from .mpi import MPI_ENV_VARS, launched_under_mpi, mpi_comm  # noqa: F401 - their home before search/mpi.py
 from .objective import TIME_NOISE, Weights, band_order, in_time_band, log_score, risk_utilisation, tie_key
 from .space import PlanSpace
-
-#: Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun)
-#: set in every rank; without one of them mpi4py is never imported.
-MPI_ENV_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
-                "SLURM_STEP_NUM_TASKS")
-
-
-def launched_under_mpi() -> bool:
-    """True when an MPI launcher started this process with more than one task (or may have)."""
-    env = os.environ
-    if env.get("SLURM_STEP_NUM_TASKS", "1") not in ("", "1"):
-        return True
-    return any(v in env for v in MPI_ENV_VARS if v != "SLURM_STEP_NUM_TASKS")
-
-
-def mpi_comm(*, required: bool = False):
-    """``MPI.COMM_WORLD`` when running under MPI with more than one rank, else None.
-
-    ``required``: raise SystemFailure instead of returning None (the ``--mpi`` flag).
-    """
-    if not launched_under_mpi():
-        if required:
-            raise SystemFailure("--mpi given, but this process was not started by an MPI launcher; "
-                                "run it as 'mpiexec -n N memx-hpc ...' or 'srun --mpi=pmi2 -n N memx-hpc ...'")
-        return None
-    try:
-        from mpi4py import MPI
-    except ImportError as e:
-        raise SystemFailure(f"launched under MPI but mpi4py cannot be imported: {e}") from None
-    comm = MPI.COMM_WORLD
-    if comm.Get_size() <= 1:
-        if required:
-            raise SystemFailure("--mpi given, but the MPI world has one rank (with srun, pass --mpi=pmi2)")
-        return None
-    return comm
-
 
 @dataclass(frozen=True, kw_only=True)
 class SearchOptions:
@@ -498,10 +462,12 @@ def search(space: PlanSpace, cost_model: "CostModel", *, options: SearchOptions 
 def _result(space: PlanSpace, cost_model: "CostModel", options: SearchOptions, keeper: _Keeper,
             time_rank: dict[int, int], stats: CacheStats, share: RankShare, t0: float, comm, size: int) -> SearchResult:
     """The reported plans, each predicted on its own (the one-plan path), and the stats."""
-    top = _scored(space, cost_model, options, keeper.score[1], keeper.score[0], time_rank)
-    time_top = _scored(space, cost_model, options, keeper.time[1], None, time_rank)
-    recommended_top = _scored(space, cost_model, options, keeper.recommended, None, time_rank)
-    safe = _scored(space, cost_model, options, keeper.safe[1][:1], None, time_rank)
+    # the rankings share most of their plans: each is predicted once
+    memo: dict[int, tuple[Plan, Prediction]] = {}
+    top = _scored(space, cost_model, options, keeper.score[1], keeper.score[0], time_rank, memo)
+    time_top = _scored(space, cost_model, options, keeper.time[1], None, time_rank, memo)
+    recommended_top = _scored(space, cost_model, options, keeper.recommended, None, time_rank, memo)
+    safe = _scored(space, cost_model, options, keeper.safe[1][:1], None, time_rank, memo)
     ft, fu, fi = keeper.front
     pareto = tuple(ParetoPoint(index=int(i), iteration_ms=float(t), max_utilisation=float(u))
                    for t, u, i in zip(ft, fu, fi))
@@ -573,11 +539,17 @@ def _times_of(space: PlanSpace, composer: Composer, indices: np.ndarray) -> np.n
 
 
 def _scored(space: PlanSpace, cost_model: "CostModel", options: SearchOptions, indices, log_scores,
-            time_rank: dict[int, int]) -> tuple[ScoredPlan, ...]:
+            time_rank: dict[int, int], memo: dict[int, tuple[Plan, Prediction]] | None = None
+            ) -> tuple[ScoredPlan, ...]:
+    """The plans at ``indices``, each predicted on its own; ``memo`` (index -> plan and
+    prediction) keeps what an earlier list of the same search predicted."""
+    memo = {} if memo is None else memo
     out = []
     for r, i in enumerate(indices):
-        plan = space.plan_at(int(i))
-        pred = predict_plan(plan, space.site, space.job, cost_model, options=options.cost)
+        if int(i) not in memo:
+            plan = space.plan_at(int(i))
+            memo[int(i)] = (plan, predict_plan(plan, space.site, space.job, cost_model, options=options.cost))
+        plan, pred = memo[int(i)]
         ls = float(log_scores[r]) if log_scores is not None else float(
             log_score(pred.iteration_ms, pred.max_utilisation, pred.balance, options.weights))
         out.append(ScoredPlan(index=int(i), plan=plan, prediction=pred, score=float(np.exp(ls)), rank=r + 1,

@@ -391,12 +391,13 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
     the Pareto front, the top-K of the weighted product, and the three picks marked and
     labelled; the site's memory limit and, dashed, where the expected error would cross
     it. matplotlib's Agg backend (no display needed)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # the Figure API, not pyplot: no global backend switch and no figure registry to close
+    # (savefig draws with Agg by itself; the same pixels). It imports about as much as pyplot.
+    from matplotlib.figure import Figure
     from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter, NullLocator
 
-    fig, ax = plt.subplots(figsize=(9, 6.4), dpi=110)
+    fig = Figure(figsize=(9, 6.4), dpi=110)
+    ax = fig.subplots()
     limit = 100.0 * (1.0 - site.memory_safety_margin) if site is not None else None
     pts: list[tuple[float, float]] = []
     if result.pareto:
@@ -477,7 +478,6 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
     return path
 
 

@@ -211,3 +211,53 @@ def test_search_under_mpiexec_stops_every_rank_when_the_cache_is_locked(tmp_path
     assert "locked" in proc.stderr
     assert elapsed < PredictionCache.timeout_s + 120, elapsed  # the busy timeout, then both stop
     assert not (tmp_path / "out").exists()
+
+
+#: Runs memx-hpc's main() on every rank; the rank MPICH numbers 1 says on stderr which heavy
+#: modules it imported.
+IDLE_PROBE = r"""
+import json, os, sys
+from memx_hpc.cli.main import main
+rc = main(sys.argv[1:])
+if os.environ.get("PMI_RANK") == "1":
+    heavy = ("numpy", "h5py", "xgboost", "matplotlib", "memx_hpc.model", "memx_hpc.search.engine",
+             "memx_hpc.planner.conductor")
+    print("rank 1 imported: " + json.dumps([m for m in heavy if m in sys.modules]), file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+@pytest.mark.parametrize("command", ["plan", "search"])
+def test_a_rank_left_idle_imports_nothing_heavy(tmp_path, mpiexec, command):
+    """Rank 0 alone counts the space; the idle rank waits for its word before importing the
+    planner's rooms (numpy, the cost model, the search), so 2 ranks cost one rank plus an
+    interpreter and MPI's start."""
+    args = [command, "--site", str(ROOT / "site_configs" / "local.yaml"), "--job", str(ROOT / "jobs" / "tiny-gpt.yaml"),
+            "--store", str(tmp_path / "store.h5"), "--out", str(tmp_path / "out"), "--max-stages", "2", "--json",
+            "--mpi", *(["--no-profile"] if command == "plan" else [])]
+    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", IDLE_PROBE, *args], capture_output=True,
+                          text=True, env=_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 1 imported: []" in proc.stderr, proc.stderr[-3000:]
+    assert [n for n in json.loads(proc.stdout)["notes"] if n.startswith("MPI: 2 ranks were started")]
+
+
+@pytest.mark.parametrize("case", ["site-missing", "resume-shell-unsafe"])
+def test_an_error_on_rank_0_before_it_decides_stops_the_waiting_rank(tmp_path, mpiexec, case):
+    """Rank 0 fails before it could tell the other ranks whether they search (a site file that
+    is not there: while counting the space; a --resume folder with shell characters: while
+    building its request): the waiting rank stops with the same error, exit 1, no traceback."""
+    site = str(tmp_path / "no-such-site.yaml") if case == "site-missing" else str(ROOT / "site_configs" / "local.yaml")
+    args = ["-m", "memx_hpc", "plan", "--site", site, "--job", str(ROOT / "jobs" / "tiny-gpt.yaml"),
+            "--store", str(tmp_path / "store.h5"), "--out", str(tmp_path / "out"), "--no-profile", "--mpi"]
+    needle = "no-such-site.yaml"
+    if case == "resume-shell-unsafe":
+        ck = tmp_path / "ck$(touch x)"
+        ck.mkdir()
+        args += ["--resume", str(ck)]
+        needle = "not a plain path"
+    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, *args], capture_output=True, text=True, env=_env(),
+                          timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.count(needle) >= 2 and "Traceback" not in proc.stderr  # both ranks said why
+    assert not (tmp_path / "out").exists() and not (tmp_path / "x").exists()

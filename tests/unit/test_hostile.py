@@ -1133,3 +1133,22 @@ NARROWING_CASES = [
 @pytest.mark.parametrize("case", NARROWING_CASES, ids=[c.id for c in NARROWING_CASES])
 def test_narrowing_hostile_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
     test_hostile_input_or_fault(case, tmp_path, capsys, monkeypatch)
+
+
+# ---------------------------------------------------------------- plan --resume: the folder reaches a shell
+
+
+RESUME_CASES = [
+    # the check render --resume had, now in planner.resume_job: refused before the checkpoint
+    # is read or anything is planned
+    Case("plan-resume-shell-unsafe", lambda t: ["plan", "--site", site(t), "--job", job(t), "--no-profile",
+                                                "--out", str(t / "plans"), "--resume",
+                                                str((t / "ck$(touch x)").mkdir() or t / "ck$(touch x)")],
+         1, ("--resume", "not a plain path"),
+         check=lambda t: (not (t / "x").exists() and not (t / "plans").exists()) or pytest.fail("ran")),
+]
+
+
+@pytest.mark.parametrize("case", RESUME_CASES, ids=[c.id for c in RESUME_CASES])
+def test_resume_hostile_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    test_hostile_input_or_fault(case, tmp_path, capsys, monkeypatch)

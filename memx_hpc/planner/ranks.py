@@ -1,0 +1,129 @@
+"""Whether the ranks of an MPI launch share a search: rank 0 decides, the others follow.
+
+A rank costs its own start (Python, the planner's imports, MPI, the cost model loaded after
+rank 0's) and a share of the predictions exchanged; below :data:`MIN_PLANS_PER_RANK` plans
+per rank that costs more than the rank's share of the search saves, and rank 0 searches
+alone. Only rank 0 counts the space: the other ranks wait here, before anything heavy is
+imported (the CLI asks :func:`follow_rank0` first), so a rank left idle costs no more than
+its interpreter and MPI's start -- 2 ranks are then no slower than one.
+
+The messages, rank 0 to every other rank (point to point, polled: MPICH's blocking receive
+spins on a core rank 0 needs):
+
+* the decision (:data:`DECISION_TAG`): ``"together"``, ``"alone"``, or ``(error type,
+  text)`` when rank 0 failed before it could decide (a bad site file): every rank then stops
+  with that error;
+* after an ``"alone"``, the outcome (:data:`OUTCOME_TAG`): None, or ``(error type, text)``.
+
+Light on purpose: no numpy, no cost model (``memx_hpc.search.mpi`` is the world).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from ..errors import MemxError, SpecError, SystemFailure
+from ..search.mpi import launched_under_mpi, mpi_comm
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
+
+__all__ = ["MIN_PLANS_PER_RANK", "DECISION_TAG", "OUTCOME_TAG", "TOGETHER", "ALONE", "world", "decides",
+           "follow_rank0", "tell_decision", "tell_outcome", "failure_of", "ranks_follow", "tell_ranks_failed"]
+
+#: Plans each MPI rank must get before starting it pays (``PlanRequest.min_plans_per_rank``).
+#: Measured with ``memx-hpc search --json --mpi --min-plans-per-rank 0`` under ``mpiexec -n 2``
+#: against one rank, alternately, twice each, warm cache, on the 2-core development machine
+#: (shared: load 10-13); wall seconds, 1 rank / 2 ranks:
+#: local.yaml tiny-gpt, 8,290 plans: 4.3 / 2.9, 1.4 / 3.1; cross-vendor llama2-7b, 362,865:
+#: 8.1 / 10.1, 9.8 / 10.5; the same, --max-stages 6, 904,458: 11.5 / 14.6, 22.0 / 21.7; the same,
+#: --layer-granularity 2, 1,678,653: 26.4 / 25.6, 29.3 / 21.6. Below about 1.7 million plans
+#: (850,000 a rank) one rank won or tied; 2 ranks took 1.5-2x the CPU time everywhere (each
+#: rank loads the cost model and MPICH's waits spin). 800,000 plans a rank.
+MIN_PLANS_PER_RANK = 800_000
+DECISION_TAG = 7318
+OUTCOME_TAG = 7319
+TOGETHER, ALONE = "together", "alone"
+_POLL_S = 0.05
+
+
+def world(mpi: str) -> "Comm | None":
+    """The MPI world for an ``mpi`` mode (``auto``: when launched under MPI; ``require``: or
+    SystemFailure; ``off``: None)."""
+    if mpi == "require":
+        return mpi_comm(required=True)
+    if mpi == "auto" and launched_under_mpi():
+        return mpi_comm()
+    return None
+
+
+def decides(min_plans_per_rank: int, finish: object = None) -> bool:
+    """Whether rank 0 decides (and tells the others) who searches: a threshold is set and the
+    search is not ranked by finish (which asks Slurm on every rank)."""
+    return min_plans_per_rank > 0 and finish is None
+
+
+def failure_of(e: MemxError) -> tuple[str, str]:
+    return ("SpecError" if isinstance(e, SpecError) else "SystemFailure", str(e))
+
+
+def _raise(failure: tuple[str, str]) -> None:
+    kind, message = failure
+    raise (SpecError if kind == "SpecError" else SystemFailure)(message)
+
+
+def _wait(comm: "Comm", tag: int):
+    while not comm.Iprobe(source=0, tag=tag):
+        time.sleep(_POLL_S)
+    return comm.recv(source=0, tag=tag)
+
+
+def tell_decision(comm: "Comm", decision: str | tuple[str, str]) -> None:
+    """Rank 0: ``TOGETHER``, ``ALONE`` or a failure (:func:`failure_of`) to every other rank."""
+    for r in range(1, comm.Get_size()):
+        comm.send(decision, dest=r, tag=DECISION_TAG)
+
+
+def tell_outcome(comm: "Comm", failure: tuple[str, str] | None) -> None:
+    """Rank 0, after searching alone: None (done) or the failure, to every other rank."""
+    for r in range(1, comm.Get_size()):
+        comm.send(failure, dest=r, tag=OUTCOME_TAG)
+
+
+def follow_rank0(comm: "Comm") -> bool:
+    """A rank other than 0: wait for rank 0's decision. True when rank 0 searched alone and
+    finished (nothing is left for this rank); False when every rank searches. Rank 0's error,
+    before or during its search, is raised here too, so every rank says why it stopped."""
+    decision = _wait(comm, DECISION_TAG)
+    if decision == TOGETHER:
+        return False
+    if decision != ALONE:
+        _raise(decision)
+    failure = _wait(comm, OUTCOME_TAG)
+    if failure is not None:
+        _raise(failure)
+    return True
+
+
+def ranks_follow(mpi: str, min_plans_per_rank: int, finish: object = None) -> bool | None:
+    """For a command about to plan or search: on a rank other than 0 of an MPI launch where
+    rank 0 decides, wait for it (:func:`follow_rank0`: True, rank 0 searched alone and this
+    rank is done; False, search with every rank, the decision taken). None elsewhere (rank 0,
+    no MPI, no threshold): go on."""
+    if not decides(min_plans_per_rank, finish):
+        return None
+    comm = world(mpi)
+    if comm is None or comm.Get_rank() == 0:
+        return None
+    return follow_rank0(comm)
+
+
+def tell_ranks_failed(mpi: str, min_plans_per_rank: int, finish: object, error: MemxError) -> None:
+    """Rank 0 failed before the planner decided (building its request, reading a checkpoint):
+    the ranks waiting in :func:`ranks_follow` stop with the same error instead of waiting."""
+    if not decides(min_plans_per_rank, finish):
+        return
+    comm = world(mpi)
+    if comm is not None and comm.Get_rank() == 0:
+        tell_decision(comm, failure_of(error))
