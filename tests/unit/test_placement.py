@@ -149,7 +149,7 @@ def test_plan_refuses_degrees_megatron_cannot_run():
     with pytest.raises(SpecError, match="stage 1 has 1 layers, fewer than its 2 model chunks"):
         dataclasses_replace(edge, stages=tuple(Stage(partition="p", num_layers=n) for n in (2, 1, 2, 1)))
     for kw, field, words in ((dict(virtual_stages=4), "virtual_stages", "fewer than its 4 model chunks"),
-                             (dict(global_batch_size=6), "virtual_stages", "multiple of it"),
+                             (dict(global_batch_size=6), "virtual_stages", "leave a last group of 1, fewer than pp = 2"),
                              (dict(stages=st[:1]), "virtual_stages", "at least 2 stages"),
                              (dict(virtual_stages=1, ep=8), "ep", "must divide the 4 ranks"),
                              (dict(virtual_stages=1, cp=0), "cp", "between 1")):
