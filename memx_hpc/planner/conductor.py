@@ -55,6 +55,7 @@ from ..slurm.submit import launch
 from ..spec import Site, TrainJob, load_job, load_site
 from .finish import cluster_view, rank_by_finish, usable_site
 from .request import PlanRequest, PlanResult, Prepared
+from .precision import search_precisions
 from .space import launchable_space
 
 if TYPE_CHECKING:
@@ -369,9 +370,11 @@ def _plan(request: PlanRequest) -> PlanResult:
         notes += shrunk
     space_options, excluded = launchable_space(site, job, request.space)
     notes += excluded + overlap_notes(site, job, space_options)
-    space = PlanSpace(site, job, space_options)
     progress = ProgressBar("search", enabled=rank0 and request.progress)
-    result = search(space, cost_model, options=pr.options, cache=pr.cache, comm=pr.comm, progress=progress)
+    result = search_precisions(site, job, request.space, space_options,
+                               lambda space, step: search(space, cost_model, options=pr.options, cache=pr.cache,
+                                                          comm=pr.comm, progress=step),
+                               notes, top_k=pr.options.top_k, progress=progress)
     provenance = provenance_of(cost_model, site)  # the site searched: with --finish, the usable part
     if request.objective == "recommended":
         result = rule_fallback(result, site, bases_of(cost_model, site), notes)
