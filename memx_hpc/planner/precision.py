@@ -42,7 +42,7 @@ def search_precisions(site: Site, job: TrainJob, requested: SpaceOptions, space_
     partition was left out of the FP8 pass."""
     if not job.fp8_search:
         return run(PlanSpace(site, job, space_options), progress)
-    plain = dataclasses.replace(job, fp8_search="")
+    plain = dataclasses.replace(job, fp8_search="", fp8_param_gather=False)
     fp8_job = fp8_pass_job(job)
     fp8_options, fp8_notes = launchable_space(site, fp8_job, requested)
     spaces = [PlanSpace(site, plain, space_options), PlanSpace(site, fp8_job, fp8_options)]
