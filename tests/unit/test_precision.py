@@ -439,3 +439,25 @@ def test_rendered_fp8_and_16_bit_plans_carry_their_own_flags(fp8_searched):
     fp8_text, plain_text = render(by["hybrid"], r.site, r.job), render(by[""], r.site, r.job)
     assert "--fp8-format hybrid" in fp8_text and "--fp8-recipe tensorwise" in fp8_text
     assert "--fp8-format" not in plain_text and "--fp8-recipe" not in plain_text
+
+
+def test_predict_of_an_fp8_plan_file_is_the_searchs_price(fp8_searched):
+    """``memx-hpc predict`` of the written plan files (one per precision) gives each the price
+    the search gave it, and says which precision the plan runs."""
+    from memx_hpc.planfile import load_plan
+    from memx_hpc.planner.predict import PredictRequest, predict
+    r = fp8_searched
+    store = r.out_dir.parents[1] / "store.h5"  # the fixture's: out/<run>/ beside store.h5
+    assert store.is_file()
+    by_plan = {s.plan: s for s in r.search.ranking("recommended")}
+    files = [f for f in r.files if "/plan-" in f and f.endswith(".json")]
+    done = set()
+    for f in files:
+        p = load_plan(f)
+        if p.fp8 in done or p not in by_plan:
+            continue
+        done.add(p.fp8)
+        got = predict(PredictRequest(site=r.site, job=r.job, plan=f, store=store))
+        assert got.prediction.iteration_ms == pytest.approx(by_plan[p].prediction.iteration_ms, rel=1e-9)
+        assert any("runs FP8 hybrid (recipe tensorwise)" in n for n in got.notes) is bool(p.fp8)
+    assert done == {"", "hybrid"}
