@@ -461,3 +461,19 @@ def test_predict_of_an_fp8_plan_file_is_the_searchs_price(fp8_searched):
         assert got.prediction.iteration_ms == pytest.approx(by_plan[p].prediction.iteration_ms, rel=1e-9)
         assert any("runs FP8 hybrid (recipe tensorwise)" in n for n in got.notes) is bool(p.fp8)
     assert done == {"", "hybrid"}
+
+
+def test_simulated_scales_search_both_precisions_too(tmp_path):
+    """``memx-hpc simulate`` runs the same search as ``plan`` at each scale: a job that lets
+    the search choose FP8 gets plans of both precisions at every scale, the note said once."""
+    from memx_hpc.planner import PlanRequest
+    from memx_hpc.planner.simulate import simulate_scales
+    from memx_hpc.search.space import SpaceOptions
+    out = simulate_scales(PlanRequest(site=load_site(H100_64), job=_searched_job(), store=tmp_path / "store.h5",
+                                      write=False, top_k=8, space=SpaceOptions(max_pipeline_stages=1),
+                                      progress=False, mpi="off"), (64, 128))
+    assert len(out.scales) == 2
+    for sc in out.scales:
+        assert sc.search.stats.space["precisions"] == ["bf16", "hybrid"]
+        assert {s.plan.fp8 for s in sc.search.time_top + sc.search.top} == {"", "hybrid"}
+    assert sum(n.startswith("fp8: [none, hybrid]") for n in out.notes) == 1
