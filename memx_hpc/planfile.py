@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .errors import SpecError
-from .spec import (MODEL_EXTENSION_FIELDS, PERFORMANCE_OPTIONS, GeneralPlan, GeneralStage, ModelSpec, Plan,
+from .spec import (FP8_FORMATS, FP8_RECIPES, MODEL_EXTENSION_FIELDS, PERFORMANCE_OPTIONS, GeneralPlan, GeneralStage, ModelSpec, Plan,
                    Recompute, Replica, Stage, _build, _Reader, load_json)
 
 FORMAT = "memx-plan/1"
@@ -72,6 +72,12 @@ def plan_to_dict(plan: Plan, **extra: Any) -> dict:
         d["distributed_optimizer"] = plan.distributed_optimizer
     # always written: a file that lacks them was written before they existed (read as off)
     d.update({k: getattr(plan, k) for k in PERFORMANCE_OPTIONS})
+    # where the plan states its FP8 ("none": 16 bits, as job files spell it); a file without
+    # them runs as its job says
+    if plan.fp8 is not None:
+        d["fp8"] = plan.fp8 or "none"
+    if plan.fp8_recipe is not None:
+        d["fp8_recipe"] = plan.fp8_recipe
     d["stages"] = [{"partition": s.partition, "num_layers": s.num_layers, "recompute": s.recompute.label()}
                    for s in plan.stages]
     d.update(extra)
@@ -118,6 +124,9 @@ def plan_from_mapping(data: Any) -> Plan | GeneralPlan:
     degrees = {k: r.int(k, None if k in _OPTIONAL_DEGREES else 1, min=1) for k in _DEGREES}
     degrees["distributed_optimizer"] = r.bool("distributed_optimizer", None)
     degrees.update({k: r.bool(k, False) for k in PERFORMANCE_OPTIONS})
+    fp8 = r.str("fp8", None, choices=("none",) + FP8_FORMATS)
+    degrees["fp8"] = "" if fp8 == "none" else fp8
+    degrees["fp8_recipe"] = r.str("fp8_recipe", None, choices=FP8_RECIPES)
     r.finish()
     try:
         return Plan(tp=tp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs, stages=tuple(out),

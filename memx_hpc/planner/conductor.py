@@ -56,6 +56,7 @@ from .finish import cluster_view, rank_by_finish, usable_site
 from .ranks import (ALONE, MIN_PLANS_PER_RANK, TOGETHER, decides, failure_of, follow_rank0, tell_decision,
                     tell_outcome, world)
 from .request import PlanRequest, PlanResult, Prepared
+from .precision import search_precisions
 from .space import launchable_space
 
 if TYPE_CHECKING:
@@ -358,9 +359,11 @@ def _plan(request: PlanRequest) -> PlanResult:
         notes += shrunk
     space_options, excluded = launchable_space(site, job, request.space)
     notes += excluded + overlap_notes(site, job, space_options)
-    space = PlanSpace(site, job, space_options)
     progress = ProgressBar("search", enabled=rank0 and request.progress)
-    result = search(space, cost_model, options=pr.options, cache=pr.cache, comm=pr.comm, progress=progress)
+    result = search_precisions(site, job, request.space, space_options,
+                               lambda space, step: search(space, cost_model, options=pr.options, cache=pr.cache,
+                                                          comm=pr.comm, progress=step),
+                               notes, top_k=pr.options.top_k, progress=progress)
     provenance = provenance_of(cost_model, site)  # the site searched: with --finish, the usable part
     if request.objective == "recommended":
         result = rule_fallback(result, site, bases_of(cost_model, site), notes)

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from ..errors import SpecError, SystemFailure
 from ..search.engine import ScoredPlan, SearchResult, search
-from ..search.space import PlanSpace
 from ..slurm import render as rs
 from ..slurm.discover import ClusterView, SlurmNode, read_cluster
 from ..slurm.estimate import estimate_start
@@ -28,6 +27,7 @@ from ..slurm.submit import check_syntax, launch, submit
 from ..spec import MAX_TIME_LIMIT_MIN, Partition, Site, TrainJob, _suggest
 from .request import (FINISH_UNITS, FinishCandidate, FinishGoal, FinishRanking, PlanRequest, PlanResult,
                       Prepared, parse_finish)
+from .precision import search_precisions
 from .space import launchable_space
 
 if TYPE_CHECKING:
@@ -176,8 +176,10 @@ def _candidate_pool(request: "PlanRequest", pr: "Prepared", site: Site, result: 
         sub = dataclasses.replace(site, partitions=tuple(p for p in site.partitions if p.name in names),
                                   links=tuple(lk for lk in site.links if lk.a in names and lk.b in names))
         try:
-            r = search(PlanSpace(sub, job, launchable_space(sub, job, request.space)[0]), pr.cost_model,
-                       options=pr.options, cache=pr.cache, comm=None, progress=None)
+            r = search_precisions(sub, job, request.space, launchable_space(sub, job, request.space)[0],
+                                  lambda space, step: search(space, pr.cost_model, options=pr.options,
+                                                             cache=pr.cache, comm=None, progress=None),
+                                  [], top_k=pr.options.top_k)
         except SpecError as e:  # a subset on which no plan can be built (too few GPUs for the model)
             notes.append(f"no plan searched on {'+'.join(names)} alone: {e}")
             continue

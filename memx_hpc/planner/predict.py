@@ -14,7 +14,7 @@ from ..placement import comm_vendor
 from ..planfile import check_belongs, load_plan_with_origin
 from ..search.objective import MemoryErrorBand, risk_utilisation
 from ..slurm.cmdline import overlap_refusal, site_launches
-from ..spec import GeneralPlan, Plan, Site, TrainJob
+from ..spec import GeneralPlan, Plan, Site, TrainJob, job_for_plan
 from .conductor import error_bands, load_specs
 from .request import PlanRequest
 
@@ -77,6 +77,13 @@ def predict(request: PredictRequest) -> PredictResult:
         notes.append(f"the plan file states no {' or '.join(origin.unstated)} (written before plans carried "
                      f"Megatron's overlap options): predicted as off, as render launches it; plan again to get them "
                      f"where they run")
+    if isinstance(plan_, Plan) and plan_.fp8 is None and job.fp8_search:
+        notes.append(f"the plan file states no FP8 and the job lets the search choose (fp8: [none, "
+                     f"{job.fp8_search}]): predicted in 16 bits, as render launches it; plan again to get each plan's "
+                     f"precision")
+    elif isinstance(plan_, Plan) and plan_.fp8:
+        notes.append(f"the plan runs FP8 {plan_.fp8} (recipe {job_for_plan(job, plan_).fp8_recipe}), as its file "
+                     f"states")
     known = {p.name for p in site.partitions}
     if isinstance(plan_, Plan) and plan_.overlap_grad_reduce and all(s.partition in known for s in plan_.stages):
         parts = [s.partition for s in plan_.stages]

@@ -14,10 +14,10 @@ from ..model.compose import Prediction
 from ..model.schedule import closed_form_ms, simulate_1f1b, simulate_interleaved
 from ..search.engine import SearchOptions, SearchResult, search
 from ..search.report import ProgressBar
-from ..search.space import PlanSpace
 from ..spec import MAX_NODES, Site, TrainJob
 from .conductor import load_specs, prepare
 from .request import PlanRequest
+from .precision import search_precisions
 from .space import launchable_space
 
 __all__ = ["ScaleResult", "ScaledSearch", "best_plan_check", "simulate_scales", "scale_site", "max_scale_gpus"]
@@ -85,10 +85,14 @@ def simulate_scales(request: PlanRequest, gpu_counts: tuple[int, ...] | None = N
     for gpus in (site.total_gpus,) + tuple(s for s in scales if s != site.total_gpus):
         s = site if gpus == site.total_gpus else scale_site(site, gpus)
         t0 = time.perf_counter()
-        res = search(PlanSpace(s, pr.job, launchable_space(s, pr.job, request.space)[0]), pr.cost_model,
-                     options=pr.options, cache=pr.cache,
-                     comm=pr.comm,
-                     progress=ProgressBar(f"search {s.total_gpus} GPUs", enabled=pr.rank0 and request.progress))
+        # a job that lets the search choose FP8 is searched in both precisions at every scale;
+        # the notes say so once
+        res = search_precisions(s, pr.job, request.space, launchable_space(s, pr.job, request.space)[0],
+                                lambda space, step: search(space, pr.cost_model, options=pr.options, cache=pr.cache,
+                                                           comm=pr.comm, progress=step),
+                                pr.notes if not out else [], top_k=pr.options.top_k,
+                                progress=ProgressBar(f"search {s.total_gpus} GPUs",
+                                                     enabled=pr.rank0 and request.progress))
         wall = time.perf_counter() - t0
         # the best plan as 'plan' ranks it (request.objective: the recommended plan by default)
         ranked = res.ranking(request.objective)

@@ -257,7 +257,8 @@ def table_rows(plans: Sequence[ScoredPlan], site: Site) -> tuple[list[str], list
         rows.append([s.rank, s.time_rank, f"{p.iteration_ms / 1e3:.3f}"]
                     + [gib(peaks[g]) if g in peaks else "-" for g in gpus]
                     + [risk, f"{p.balance:.2f}", f"{s.score:.3g}",
-                       f"{s.plan.tp}.{s.plan.dp}.{s.plan.micro_batch_size}", stage_summary(s.plan, compact=True)])
+                       f"{s.plan.tp}.{s.plan.dp}.{s.plan.micro_batch_size}" + (f" {s.plan.fp8}" if s.plan.fp8 else ""),
+                       stage_summary(s.plan, compact=True)])
     return header, rows
 
 

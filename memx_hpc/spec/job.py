@@ -172,6 +172,10 @@ class TrainJob:
     #: whose catalog entry has an fp8 rate only; ``precision`` stays the weights' dtype
     fp8: Fp8Format | Literal[""] = ""
     fp8_recipe: Fp8Recipe = "delayed"
+    #: the FP8 format the search tries beside 16-bit matmuls ("" none; ``fp8: [none, FORMAT]``
+    #: in a job file): each plan then states which it runs (``Plan.fp8``), and ``fp8`` stays ""
+    #: for what prices or launches the job without a plan (:func:`memx_hpc.spec.job_for_plan`)
+    fp8_search: Fp8Format | Literal[""] = ""
     #: Megatron-LM accumulates and reduces bf16 gradients in an fp32 buffer unless told
     #: ``--grad-reduce-in-bf16`` (megatron/training/arguments.py; megatron-core
     #: distributed_data_parallel.py: the grad buffer is fp32 when ``grad_reduce_in_fp32``,
@@ -238,19 +242,26 @@ class TrainJob:
         if self.fp8 != "":
             _choice(self.fp8, "fp8", FP8_FORMATS)
         _choice(self.fp8_recipe, "fp8_recipe", FP8_RECIPES)
+        if self.fp8_search != "":
+            _choice(self.fp8_search, "fp8", FP8_FORMATS)
+            if self.fp8:
+                raise SpecError("give FP8 one way: a format every plan runs, or a list the search chooses from",
+                                field="fp8", found=[self.fp8, self.fp8_search],
+                                allowed=f"{self.fp8}, or [none, {self.fp8_search}]")
         for name in ("grad_reduce_in_fp32", "fp8_param_gather"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError("expected true or false", field=name, found=_short(getattr(self, name)))
-        if self.fp8_param_gather and not self.fp8:
+        if self.fp8_param_gather and not (self.fp8 or self.fp8_search):
             raise SpecError("FP8 parameters need FP8 matmuls", field="fp8_param_gather", found=True,
                             allowed="fp8_param_gather: false, or an fp8 format")
         if self.fp8_param_gather and not (self.distributed_optimizer or self.distributed_optimizer_searched):
             # megatron/training/arguments.py: --fp8-param-gather only with the distributed optimizer
             raise SpecError("FP8 parameter all-gather needs the distributed optimizer", field="fp8_param_gather",
                             found=True, allowed="distributed_optimizer: true")
-        if self.fp8 and self.precision == "fp32":
+        if (self.fp8 or self.fp8_search) and self.precision == "fp32":
             raise SpecError("FP8 runs beside bf16 (or fp16) weights: Transformer Engine casts the GEMM inputs of a "
-                            "16-bit model", field="fp8", found=self.fp8, allowed="precision: bf16 or fp16")
+                            "16-bit model", field="fp8", found=self.fp8 or ["none", self.fp8_search],
+                            allowed="precision: bf16 or fp16")
         _degrees(self.virtual_stages, "virtual_stages", MAX_LAYERS)
         for name in ("context_parallel_sizes", "expert_parallel_sizes", "expert_tensor_parallel_sizes"):
             _degrees(getattr(self, name), name, 1 << 16)

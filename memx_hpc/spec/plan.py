@@ -6,11 +6,12 @@ plan needs of the model and the job."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import SpecError
-from .checks import MAX_GLOBAL_BATCH, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_NODES, _optional_bool, _safe_name, _short, _whole
+from .checks import MAX_GLOBAL_BATCH, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_NODES, _choice, _optional_bool, _safe_name, _short, _whole
 from .job import TrainJob
+from .modes import FP8_FORMATS, FP8_RECIPES, Fp8Format, Fp8Recipe
 from .model import ModelSpec
 from .recompute import Recompute
 
@@ -96,9 +97,17 @@ class Plan:
     #: optimizer and --overlap-grad-reduce: :func:`check_plan_for_job`). Off: not run, not priced.
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    #: the FP8 format this plan's GEMMs run in (Megatron-LM's ``--fp8-format``; "" 16-bit) and
+    #: Transformer Engine's recipe (``--fp8-recipe``); None: the job's (:func:`job_for_plan`)
+    fp8: Fp8Format | Literal[""] | None = None
+    fp8_recipe: Fp8Recipe | None = None
 
     def __post_init__(self) -> None:
         _whole(self.tp, "tp", 1, 1 << 16)
+        if self.fp8 not in (None, ""):
+            _choice(self.fp8, "fp8", FP8_FORMATS)
+        if self.fp8_recipe is not None:
+            _choice(self.fp8_recipe, "fp8_recipe", FP8_RECIPES)
         _optional_bool(self.distributed_optimizer, "distributed_optimizer")
         for name in PERFORMANCE_OPTIONS:
             if not isinstance(getattr(self, name), bool):
@@ -224,11 +233,21 @@ class Plan:
 
 
 def job_for_plan(job: "TrainJob", plan: Plan) -> "TrainJob":
-    """``job`` with the plan's own distributed-optimizer choice, where it makes one (what
-    the composition prices and the renderer launches)."""
-    if plan.distributed_optimizer is None or plan.distributed_optimizer == job.distributed_optimizer:
-        return job
-    return replace(job, distributed_optimizer=plan.distributed_optimizer)
+    """``job`` as ``plan`` runs it (what the composition prices and the renderer launches):
+    the plan's own distributed-optimizer choice and FP8 format and recipe, where it states
+    them. A plan in 16 bits drops the job's FP8 settings (``--fp8-param-gather`` included); the
+    job returned never searches FP8 (``fp8_search`` ""): it is one plan's."""
+    change: dict[str, Any] = {}
+    if plan.distributed_optimizer is not None and plan.distributed_optimizer != job.distributed_optimizer:
+        change["distributed_optimizer"] = plan.distributed_optimizer
+    fp8 = job.fp8 if plan.fp8 is None else plan.fp8
+    if fp8 != job.fp8 or job.fp8_search:
+        change.update(fp8=fp8, fp8_search="")
+        if not fp8:
+            change["fp8_param_gather"] = False
+    if plan.fp8_recipe is not None and plan.fp8_recipe != job.fp8_recipe:
+        change["fp8_recipe"] = plan.fp8_recipe
+    return replace(job, **change) if change else job
 
 
 def check_plan_for_job(plan: Plan, job: "TrainJob") -> None:

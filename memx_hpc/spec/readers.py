@@ -315,14 +315,24 @@ def _degrees_from(r: "_Reader") -> dict[str, tuple]:
     return out
 
 
-def _fp8_of(r: "_Reader") -> str:
-    """``fp8``: a format (FP8_FORMATS), or none / false / absent for no FP8."""
+def _fp8_of(r: "_Reader") -> tuple[str, str]:
+    """``fp8``: a format (FP8_FORMATS) every plan runs, none / false / absent for no FP8, or
+    ``[none, FORMAT]``: the search tries each plan in 16 bits and in FORMAT. Returns the job's
+    ``(fp8, fp8_search)``."""
     v = r.raw("fp8", None)
+    if isinstance(v, list):
+        formats = [x for x in v if x != "none"]
+        if (len(v) != 2 or "none" not in v or len(formats) != 1 or not isinstance(formats[0], str)
+                or formats[0] not in FP8_FORMATS):
+            raise SpecError("a searched FP8 choice is 'none' and one format", field="fp8", found=_short(v),
+                            allowed=", ".join(f"[none, {f}]" for f in FP8_FORMATS))
+        return "", formats[0]
     if v is None or v is False or v == "none":
-        return ""
+        return "", ""
     if not isinstance(v, str) or v not in FP8_FORMATS:
-        raise SpecError("unknown FP8 format", field="fp8", found=_short(v), allowed=", ".join(("none",) + FP8_FORMATS))
-    return v
+        raise SpecError("unknown FP8 format", field="fp8", found=_short(v),
+                        allowed=", ".join(("none",) + FP8_FORMATS) + ", or a list [none, FORMAT] to search both")
+    return v, ""
 
 
 def job_from_mapping(data: Any, *, source_file: str | None = None) -> TrainJob:
@@ -355,7 +365,8 @@ def job_from_mapping(data: Any, *, source_file: str | None = None) -> TrainJob:
         eval_iters=r.int("eval_iters", 10),
         max_pipeline_stages=r.int("max_pipeline_stages", None),
         **_degrees_from(r),
-        fp8=_fp8_of(r),
+        fp8=_fp8_of(r)[0],
+        fp8_search=_fp8_of(r)[1],
         fp8_recipe=r.str("fp8_recipe", "delayed"),
         grad_reduce_in_fp32=r.bool("grad_reduce_in_fp32", True),
         fp8_param_gather=r.bool("fp8_param_gather", False),

@@ -1152,3 +1152,40 @@ RESUME_CASES = [
 @pytest.mark.parametrize("case", RESUME_CASES, ids=[c.id for c in RESUME_CASES])
 def test_resume_hostile_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
     test_hostile_input_or_fault(case, tmp_path, capsys, monkeypatch)
+
+
+# ---------------------------------------------------------------- FP8 searched: the job's choice, a plan's fp8
+
+
+def fp8_plan(tmp: Path, **fields) -> str:
+    return plan(tmp, json.dumps({**PLAN, **fields}))
+
+
+BF16_JOB = JOB.replace("precision: fp32", "precision: bf16")
+FP8_SEARCH_CASES = [
+    Case("job-fp8-two-formats", lambda t: V("job", job(t, BF16_JOB + "fp8: [hybrid, e4m3]\n")), 1,
+         ("job.yaml", "fp8", "[none, hybrid]")),
+    Case("job-fp8-none-alone", lambda t: V("job", job(t, BF16_JOB + "fp8: [none]\n")), 1, ("job.yaml", "fp8")),
+    Case("job-fp8-shell-text", lambda t: V("job", job(t, BF16_JOB + "fp8: [none, \"a'; echo foo\"]\n")), 1,
+         ("job.yaml", "fp8")),
+    Case("job-fp8-search-word", lambda t: V("job", job(t, BF16_JOB + "fp8: search\n")), 1,
+         ("job.yaml", "fp8", "[none, FORMAT]")),
+    Case("job-fp8-searched-in-fp32", lambda t: V("job", job(t, JOB + "fp8: [none, hybrid]\n")), 1,
+         ("job.yaml", "fp8", "precision")),
+    Case("plan-fp8-shell-text", lambda t: ["render", "--site", site(t), "--job", job(t, BF16_JOB), "--no-test-only",
+                                           "--plan", fp8_plan(t, fp8="hybrid; rm -rf /")], 1, ("plan.json", "fp8")),
+    Case("plan-fp8-empty", lambda t: ["render", "--site", site(t), "--job", job(t, BF16_JOB), "--no-test-only",
+                                      "--plan", fp8_plan(t, fp8="")], 1, ("plan.json", "fp8")),
+    Case("plan-fp8-recipe-unknown", lambda t: ["render", "--site", site(t), "--job", job(t, BF16_JOB), "--no-test-only",
+                                               "--plan", fp8_plan(t, fp8="hybrid", fp8_recipe="nvfp4")], 1,
+         ("plan.json", "fp8_recipe")),
+    Case("plan-fp8-on-a100", lambda t: ["render", "--site", site(t), "--job", job(t, BF16_JOB), "--no-test-only",
+                                        "--plan", fp8_plan(t, fp8="hybrid")], 1, ("fp8", "A100-80")),
+    Case("plan-fp8-with-fp32-job", lambda t: ["predict", "--site", site(t), "--job", job(t), "--analytic",
+                                              "--plan", fp8_plan(t, fp8="hybrid")], 1, ("fp8", "precision")),
+]
+
+
+@pytest.mark.parametrize("case", FP8_SEARCH_CASES, ids=[c.id for c in FP8_SEARCH_CASES])
+def test_fp8_search_hostile_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    test_hostile_input_or_fault(case, tmp_path, capsys, monkeypatch)

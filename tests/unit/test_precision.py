@@ -293,3 +293,187 @@ def test_a_dropout_free_model_keeps_no_dropout_masks():
     assert "--hidden-dropout 0.0" in render(plan, site, free) and "--hidden-dropout" not in render(plan, site, job)
     with pytest.raises(SpecError):
         dataclasses.replace(job.model, hidden_dropout=1.0)
+
+
+# --------------------------------------------------------------------------- FP8 searched
+
+H100_64 = ROOT / "site_configs" / "example-h100-64.yaml"
+
+
+def _searched_job(**kw):
+    return job_from_mapping({"model": "GPT-3-6.7B", "global_batch_size": 64, "fp8": ["none", "hybrid"],
+                             "fp8_recipe": "tensorwise", **kw})
+
+
+def test_a_job_may_ask_the_search_to_choose_fp8_and_old_jobs_keep_their_meaning():
+    job = _searched_job()
+    assert (job.fp8, job.fp8_search, job.fp8_recipe) == ("", "hybrid", "tensorwise")
+    assert job_from_mapping({"model": "GPT-3-2.7B", "global_batch_size": 64, "fp8": ["e4m3", "none"]}).fp8_search \
+        == "e4m3"
+    for old in ("hybrid", "none", False, None):
+        j = job_from_mapping({"model": "GPT-3-2.7B", "global_batch_size": 64, "fp8": old})
+        assert j.fp8_search == "" and j.fp8 == ("hybrid" if old == "hybrid" else "")
+    assert _searched_job(fp8_param_gather=True).fp8_param_gather
+    for bad in (["hybrid", "e4m3"], ["none"], ["none", "none"], ["none", "e5m2"], ["none", 8], [], "search",
+                ["none", "hybrid", "e4m3"]):
+        with pytest.raises(SpecError) as e:
+            job_from_mapping({"model": "GPT-3-2.7B", "global_batch_size": 64, "fp8": bad})
+        assert e.value.field == "fp8", bad
+    with pytest.raises(SpecError) as e:
+        _searched_job(precision="fp32")
+    assert e.value.field == "fp8"
+    with pytest.raises(SpecError) as e:
+        dataclasses.replace(_searched_job(), fp8="e4m3")  # one way only
+    assert e.value.field == "fp8"
+
+
+def test_a_plan_states_its_fp8_and_job_for_plan_gives_the_job_as_it_runs():
+    from memx_hpc.spec import Plan, Stage, job_for_plan
+    job = _searched_job(fp8_param_gather=True)
+    base = dict(tp=1, dp=8, micro_batch_size=1, global_batch_size=64, stages=(Stage(partition="h100", num_layers=32),))
+    fp8 = job_for_plan(job, Plan(**base, fp8="hybrid", fp8_recipe="delayed"))
+    assert (fp8.fp8, fp8.fp8_search, fp8.fp8_recipe, fp8.fp8_param_gather) == ("hybrid", "", "delayed", True)
+    plain = job_for_plan(job, Plan(**base, fp8=""))
+    assert (plain.fp8, plain.fp8_search, plain.fp8_param_gather) == ("", "", False)
+    # a plan that states nothing runs as the job says (the job without a plan is 16-bit)
+    assert job_for_plan(job, Plan(**base)).fp8 == ""
+    fixed = _fp8_job()
+    assert job_for_plan(fixed, Plan(**base)) is fixed and job_for_plan(fixed, Plan(**base, fp8="")).fp8 == ""
+    for bad in ({"fp8": "e5m2"}, {"fp8_recipe": "nvfp4"}, {"fp8": "none"}):
+        with pytest.raises(SpecError) as e:
+            Plan(**base, **bad)
+        assert e.value.field == next(iter(bad))
+
+
+def test_a_plan_file_round_trips_its_fp8_and_an_old_one_reads_as_the_jobs():
+    from memx_hpc.planfile import plan_from_mapping, plan_to_dict
+    from memx_hpc.spec import Plan, Stage
+    base = dict(tp=2, dp=4, micro_batch_size=1, global_batch_size=64, stages=(Stage(partition="h100", num_layers=32),))
+    for plan in (Plan(**base, fp8="e4m3", fp8_recipe="blockwise"), Plan(**base, fp8=""), Plan(**base)):
+        d = plan_to_dict(plan)
+        assert plan_from_mapping(json_round(d)) == plan
+    assert plan_to_dict(Plan(**base, fp8=""))["fp8"] == "none"
+    old = plan_to_dict(Plan(**base))
+    assert "fp8" not in old and "fp8_recipe" not in old
+    for bad in ({"fp8": "e5m2"}, {"fp8": ""}, {"fp8": 8}, {"fp8_recipe": "nvfp4"}):
+        with pytest.raises(SpecError) as e:
+            plan_from_mapping({**old, **bad})
+        assert e.value.field == next(iter(bad)), bad
+
+
+def json_round(d):
+    import json
+    return json.loads(json.dumps(d))
+
+
+@pytest.fixture(scope="module")
+def fp8_searched(tmp_path_factory):
+    """One search of a 6.7B model with FP8 searched on 64 H100s (datasheet numbers, the
+    reference profiles: no profiling)."""
+    from memx_hpc.planner import PlanRequest, plan
+    from memx_hpc.search.space import SpaceOptions
+    tmp = tmp_path_factory.mktemp("fp8")
+    site = load_site(H100_64)
+    job = _searched_job()
+    return plan(PlanRequest(site=site, job=job, store=tmp / "store.h5", out_dir=tmp / "out", top_k=8,
+                            space=SpaceOptions(max_pipeline_stages=2), progress=False, mpi="off"))
+
+
+def test_the_search_ranks_plans_of_both_precisions_and_prices_fp8_from_the_plan(fp8_searched):
+    from memx_hpc.model.compose import predict_plan
+    from memx_hpc.planfile import load_plan
+    from memx_hpc.search.space import PlanSpace
+    r = fp8_searched
+    site, job, result = r.site, r.job, r.search
+    seen = {s.plan.fp8 for s in result.top + result.time_top + result.recommended_top}
+    assert seen == {"", "hybrid"}
+    assert all(s.plan.fp8_recipe == ("tensorwise" if s.plan.fp8 else None) for s in result.time_top)
+    for ranking in (result.top, result.time_top, result.recommended_top):
+        assert [s.rank for s in ranking] == list(range(1, len(ranking) + 1))
+        assert len({s.index for s in ranking}) == len(ranking)
+    times = [s.prediction.iteration_ms for s in result.time_top]
+    assert times == sorted(times) and result.time_top[0].time_rank == 1
+    assert [s.score for s in result.top] == sorted((s.score for s in result.top), reverse=True)
+    # the same plan in FP8 is faster: a 6.7B model's GEMMs dominate its layers
+    for s in result.time_top:
+        twin = (dataclasses.replace(s.plan, fp8="", fp8_recipe=None) if s.plan.fp8 else
+                dataclasses.replace(s.plan, fp8="hybrid", fp8_recipe="tensorwise"))
+        other = predict_plan(twin, site, job, r.cost_model)
+        fast, slow = (s.prediction, other) if s.plan.fp8 else (other, s.prediction)
+        assert fast.iteration_ms < slow.iteration_ms
+    # predict from the plan (what `predict` does with a plan file) equals the search's price
+    for s in result.recommended_top[:4] + result.time_top[:4]:
+        again = predict_plan(s.plan, site, job, r.cost_model)
+        assert again.iteration_ms == pytest.approx(s.prediction.iteration_ms, rel=1e-9)
+        assert again.max_utilisation == pytest.approx(s.prediction.max_utilisation, rel=1e-9)
+    # the plan files carry the precision
+    files = sorted(f for f in r.files if f.endswith(".json") and "/plan-" in f)
+    assert {load_plan(f).fp8 for f in files} == {"", "hybrid"}
+    # one search per precision, each of the space a fixed-precision job searches
+    from memx_hpc.planner.space import launchable_space
+    from memx_hpc.search.space import SpaceOptions
+    n16 = len(PlanSpace(site, job, launchable_space(site, job, SpaceOptions(max_pipeline_stages=2))[0]))
+    assert result.stats.plans == 2 * n16 and result.stats.space["precisions"] == ["bf16", "hybrid"]
+    assert any(n.startswith("fp8: [none, hybrid] (recipe tensorwise): each plan searched") for n in r.notes)
+
+
+def test_the_fp8_pass_leaves_out_partitions_without_fp8_and_cross_vendor_plans(tmp_path):
+    """On the cross-vendor example with H100s in place of its A100s, the FP8 pass keeps to
+    the H100 partition, the 16-bit pass mixes vendors, and the notes say why."""
+    from memx_hpc.planner import PlanRequest, plan
+    from memx_hpc.search.space import SpaceOptions
+    site = _fp8_site()
+    job = job_from_mapping({"model": "GPT-3-2.7B", "global_batch_size": 64, "fp8": ["none", "hybrid"]})
+    r = plan(PlanRequest(site=site, job=job, store=tmp_path / "store.h5", write=False, top_k=6,
+                         space=SpaceOptions(max_pipeline_stages=2), progress=False, mpi="off"))
+    plans = [s.plan for s in r.search.top + r.search.time_top + r.search.recommended_top]
+    assert all({st.partition for st in p.stages} == {"gpu_a100"} for p in plans if p.fp8)
+    note = next(n for n in r.notes if n.startswith("fp8: [none, hybrid]"))
+    assert "left out of the FP8 pass" in note and "gpu_mi250x" in note and "gpu_a100" not in note.split("left out")[1]
+
+
+def test_rendered_fp8_and_16_bit_plans_carry_their_own_flags(fp8_searched):
+    from memx_hpc.slurm.render import render
+    r = fp8_searched
+    by = {s.plan.fp8: s.plan for s in r.search.time_top + r.search.top}
+    fp8_text, plain_text = render(by["hybrid"], r.site, r.job), render(by[""], r.site, r.job)
+    assert "--fp8-format hybrid" in fp8_text and "--fp8-recipe tensorwise" in fp8_text
+    assert "--fp8-format" not in plain_text and "--fp8-recipe" not in plain_text
+
+
+def test_predict_of_an_fp8_plan_file_is_the_searchs_price(fp8_searched):
+    """``memx-hpc predict`` of the written plan files (one per precision) gives each the price
+    the search gave it, and says which precision the plan runs."""
+    from memx_hpc.planfile import load_plan
+    from memx_hpc.planner.predict import PredictRequest, predict
+    r = fp8_searched
+    store = r.out_dir.parents[1] / "store.h5"  # the fixture's: out/<run>/ beside store.h5
+    assert store.is_file()
+    by_plan = {s.plan: s for s in r.search.ranking("recommended")}
+    files = [f for f in r.files if "/plan-" in f and f.endswith(".json")]
+    done = set()
+    for f in files:
+        p = load_plan(f)
+        if p.fp8 in done or p not in by_plan:
+            continue
+        done.add(p.fp8)
+        got = predict(PredictRequest(site=r.site, job=r.job, plan=f, store=store))
+        assert got.prediction.iteration_ms == pytest.approx(by_plan[p].prediction.iteration_ms, rel=1e-9)
+        assert any("runs FP8 hybrid (recipe tensorwise)" in n for n in got.notes) is bool(p.fp8)
+    assert done == {"", "hybrid"}
+
+
+def test_simulated_scales_search_both_precisions_too(tmp_path):
+    """``memx-hpc simulate`` runs the same search as ``plan`` at each scale: a job that lets
+    the search choose FP8 gets plans of both precisions at every scale, the note said once."""
+    from memx_hpc.planner import PlanRequest
+    from memx_hpc.planner.simulate import simulate_scales
+    from memx_hpc.search.space import SpaceOptions
+    out = simulate_scales(PlanRequest(site=load_site(H100_64), job=_searched_job(), store=tmp_path / "store.h5",
+                                      write=False, top_k=8, space=SpaceOptions(max_pipeline_stages=1),
+                                      progress=False, mpi="off"), (64, 128))
+    assert len(out.scales) == 2
+    for sc in out.scales:
+        assert sc.search.stats.space["precisions"] == ["bf16", "hybrid"]
+        assert {s.plan.fp8 for s in sc.search.time_top + sc.search.top} == {"", "hybrid"}
+    assert sum(n.startswith("fp8: [none, hybrid]") for n in out.notes) == 1
