@@ -31,11 +31,14 @@ memx_hpc.datapaths.SOURCES):
    case family (a group is formed from the cases of one half).
 4. ultrascale-dev (Hugging Face's Ultra-Scale Playbook, nanotron, Apache-2.0): H100 runs on
    1-64 nodes of 8, a group is one (model, nodes) panel of layouts that ran (each layout
-   once), the plans priced with overlap_grad_reduce off as its own section's first pass.
+   once), the plans' gradient synchronisation priced as nanotron runs it (PyTorch DDP: each
+   25 MiB bucket's all-reduce overlapped with the backward on every pipeline rank; the site
+   states EFA, whose all-reduce is a ring), its own section's last predictor pass.
    Locked split: 2, 8 and 32 nodes are test (ULTRASCALE_TEST_NODES). H100 is not in the
    store, so its runs are datasheet-only in both passes (as MLM-CI's H100 cases); a panel of
    one node counts as single-node, the others as multi-node. Its own section (also
-   ``--only ultrascale``) adds the other pass, the plans that never ran and the false-OOM calls.
+   ``--only ultrascale``) adds the passes without overlap and with Megatron's buckets, the plans
+   that never ran and the false-OOM calls.
 5. Cephalo (MIT licence): model_memory.json and model_latencies.json hold one
    configuration per (model, GPU set, batch) -- FSDP memory curves and per-layer
    latencies -- with no competing plans of the same GPUs, so they form no ranking group;
@@ -79,7 +82,7 @@ from end_to_end import (SAILOR_TEST_NODES, VTRAIN_TEST_LAYERS, sailor_case, sail
 from memx_hpc.spec.catalog import catalog  # noqa: E402
 from memx_hpc.datapaths import SOURCES, shared_data  # noqa: E402
 from memx_hpc.model.api import AnalyticCostModel  # noqa: E402
-from memx_hpc.model.compose import layer_query, predict_general, predict_plan  # noqa: E402
+from memx_hpc.model.compose import CostOptions, layer_query, predict_general, predict_plan  # noqa: E402
 from memx_hpc.model.metrics import ape  # noqa: E402
 from memx_hpc.search.rule import ranking_table, rule_key  # noqa: E402
 from memx_hpc.spec import ModelSpec, Partition, Plan, Recompute, Site, Stage, job_for_model  # noqa: E402
@@ -221,6 +224,14 @@ ULTRASCALE_TEST_NODES = frozenset({2, 8, 32})
 #: EFA on the playbook's nodes: 3,200 Gb/s a node of 8 GPUs = 400 Gb/s = 50 GB/s a GPU
 ULTRASCALE_EFA_GBPS = 50.0
 ULTRASCALE_GPU = "H100-SXM"
+#: nanotron's gradient buckets: ``ddp_bucket_cap_mb: int = 25`` (huggingface/nanotron
+#: src/nanotron/config/config.py) handed to PyTorch's DistributedDataParallel as ``bucket_cap_mb``
+#: (src/nanotron/trainer.py), which counts MiB of gradient: 25 MiB of bf16 gradients
+NANOTRON_BUCKET_PARAMS = 25 * 1024 * 1024 // 2
+#: how the playbook's runs synchronise gradients: PyTorch DDP, which overlaps each bucket's
+#: all-reduce with the backward and buckets on every pipeline rank (megatron-core buckets only
+#: the first)
+NANOTRON_DDP = CostOptions(ddp_bucketing="every_stage")
 
 
 def split_of_ultrascale(nodes: int) -> str:
@@ -228,10 +239,11 @@ def split_of_ultrascale(nodes: int) -> str:
 
 
 def ultrascale_site(nodes: int) -> Site:
-    """``nodes`` x 8 H100-SXM; NVLink inside a node (the catalog's figure), EFA's 50 GB/s a
-    GPU between nodes, stated as the site file would state it."""
+    """``nodes`` x 8 H100-SXM; NVLink inside a node (the catalog's figure), AWS EFA between
+    nodes (``fabric: efa``: NCCL's all-reduce runs as a ring there) at its 50 GB/s a GPU, stated
+    as the site file would state it."""
     return Site(name=f"ultrascale-n{nodes}", partitions=(Partition(
-        name="h100", gpu_type=ULTRASCALE_GPU, nodes=int(nodes), gpus_per_node=8,
+        name="h100", gpu_type=ULTRASCALE_GPU, nodes=int(nodes), gpus_per_node=8, fabric="efa",
         inter_node_gbps=ULTRASCALE_EFA_GBPS),))
 
 
@@ -313,8 +325,8 @@ def ultrascale_runs(path: Path | None = None, panels=None):
         run = dict(group=(row["model"], nodes), split=split_of_ultrascale(nodes), model=row["model"], nodes=nodes,
                    dp=plan.dp, tp=plan.tp, pp=plan.pp, mbs=plan.micro_batch_size, gas=int(row["gas"]),
                    zero=int(row["zero_stage"]), plan=plan, site=site, job=job, cases=len(ok),
-                   predict=lambda model, overlap=False, plan=plan, site=site, job=job:
-                   predict_plan(dataclasses.replace(plan, overlap_grad_reduce=overlap), site, job, model))
+                   predict=lambda model, overlap="nanotron", plan=plan, site=site, job=job:
+                   ultrascale_predict_one(plan, site, job, model, overlap))
         if ok:
             run["measured"] = float(np.median([float(r["iter_time_s"]) for r in ok])) * 1e3
             run["mem_gib"] = float(np.median([float(r["gpu_mem_gib"]) for r in ok]))
@@ -325,6 +337,23 @@ def ultrascale_runs(path: Path | None = None, panels=None):
                              else "crashed_or_oom")
             untimed.append(run)
     return path, timed, untimed, dict(left)
+
+
+#: how a pass prices the playbook's gradient synchronisation: no overlap; Megatron's DDP
+#: (default buckets on the first pipeline rank); nanotron's (PyTorch DDP: 25 MiB buckets on every rank)
+ULTRASCALE_SYNC = ("off", "megatron", "nanotron")
+
+
+def ultrascale_predict_one(plan, site, job, model, overlap="nanotron"):
+    """One plan's prediction with its gradient synchronisation priced as ``overlap`` says
+    (:data:`ULTRASCALE_SYNC`; False / True: off / megatron)."""
+    sync = {False: "off", True: "megatron"}.get(overlap, overlap)
+    if sync == "off":
+        return predict_plan(plan, site, job, model)
+    if sync == "megatron":
+        return predict_plan(dataclasses.replace(plan, overlap_grad_reduce=True), site, job, model)
+    return predict_plan(dataclasses.replace(plan, overlap_grad_reduce=True, ddp_bucket_size=NANOTRON_BUCKET_PARAMS),
+                        site, job, model, options=NANOTRON_DDP)
 
 
 def ultrascale_ranking_runs(panels=None):
@@ -354,10 +383,10 @@ def ultrascale_family(r) -> str:
 ULTRASCALE_FAMILIES = ("pp = 1", "pp > 1", "TP across nodes (tp > 8)")
 
 
-def ultrascale_predict(timed, untimed, model, overlap: bool = False) -> None:
+def ultrascale_predict(timed, untimed, model, overlap="off") -> None:
     """Fill ``pred`` (iteration ms), ``feasible`` and ``pred_fit`` (the predicted time of a
-    plan predicted to fit, else far behind every one that does), the plans with
-    ``overlap_grad_reduce`` as ``overlap`` says."""
+    plan predicted to fit, else far behind every one that does), the plans' gradient
+    synchronisation as ``overlap`` says (:data:`ULTRASCALE_SYNC`)."""
     for r in list(timed) + list(untimed):
         p = r["predict"](model, overlap)
         r["pred"], r["feasible"], r["prediction"] = p.iteration_ms, p.feasible, p
@@ -365,13 +394,14 @@ def ultrascale_predict(timed, untimed, model, overlap: bool = False) -> None:
 
 
 def score_ultrascale(timed, untimed, model, roof=None) -> list[list]:
-    """Rows of the ultrascale table: per pass (the plans' overlap_grad_reduce off / on) and
+    """Rows of the ultrascale table: per pass (the gradient synchronisation priced without
+    overlap, as Megatron's DDP runs it, as nanotron's runs it: :data:`ULTRASCALE_SYNC`) and
     split, the ranking of the predictor (all plans that ran; and only those it predicts fit),
     time MAPE overall and by family, and the false-OOM calls."""
     rows = []
-    passes = [("predictor", model, False), ("predictor", model, True)]
+    passes = [("predictor", model, sync) for sync in ULTRASCALE_SYNC]
     if roof is not None:
-        passes.append(("roofline", roof, False))
+        passes.append(("roofline", roof, "nanotron"))
     for label, m, overlap in passes:
         ultrascale_predict(timed, untimed, m, overlap)
         s_all, s_fit = score_groups(timed, "pred"), score_groups(timed, "pred_fit")
@@ -384,7 +414,7 @@ def score_ultrascale(timed, untimed, model, roof=None) -> list[list]:
                    for f in ULTRASCALE_FAMILIES}
             for which, s in (("all that ran", s_all), ("predicted to fit", s_fit)):
                 o = s[split]
-                rows.append([label, "on" if overlap else "off", split, which, o["groups"],
+                rows.append([label, ULTRASCALE_SYNC_WORDS[overlap], split, which, o["groups"],
                              f"{o['top1_n']}/{o['groups']}", f"{o['rule_n']}/{o['groups']}",
                              f"{o['regret']:.1f} / {o['regret_median']:.1f}",
                              f"{o['rule_regret']:.1f} / {o['rule_regret_median']:.1f}",
@@ -395,7 +425,9 @@ def score_ultrascale(timed, untimed, model, roof=None) -> list[list]:
     return rows
 
 
-ULTRASCALE_HEADERS = ["cost model", "overlap grad reduce", "split", "predictor picks among", "groups", "top-1",
+ULTRASCALE_SYNC_WORDS = {"off": "not overlapped", "megatron": "Megatron DDP buckets",
+                         "nanotron": "nanotron DDP (as run)"}
+ULTRASCALE_HEADERS = ["cost model", "gradient sync priced", "split", "predictor picks among", "groups", "top-1",
                       "rule top-1", "regret % mean / median", "rule regret % mean / median", "time MAPE %",
                       "MAPE pp = 1 (n)", "MAPE pp > 1 (n)", "MAPE tp > 8 (n)", "false OOM (ran, predicted not to fit)",
                       "never ran, predicted not to fit"]
@@ -567,8 +599,8 @@ def _print_tables(rank_rows, prov, kind_rows, mem_rows) -> None:
     print("regret: measured time of the picked plan over the group's measured fastest, minus 1. 'datasheet-only': "
           "every sample of the set's chip (vTrain GA100-SXM4, Sailor GH200, MLM-CI GA100-SXM4) removed from the "
           "store before the fit; MLM-CI's H100-SXM and GB200 were never profiled, so its 'profiled' rows hold "
-          "its A100 groups only; ultrascale-dev (H100-SXM, never profiled) has datasheet-only rows only, its plans "
-          "with overlap_grad_reduce off (its own section below scores both).")
+          "its A100 groups only; ultrascale-dev (H100-SXM, never profiled) has datasheet-only rows only, its "
+          "gradient synchronisation priced as nanotron ran it (its own section below scores the other ways too).")
     print("\nTime MAPE of the predictor's plans by the least direct provenance of their layer times:")
     rows = [[name, how, split, len(v), f"{np.mean(v):.1f}", f"{np.median(v):.1f}"]
             for name in dict.fromkeys(k[0] for k in prov) for how in HOW_ORDER for split in ("dev", "test")

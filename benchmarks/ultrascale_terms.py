@@ -13,16 +13,17 @@ into its terms and set beside the measured time:
   composition adds for a TP group over several NVLink domains (compose.tp_internode_ms: NCCL's
   model of the group's shape, collectives.py);
 * bubble: the 1F1B schedule with free links less compute; p2p: what the links add to it;
-* DP sync: the gradient synchronisation the critical stage waits for, in Megatron's buckets
-  priced by collectives.py (all of it with the plans' ``overlap_grad_reduce`` off; with it on,
-  the last bucket and what outruns the first stage's last backward);
+* DP sync: the gradient synchronisation the critical stage waits for, priced by collectives.py
+  (all of it with ``--sync off``; in Megatron's buckets with ``--sync megatron``: the last
+  bucket and what outruns the first stage's last backward; by default as nanotron runs it,
+  PyTorch DDP's 25 MiB buckets on every pipeline rank, ring all-reduce over EFA);
 * optimizer, tied embeddings (the first/last-stage all-reduce), fixed: none priced.
 
 Then the evidence of scaling at fixed layout, measured against predicted: DP scaling across
 node counts, micro-batch scaling, pipeline depth, TP across nodes and ZeRO-1 against ZeRO-0.
 Nothing is fitted; the cost model is the one benchmarks/ranking.py scores.
 
-Run from the repository root:  .venv/bin/python benchmarks/ultrascale_terms.py [--overlap-grad-reduce]
+Run from the repository root:  .venv/bin/python benchmarks/ultrascale_terms.py [--sync off|megatron|nanotron]
 """
 
 from __future__ import annotations
@@ -218,16 +219,17 @@ def family_bias(timed) -> None:
 def main(argv: list[str] | None = None) -> int:
     import argparse
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--overlap-grad-reduce", action="store_true",
-                    help="the plans with overlap_grad_reduce (Megatron's --overlap-grad-reduce)")
+    ap.add_argument("--sync", choices=ranking.ULTRASCALE_SYNC, default="nanotron",
+                    help="how the gradient synchronisation is priced: not overlapped, in Megatron's DDP buckets "
+                         "(--overlap-grad-reduce, default bucket size on the first pipeline rank), or as nanotron "
+                         "runs it (PyTorch DDP, 25 MiB buckets on every rank; the default)")
     args = ap.parse_args(argv)
     _, timed, untimed, _ = ranking.ultrascale_runs()
     model = ranking.fit_without(ranking.store_samples(shared_data()), None)
-    overlap = bool(args.overlap_grad_reduce)
-    ranking.ultrascale_predict(timed, [], model, overlap)
+    ranking.ultrascale_predict(timed, [], model, args.sync)
     print(f"ultrascale-dev, {catalog().get(ranking.ULTRASCALE_GPU).name} x 8 a node, EFA "
-          f"{ranking.ULTRASCALE_EFA_GBPS:g} GB/s a GPU; overlap of grad reduce "
-          f"{'on' if overlap else 'off'}; ms per iteration")
+          f"{ranking.ULTRASCALE_EFA_GBPS:g} GB/s a GPU; gradient sync priced "
+          f"{ranking.ULTRASCALE_SYNC_WORDS[args.sync]}; ms per iteration")
     print("\nPredicted iteration term by term (compute + bubble + p2p + DP sync + optimizer + tied emb = predicted; "
           "the TP terms are inside compute)")
     term_table(timed, model)

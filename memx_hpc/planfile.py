@@ -11,6 +11,8 @@ A Megatron-runnable plan::
 the plan (``--overlap-grad-reduce``, ``--overlap-param-gather``), priced by the composition and
 written into the script; ``plan`` writes both, true or false. A file written before them reads
 as both off, and :attr:`PlanOrigin.unstated` names them so that ``predict`` can say so.
+``ddp_bucket_size`` (``--ddp-bucket-size``, parameters per gradient bucket under
+``overlap_grad_reduce``) is written where given and read as megatron-core's default where absent.
 
 ``recompute`` is ``none``, ``selective``, ``full`` (all layers of the stage) or
 ``full:K`` (K of its layers). ``virtual_stages`` (model chunks per pipeline rank), ``cp``
@@ -72,6 +74,8 @@ def plan_to_dict(plan: Plan, **extra: Any) -> dict:
         d["distributed_optimizer"] = plan.distributed_optimizer
     # always written: a file that lacks them was written before they existed (read as off)
     d.update({k: getattr(plan, k) for k in PERFORMANCE_OPTIONS})
+    if plan.ddp_bucket_size is not None:  # absent: megatron-core's default
+        d["ddp_bucket_size"] = plan.ddp_bucket_size
     # where the plan states its FP8 ("none": 16 bits, as job files spell it); a file without
     # them runs as its job says
     if plan.fp8 is not None:
@@ -124,6 +128,7 @@ def plan_from_mapping(data: Any) -> Plan | GeneralPlan:
     degrees = {k: r.int(k, None if k in _OPTIONAL_DEGREES else 1, min=1) for k in _DEGREES}
     degrees["distributed_optimizer"] = r.bool("distributed_optimizer", None)
     degrees.update({k: r.bool(k, False) for k in PERFORMANCE_OPTIONS})
+    degrees["ddp_bucket_size"] = r.int("ddp_bucket_size", None, min=1)
     fp8 = r.str("fp8", None, choices=("none",) + FP8_FORMATS)
     degrees["fp8"] = "" if fp8 == "none" else fp8
     degrees["fp8_recipe"] = r.str("fp8_recipe", None, choices=FP8_RECIPES)

@@ -39,7 +39,10 @@ log2(m) · inter)`` steps, so its latency grows with ``log2`` of the node count 
 rank count; its bandwidth is ``0.92`` of the ring's (NCCL's model refinement) and halved to an
 algorithm bandwidth (``algbw = 0.5 · busbw``), further scaled by NCCL's static correction for
 medium sizes (``treeCorrectionFactor``, Simple row). ``algorithm="auto"`` takes the faster of the
-two, as NCCL's tuner does. Not modelled: the LL/LL128 protocols (lower latency for messages below
+two, as NCCL's tuner does, where the fabric runs both: over AWS EFA the all-reduce runs as a ring
+(AWS recommends ``NCCL_ALGO=ring`` for large all-reduces there, and aws-ofi-nccl's tuner picks it),
+so a tree's ``log2`` latency is not available to it (:attr:`LinkKind.allreduce_algorithms`).
+Not modelled: the LL/LL128 protocols (lower latency for messages below
 ~1 MB, so small collectives are priced somewhat high), NVLink SHARP / NVLS and IB SHARP (which
 reach a bus bandwidth above the line rate: ~480 GB/s on 8 H100s), and the 2-node tree's lower
 network volume.
@@ -101,7 +104,8 @@ from ..errors import SpecError
 __all__ = [
     "BASE_LATENCY_US", "COLLECTIVES", "DEFAULT_BUCKET_MIN_PARAMS", "DEFAULT_BUCKET_PARAMS_PER_DP_RANK",
     "GroupShape", "LINK_KINDS", "LinkKind", "RING_PLATEAU", "TREE_BANDWIDTH_FACTOR", "all_gather_ms",
-    "all_to_all_ms", "allreduce_ms", "bus_bytes", "bus_efficiency", "busbw_gbytes_per_s", "collective_ms",
+    "all_to_all_ms", "allreduce_algorithms", "allreduce_ms", "bus_bytes", "bus_efficiency", "busbw_gbytes_per_s",
+    "collective_ms",
     "default_bucket_size_params", "exposed_grad_sync_ms", "exposed_param_gather_ms", "fabric_share_gbytes_per_s",
     "group_shape", "half_saturation_bytes", "megatron_buckets", "peak_busbw_gbytes_per_s",
     "pipeline_idle_after_last_backward_ms", "reduce_scatter_ms", "ring_latency_us", "send_ms", "tree_latency_us",
@@ -129,6 +133,9 @@ class LinkKind:
     #: whether the link is a network between domains (its steps count as inter-domain steps)
     network: bool
     source: str
+    #: the all-reduce algorithms NCCL runs over this link between domains (``auto`` picks the
+    #: fastest of them); a fabric whose transport lacks one is held to the others
+    allreduce_algorithms: tuple[str, ...] = ("ring", "tree")
 
 
 #: NCCL's base latency of a collective call, Simple protocol, ring and tree alike (us):
@@ -174,7 +181,11 @@ LINK_KINDS: dict[str, LinkKind] = {
         name="efa", peak_fraction=0.89, ring_hop_latency_us=14.0, tree_hop_latency_us=14.0, network=True,
         source="peak: all_reduce_perf busbw 354-357 GB/s on 4-16 p5.48xlarge (3,200 Gb/s = 400 GB/s a node), "
                "crazyguitar/aws-gpu-communication-benchmark data/nccl_all_reduce.csv; latency: " + _TUNING
-               + " NET (NCCL has one network row; aws-ofi-nccl adds its own)"),
+               + " NET (NCCL has one network row; aws-ofi-nccl adds its own); all-reduce as a ring: 'we recommend "
+               "using NCCL_ALGO=ring for large message all reduce as it yields better performance ... EFA doesn't "
+               "support LL and LL128' (AWS, aws/aws-ofi-nccl issue 76), and aws-ofi-nccl's tuner picks the ring for "
+               "large all-reduces on P5/P6",
+        allreduce_algorithms=("ring",)),
     "slingshot": LinkKind(
         name="slingshot", peak_fraction=0.94, ring_hop_latency_us=14.0, tree_hop_latency_us=14.0, network=True,
         source="assumed equal to InfiniBand's (aws-ofi-nccl over libfabric cxi); no published nccl-tests figure used"),
@@ -344,9 +355,18 @@ def _tree_ms(nbytes: np.ndarray, shape: GroupShape) -> np.ndarray:
     return tree_latency_us(shape) * 1e-3 + nbytes / (algbw * 1e6)
 
 
+def allreduce_algorithms(shape: GroupShape) -> tuple[str, ...]:
+    """The all-reduce algorithms NCCL runs on ``shape``: inside one domain ring and tree; across
+    domains those the fabric's transport runs (:attr:`LinkKind.allreduce_algorithms`: EFA, ring)."""
+    if shape.domains == 1:
+        return ("ring", "tree")
+    return LINK_KINDS[shape.inter_link].allreduce_algorithms
+
+
 def allreduce_ms(nbytes, shape: GroupShape, *, algorithm: str = "auto"):
-    """All-reduce of ``nbytes`` per rank over ``shape``: ``ring``, ``tree`` or ``auto`` (the faster,
-    as NCCL's tuner picks). 0 for one rank or no bytes."""
+    """All-reduce of ``nbytes`` per rank over ``shape``: ``ring``, ``tree`` or ``auto`` (the faster
+    of the algorithms the group's links run, as NCCL's tuner picks: :func:`allreduce_algorithms`).
+    0 for one rank or no bytes."""
     if algorithm not in ("auto", "ring", "tree"):
         raise SpecError("unknown all-reduce algorithm", field="algorithm", found=algorithm, allowed="auto, ring, tree")
     x = _bytes(nbytes)
@@ -357,8 +377,10 @@ def allreduce_ms(nbytes, shape: GroupShape, *, algorithm: str = "auto"):
         t = ring
     elif algorithm == "tree":
         t = _tree_ms(x, shape)
-    else:
+    elif "tree" in allreduce_algorithms(shape):
         t = np.minimum(ring, _tree_ms(x, shape))
+    else:
+        t = ring
     return _out(np.where(x > 0, t, 0.0), nbytes)
 
 

@@ -518,15 +518,18 @@ def exposed_dp_sync_ms(terms, forward, backward):
 
 def stage_sync_terms(links, job: TrainJob, *, params, expert_params, dp: int, cp: int, tp: int, ep: int,
                      etp: int | None, partition: str | None, one_node: bool, streams: int, first_stage: bool,
-                     virtual_stages: int, overlap_grad_reduce: bool, overlap_param_gather: bool) -> np.ndarray:
+                     virtual_stages: int, overlap_grad_reduce: bool, overlap_param_gather: bool,
+                     ddp_bucket_size: int | None = None, bucketing: str = "megatron") -> np.ndarray:
     """A stage's synchronisation terms for every entry of ``params`` / ``expert_params`` (arrays
     of its dense and routed-expert parameter counts per GPU): shape ``params.shape + (2,
     len(SYNC_TERMS))``, the dense parameters over the ``dp x cp`` ranks (stride TP) and the
     experts over the expert data-parallel ranks ``tp x cp x dp / (etp x ep)`` (stride ``etp x
     ep``). Gradients in the reduce dtype (:func:`grad_bytes_per_param`); under the distributed
     optimizer reduce-scatter then parameter all-gather, else all-reduce. Bucketing as
-    megatron-core's DDP under ``--overlap-grad-reduce``: ``max(40M, 1M x dp)`` parameters on the
-    first pipeline rank, one bucket per model chunk on the others, one bucket without it."""
+    megatron-core's DDP under ``--overlap-grad-reduce``: ``ddp_bucket_size`` parameters (the
+    plan's ``--ddp-bucket-size``; None: ``max(40M, 1M x dp)``) on the first pipeline rank, one
+    bucket per model chunk on the others, one bucket without it. ``bucketing="every_stage"``:
+    PyTorch DDP's rule instead (every rank cuts its gradients into ``ddp_bucket_size`` buckets)."""
     from . import collectives as coll
     dense = np.asarray(params, dtype=np.float64) - np.asarray(expert_params, dtype=np.float64)
     experts = np.broadcast_to(np.asarray(expert_params, dtype=np.float64), dense.shape)
@@ -556,8 +559,8 @@ def stage_sync_terms(links, job: TrainJob, *, params, expert_params, dp: int, cp
 
         if not overlap_grad_reduce:
             size = None
-        elif first_stage:
-            size = coll.default_bucket_size_params(ranks, overlap_grad_reduce=True)
+        elif first_stage or bucketing == "every_stage":
+            size = coll.default_bucket_size_params(ranks, overlap_grad_reduce=True, ddp_bucket_size=ddp_bucket_size)
         elif virtual_stages > 1:
             size = P / virtual_stages  # one bucket per model chunk
         else:

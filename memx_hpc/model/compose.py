@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
 import math
 
@@ -65,9 +65,22 @@ Predictions = Mapping[LayerQuery, tuple[float, float]]
 
 @dataclass(frozen=True, kw_only=True)
 class CostOptions:
-    """Options of the composition that no plan states (none at present). Megatron's
-    ``--overlap-grad-reduce`` / ``--overlap-param-gather`` are the plan's own
-    (:class:`~memx_hpc.spec.Plan`, :class:`Layout`): one source of truth."""
+    """Options of the composition that no plan states. Megatron's ``--overlap-grad-reduce`` /
+    ``--overlap-param-gather`` / ``--ddp-bucket-size`` are the plan's own
+    (:class:`~memx_hpc.spec.Plan`, :class:`Layout`): one source of truth.
+
+    ``ddp_bucketing``: which ranks cut their gradients into buckets under gradient-reduce
+    overlap. ``"megatron"`` (every plan the tool renders): megatron-core's DDP, the first
+    pipeline rank's first model chunk only (the others reduce one bucket per chunk after their
+    cool-down). ``"every_stage"``: PyTorch's ``DistributedDataParallel`` as runtimes built on it
+    run it (nanotron: ``bucket_cap_mb`` on every rank), for pricing measurements of such runs."""
+
+    ddp_bucketing: Literal["megatron", "every_stage"] = "megatron"
+
+    def __post_init__(self) -> None:
+        if self.ddp_bucketing not in ("megatron", "every_stage"):
+            raise SpecError("unknown gradient bucketing", field="ddp_bucketing", found=self.ddp_bucketing,
+                            allowed="megatron, every_stage")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,6 +213,8 @@ class Layout:
     #: the plan's --overlap-grad-reduce / --overlap-param-gather (what hides the DP synchronisation)
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    #: the plan's --ddp-bucket-size (parameters; None: megatron-core's default)
+    ddp_bucket_size: int | None = None
 
     @property
     def tp(self) -> int:
@@ -269,9 +284,11 @@ class _LayoutTables:
     synchronisation by layer count, the link to the next stage, the tied-embedding sync.
     Rows are shared between layouts that need the same numbers (most do)."""
 
-    def __init__(self, inputs: CompositionInputs, links, context_row, host_us: float = HOST_US_PER_OP) -> None:
+    def __init__(self, inputs: CompositionInputs, links, context_row, host_us: float = HOST_US_PER_OP,
+                 ddp_bucketing: str = "megatron") -> None:
         self.inputs, self.links, self._context_row = inputs, links, context_row
         self.host_us = float(host_us)
+        self.ddp_bucketing = ddp_bucketing
         S, P = len(inputs.layouts), max(inputs.max_pp, 1)
         self.ns = np.arange(inputs.job.model.num_layers + 1)
         self.ctx_ids: dict[tuple[str, int, int, bool], int] = {}
@@ -321,7 +338,8 @@ class _LayoutTables:
             if i < pp - 1:
                 self.sk["link"][li, i] = self._send(mbs, tp, sp, bounds[i], cp)
             self.sk["sync"][li, i] = self._sync(s, dp, name, one_node[i], tp, cp, ep, etp, job, first=first, v=v,
-                                                ogr=lay.overlap_grad_reduce, opg=lay.overlap_param_gather)
+                                                ogr=lay.overlap_grad_reduce, opg=lay.overlap_param_gather,
+                                                bucket=lay.ddp_bucket_size)
             self.sk["tpx"][li, i] = self._tpx(name, gpu, tp, mbs)
             if first or last:
                 self.sk["tied"][li, i] = tied
@@ -403,9 +421,9 @@ class _LayoutTables:
 
     def _sync(self, s: int, dp: int, name: str, one_node: bool, tp: int, cp: int = 1, ep: int = 1,
               etp: int | None = None, job: TrainJob | None = None, *, first: bool = False, v: int = 1,
-              ogr: bool = False, opg: bool = False) -> int:
+              ogr: bool = False, opg: bool = False, bucket: int | None = None) -> int:
         job = job or self.inputs.job
-        key = (s, dp, name, one_node, tp, cp, ep, etp, job.distributed_optimizer, first, v, ogr, opg)
+        key = (s, dp, name, one_node, tp, cp, ep, etp, job.distributed_optimizer, first, v, ogr, opg, bucket)
         y = self._sync_ids.get(key)
         if y is None:
             y = self._sync_ids[key] = len(self.sync_rows)
@@ -413,7 +431,8 @@ class _LayoutTables:
             self.sync_rows.append(stage_sync_terms(
                 self.links, job, params=self.param_rows[s], expert_params=self.expert_rows[s], dp=dp, cp=cp, tp=tp,
                 ep=ep, etp=etp, partition=name, one_node=one_node, streams=streams, first_stage=first,
-                virtual_stages=v, overlap_grad_reduce=ogr, overlap_param_gather=opg))
+                virtual_stages=v, overlap_grad_reduce=ogr, overlap_param_gather=opg, ddp_bucket_size=bucket,
+                bucketing=self.ddp_bucketing))
         return y
 
 
@@ -441,7 +460,7 @@ class Composer:
         def context_row(gpu: str, tp: int, mbs: int, sp: bool) -> list[float]:
             return self._context_row(predictions, overhead_bytes, gpu, tp, mbs, sp)
 
-        tables = _LayoutTables(inputs, self.links, context_row, self._host_us)
+        tables = _LayoutTables(inputs, self.links, context_row, self._host_us, self.options.ddp_bucketing)
         self._set_tables(tables)
         # 1 + the expected relative error of the predicted peak, per context's GPU type
         err = memory_error or {}
@@ -806,7 +825,8 @@ def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: 
                                 cp=cp, tp=plan.tp, ep=ep, etp=etp, partition=names[i], one_node=one_node[i],
                                 streams=min(plan.tp, site.partition(names[i]).gpus_per_node), first_stage=i == 0,
                                 virtual_stages=plan.virtual_stages, overlap_grad_reduce=plan.overlap_grad_reduce,
-                                overlap_param_gather=plan.overlap_param_gather)[0]
+                                overlap_param_gather=plan.overlap_param_gather, ddp_bucket_size=plan.ddp_bucket_size,
+                                bucketing=(options or CostOptions()).ddp_bucketing)[0]
 
     def state_of(i: int, n: int, first: bool, last: bool, tp: int) -> tuple[int, int, int]:
         return stage_state(job, n, first=first, last=last, tp=tp, pp=plan.pp, dp=plan.dp, cp=cp, ep=ep, etp=etp)

@@ -312,6 +312,8 @@ def performance_args(plan: Plan, job: TrainJob, components: Sequence[ComponentSh
     a: list[tuple[str, ...]] = []
     if plan.overlap_grad_reduce:
         a.append(("--overlap-grad-reduce",))
+        if plan.ddp_bucket_size is not None:
+            a.append(("--ddp-bucket-size", str(plan.ddp_bucket_size)))
     if plan.overlap_param_gather:
         a.append(("--overlap-param-gather",))
     return a

@@ -97,6 +97,11 @@ class Plan:
     #: optimizer and --overlap-grad-reduce: :func:`check_plan_for_job`). Off: not run, not priced.
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    #: Megatron-LM's ``--ddp-bucket-size``: parameters per gradient bucket under
+    #: --overlap-grad-reduce (megatron-core's first pipeline rank; each bucket one collective, so
+    #: smaller buckets start reducing sooner and pay more calls' latency). None: megatron-core's
+    #: default, ``max(40M, 1M x dp)`` (``megatron/training/training.py``, ``get_model``)
+    ddp_bucket_size: int | None = None
     #: the FP8 format this plan's GEMMs run in (Megatron-LM's ``--fp8-format``; "" 16-bit) and
     #: Transformer Engine's recipe (``--fp8-recipe``); None: the job's (:func:`job_for_plan`)
     fp8: Fp8Format | Literal[""] | None = None
@@ -112,6 +117,11 @@ class Plan:
         for name in PERFORMANCE_OPTIONS:
             if not isinstance(getattr(self, name), bool):
                 raise SpecError("expected true or false", field=name, found=_short(getattr(self, name)))
+        _whole(self.ddp_bucket_size, "ddp_bucket_size", 1, 1 << 40, optional=True)
+        if self.ddp_bucket_size is not None and not self.overlap_grad_reduce:
+            raise SpecError("Megatron-LM uses --ddp-bucket-size only with --overlap-grad-reduce (without it every "
+                            "stage reduces its gradients in one bucket)", field="ddp_bucket_size",
+                            found=self.ddp_bucket_size, allowed="absent, or overlap_grad_reduce true")
         if self.overlap_param_gather and not self.overlap_grad_reduce:
             raise SpecError("Megatron-LM runs --overlap-param-gather only with --overlap-grad-reduce ('Must use "
                             "--overlap-param-gather with --overlap-grad-reduce')", field="overlap_param_gather",

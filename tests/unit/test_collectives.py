@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -130,6 +131,21 @@ def test_tree_latency_grows_with_log_of_nodes_ring_with_ranks():
     assert c.allreduce_ms(s, shape) == pytest.approx(min(c.allreduce_ms(s, shape, algorithm="ring"),
                                                         c.allreduce_ms(s, shape, algorithm="tree")))
     assert c.allreduce_ms(s, shape, algorithm="tree") < c.allreduce_ms(s, shape, algorithm="ring")
+
+
+def test_efa_runs_the_all_reduce_as_a_ring():
+    """Over EFA NCCL's all-reduce is a ring (AWS: NCCL_ALGO=ring for large all-reduces, no LL
+    protocols), so ``auto`` never takes the tree's log2 latency across nodes there; inside one
+    node both algorithms stay available, and InfiniBand keeps the tree."""
+    efa = c.group_shape(ranks=256, gpus_per_node=8, intra_gbytes_per_s=NVLINK, inter_gbytes_per_s=IB,
+                        inter_link="efa")
+    ib = dataclasses.replace(efa, inter_link="ib")
+    assert c.allreduce_algorithms(efa) == ("ring",) and "tree" in c.allreduce_algorithms(ib)
+    s = np.array([2.0**20, 2.0**22, 2.0**26])
+    assert np.allclose(c.allreduce_ms(s, efa), c.allreduce_ms(s, efa, algorithm="ring"))
+    assert c.allreduce_ms(2**22, ib) < c.allreduce_ms(2**22, efa)  # the tree wins there on IB
+    one_node = c.group_shape(ranks=8, gpus_per_node=8, intra_gbytes_per_s=NVLINK, inter_link="efa")
+    assert "tree" in c.allreduce_algorithms(one_node)
 
 
 def test_efficiency_curve_within_zero_and_peak():

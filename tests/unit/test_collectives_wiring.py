@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from memx_hpc.model import collectives as coll
-from memx_hpc.model.comm_costs import (bucket_terms, exposed_dp_sync_ms, group_shape_of, link_model_for,
+from memx_hpc.model.comm_costs import (SYNC_TERMS, bucket_terms, exposed_dp_sync_ms, group_shape_of, link_model_for,
                                        one_bucket_terms, stage_sync_terms, tp_internode_ms)
 from memx_hpc.model.compose import predict_plan
 from memx_hpc.spec import ModelSpec, Partition, Plan, Site, Stage, job_for_model
@@ -84,6 +84,35 @@ def test_dp_group_shares_its_domain_and_per_bucket_latency_grows_with_nodes():
     small = stage_sync_terms(lm, job, dp=8, **kw)[0, 0]
     large = stage_sync_terms(lm, job, dp=64, **kw)[0, 0]
     assert large[1] > small[1]  # one bucket's reduction, the same bytes, more nodes
+
+
+def test_the_plans_bucket_size_and_every_stage_bucketing_are_priced():
+    """The plan's ddp_bucket_size cuts the first stage's gradients into that many parameters a
+    bucket (more calls, each one's latency paid); the other stages keep one bucket under
+    Megatron's DDP and are cut too under PyTorch DDP's rule (every_stage)."""
+    site = _h100_site(8)
+    lm = link_model_for(site)
+    job = job_for_model(_model(), 512)
+    kw = dict(params=np.array([1e9]), expert_params=np.array([0.0]), dp=64, cp=1, tp=1, ep=1, etp=None,
+              partition="h", one_node=False, streams=1, virtual_stages=1, overlap_grad_reduce=True,
+              overlap_param_gather=False)
+    idx = {n: i for i, n in enumerate(SYNC_TERMS)}
+    default = stage_sync_terms(lm, job, first_stage=True, **kw)[0, 0]
+    small = stage_sync_terms(lm, job, first_stage=True, ddp_bucket_size=10_000_000, **kw)[0, 0]
+    assert small[idx["grad_first"]] < default[idx["grad_first"]]  # a smaller first bucket
+    assert small[idx["grad_total"]] > default[idx["grad_total"]]  # 100 calls' latency against 25
+    later = stage_sync_terms(lm, job, first_stage=False, ddp_bucket_size=10_000_000, **kw)[0, 0]
+    every = stage_sync_terms(lm, job, first_stage=False, ddp_bucket_size=10_000_000, bucketing="every_stage",
+                             **kw)[0, 0]
+    assert later[idx["grad_first"]] == pytest.approx(later[idx["grad_total"]])  # one bucket
+    assert every == pytest.approx(small)
+    # through a plan: a smaller bucket starts reducing sooner behind a long backward
+    plan = Plan(tp=1, dp=64, micro_batch_size=1, global_batch_size=512, overlap_grad_reduce=True,
+                stages=(Stage(partition="h", num_layers=8),))
+    model = LinearModel(act=1e6)
+    a = predict_plan(plan, site, job, model)
+    b = predict_plan(dataclasses.replace(plan, ddp_bucket_size=10_000_000), site, job, model)
+    assert a.stages[0].grad_sync_ms != pytest.approx(b.stages[0].grad_sync_ms)
 
 
 def test_tp_inside_an_nvl72_rack_stays_on_nvlink():

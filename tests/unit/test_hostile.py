@@ -1189,3 +1189,28 @@ FP8_SEARCH_CASES = [
 @pytest.mark.parametrize("case", FP8_SEARCH_CASES, ids=[c.id for c in FP8_SEARCH_CASES])
 def test_fp8_search_hostile_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
     test_hostile_input_or_fault(case, tmp_path, capsys, monkeypatch)
+
+
+BUCKET_CASES = [
+    Case("plan-bucket-zero", lambda t: ["predict", "--site", site(t), "--job", job(t), "--analytic", "--plan",
+                                        fp8_plan(t, overlap_grad_reduce=True, ddp_bucket_size=0)], 1,
+         ("plan.json", "ddp_bucket_size", ">= 1")),
+    Case("plan-bucket-text", lambda t: ["render", "--site", site(t), "--job", job(t), "--no-test-only", "--plan",
+                                        fp8_plan(t, overlap_grad_reduce=True, ddp_bucket_size="40M; id")], 1,
+         ("plan.json", "ddp_bucket_size")),
+    Case("plan-bucket-bool", lambda t: ["predict", "--site", site(t), "--job", job(t), "--analytic", "--plan",
+                                        fp8_plan(t, overlap_grad_reduce=True, ddp_bucket_size=True)], 1,
+         ("plan.json", "ddp_bucket_size")),
+    Case("plan-bucket-huge", lambda t: ["predict", "--site", site(t), "--job", job(t), "--analytic", "--plan",
+                                        fp8_plan(t, overlap_grad_reduce=True, ddp_bucket_size=10**30)], 1,
+         ("plan.json", "ddp_bucket_size")),
+    Case("plan-bucket-without-overlap", lambda t: ["predict", "--site", site(t), "--job", job(t), "--analytic",
+                                                   "--plan", fp8_plan(t, ddp_bucket_size=40_000_000)], 1,
+         ("plan.json", "ddp_bucket_size", "--overlap-grad-reduce")),
+]
+
+
+@pytest.mark.parametrize("case", BUCKET_CASES, ids=[c.id for c in BUCKET_CASES])
+def test_ddp_bucket_size_hostile_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                       monkeypatch) -> None:
+    test_hostile_input_or_fault(case, tmp_path, capsys, monkeypatch)

@@ -622,6 +622,33 @@ def test_megatron_lm_accepts_the_rendered_overlap_options_and_refuses_what_rende
                   _judged_env(text, c))
 
 
+def test_megatron_lm_reads_the_plans_bucket_size_and_the_plan_file_keeps_it(monkeypatch, tmp_path):
+    """A plan's ddp_bucket_size renders as --ddp-bucket-size, which Megatron-LM's parser reads
+    back as that many parameters; the plan file writes and reads it; a plan without it renders
+    none (megatron-core's default)."""
+    from memx_hpc.planfile import load_plan, save_plan
+    from memx_hpc.spec import Plan, Stage
+
+    site, job = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml"), load_job(ROOT / "jobs" /
+                                                                                        "gpt3-2.7b.yaml")
+    plan = Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=64, overlap_grad_reduce=True,
+                overlap_param_gather=True, ddp_bucket_size=12_500_000,
+                stages=(Stage(partition="gpu_a100", num_layers=20), Stage(partition="gpu_v100", num_layers=12)))
+    text = render(plan, site, job)
+    req = describe(plan, site, job)
+    argv = _argv_of(text, 0)
+    assert argv[argv.index("--ddp-bucket-size") + 1] == "12500000"
+    args = judge(argv, req.world_size, monkeypatch, _judged_env(text, 0))
+    assert args.ddp_bucket_size == 12_500_000 and args.overlap_grad_reduce
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    assert load_plan(path) == plan
+    bare = dataclasses.replace(plan, ddp_bucket_size=None)
+    assert "--ddp-bucket-size" not in render(bare, site, job)
+    save_plan(bare, path)
+    assert "ddp_bucket_size" not in path.read_text() and load_plan(path) == bare
+
+
 @pytest.mark.slow
 def test_the_recommended_70b_plan_on_64_h100_renders_both_overlap_options(new_dimension_plans, monkeypatch):
     """jobs/llama3-70b.yaml on site_configs/example-h100-64.yaml: the recommended plan (and every
