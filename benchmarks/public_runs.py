@@ -436,7 +436,7 @@ def decompose(plan, site, job, cm, pred) -> dict:
         for k, val in analytic.state_parts(experts, dp=max(1, tp * plan.cp * plan.dp // (et * plan.ep)), **kw).items():
             parts[k] += val
     base = analytic.stage_params(job.model, 0, first=first, last=last, tp=tp, pp=pp, ep=plan.ep, etp=plan.etp)
-    fp8 = float(fp8_state_bytes(job, params - base))
+    fp8 = float(fp8_state_bytes(job, params - base, gpu=site.gpu(st.gpu_type)))
     sp = plan.sequence_parallel and tp > 1
     head = 0.0
     if last:
