@@ -491,6 +491,8 @@ def _gpu_type_lines(g: GpuType) -> list[str]:
         lines.append(f"    tdp_w: {g.tdp_w:g}")
     if g.form_factor:
         lines.append(f"    form_factor: {g.form_factor}")
+    if g.compute_capability is not None:
+        lines.append(f'    compute_capability: "{g.compute_capability[0]}.{g.compute_capability[1]}"')
     if tuple(g.precisions) != ("bf16", "fp16", "fp32"):
         lines.append(f"    precisions: [{', '.join(g.precisions)}]")
     if g.measured_at_profile_time:

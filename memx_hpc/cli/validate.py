@@ -148,6 +148,8 @@ def _lists(args: argparse.Namespace) -> int:
                         "peak_tflops_bf16": g.peak_tflops_bf16, "peak_tflops_fp32": g.peak_tflops_fp32,
                         "hbm_gbps": g.hbm_gbps, "link_gbps": g.link_gbps, "aliases": list(g.aliases),
                         "peak_tflops_fp8": g.peak_tflops_fp8, "tdp_w": g.tdp_w, "form_factor": g.form_factor,
+                        "compute_capability": (None if g.compute_capability is None
+                                               else "%d.%d" % g.compute_capability),
                         "source": g.source} for g in catalog()])
         else:
             table(rows, ["gpu", "vendor", "mem GiB", "bf16 TFLOP/s", "fp8 TFLOP/s", "fp32 TFLOP/s", "HBM GB/s",

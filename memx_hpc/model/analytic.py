@@ -120,14 +120,34 @@ def stage_params(model: ModelSpec, num_layers: int, *, first: bool, last: bool, 
     return n
 
 
-def fp8_weight_bytes(layer_params: float, recipe: str) -> float:
-    """Transformer Engine's FP8 copies of the layers' GEMM weights: the FP8 weight and its
-    transpose (the backward GEMMs read the transpose), 1 byte each per parameter; ``mxfp8``
-    keeps row- and column-wise copies with one E8M0 scale byte per 32 elements each. The amax
+#: FP8 recipes whose tensors share one scale (per tensor: delayed and current/tensorwise
+#: scaling): their column-wise copy is the row-wise data transposed, which FP8 GEMMs in non-TN
+#: layouts read in place. ``mxfp8`` and ``blockwise`` scale blocks along one axis, so the
+#: column-wise copy is a second quantization that every GPU keeps.
+PER_TENSOR_FP8_RECIPES = ("delayed", "tensorwise")
+
+
+def fp8_weight_bytes(layer_params: float, recipe: str, *, non_tn_gemm: bool = False) -> float:
+    """Transformer Engine's FP8 copies of the layers' GEMM weights, 1 byte each per parameter:
+    the FP8 weight and its transpose (the backward GEMMs read the transpose); ``mxfp8`` keeps
+    row- and column-wise copies with one E8M0 scale byte per 32 elements each. The amax
     history (default length 1) is a few scalars per tensor. Without ``--fp8-param-gather``
     these sit beside the 16-bit weights Megatron keeps; with it they are the weights
-    (:func:`memx_hpc.model.compose.fp8_state_bytes`)."""
-    per = 2.0 + (2.0 / 32.0 if recipe == "mxfp8" else 0.0)
+    (:func:`memx_hpc.model.compose.fp8_state_bytes`).
+
+    ``non_tn_gemm``: the GPU's FP8 GEMMs take non-TN layouts
+    (:func:`memx_hpc.spec.fp8_gemm_takes_non_tn_layouts`: compute capability 10.x and 13+).
+    Transformer Engine then makes no transpose of a per-tensor-scaled FP8 tensor
+    (``Float8Quantizer`` / ``Float8CurrentScalingQuantizer`` create ``_transpose`` only when
+    ``is_non_tn_fp8_gemm_supported()`` is false: transformer_engine/pytorch/tensor/
+    float8_tensor.py): the weight is one byte per parameter. Block-scaled recipes
+    (:data:`PER_TENSOR_FP8_RECIPES` names the others) keep both copies everywhere."""
+    if recipe == "mxfp8":
+        per = 2.0 + 2.0 / 32.0
+    elif non_tn_gemm and recipe in PER_TENSOR_FP8_RECIPES:
+        per = 1.0
+    else:
+        per = 2.0
     return per * float(layer_params)
 
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..errors import SpecError
 from ..placement import Placement, place
-from ..spec import job_for_plan, GeneralPlan, Plan, Recompute, Site, TrainJob
+from ..spec import fp8_gemm_takes_non_tn_layouts, job_for_plan, GeneralPlan, Plan, Recompute, Site, TrainJob
 from . import analytic
 from .api import LayerQuery, forward_fraction
 from .comm_costs import (TP_COLLECTIVE_UNITS, StageExtras, dp_sync_ms, exposed_dp_sync_ms, link_model_for,
@@ -329,7 +329,7 @@ class _LayoutTables:
             gpu = comps[i].gpu_type
             first, last = i == 0, i == pp - 1
             c = self.sk["ctx"][li, i] = self._context(gpu, tp, mbs, sp)
-            s = self.sk["state"][li, i] = self._state(tp, pp, dp, first, last, cp, ep, etp, job)
+            s = self.sk["state"][li, i] = self._state(tp, pp, dp, first, last, cp, ep, etp, job, gpu)
             self.sk["opt"][li, i] = self._opt(gpu, s, dp * cp, job)
             self.sk["inflight"][li, i] = in_flight_units(pp, i, m, v, group=g)
             self.sk["heads"][li, i] = in_flight_heads(pp, i, m, v, group=g) if last else 1
@@ -376,14 +376,18 @@ class _LayoutTables:
         return dataclasses.replace(job, distributed_optimizer=distributed_optimizer)
 
     def _state(self, tp: int, pp: int, dp: int, first: bool, last: bool, cp: int = 1, ep: int = 1,
-               etp: int | None = None, job: TrainJob | None = None) -> int:
+               etp: int | None = None, job: TrainJob | None = None, gpu: str | None = None) -> int:
         job = job or self.inputs.job
-        key = (tp, pp, dp, first, last, cp, ep, etp, job.distributed_optimizer)
+        g = None if gpu is None else self.inputs.site.gpu(gpu)
+        # GPU types share state rows unless their FP8 weights differ (a transpose or not)
+        non_tn = bool(job.fp8) and g is not None and fp8_gemm_takes_non_tn_layouts(g)
+        key = (tp, pp, dp, first, last, cp, ep, etp, job.distributed_optimizer, non_tn)
         s = self._state_ids.get(key)
         if s is None:
             s = self._state_ids[key] = len(self.state_rows)
             rows = np.array([stage_state(job, int(n), first=first, last=last, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
-                                         etp=etp) for n in self.ns], dtype=np.float64).reshape(len(self.ns), 3)
+                                         etp=etp, gpu=g) for n in self.ns],
+                            dtype=np.float64).reshape(len(self.ns), 3)
             self.param_rows.append(np.ascontiguousarray(rows[:, 0]))
             self.expert_rows.append(np.ascontiguousarray(rows[:, 1]))
             self.state_rows.append(np.ascontiguousarray(rows[:, 2]))
@@ -684,8 +688,9 @@ def _replica_state(c: _Composing, i: int, n: int, r: _Replica) -> tuple[float, f
     ``state_of``, else the dense rule."""
     first, last = i == 0, i == c.pp - 1
     if c.state_of is not None:
-        return c.state_of(i, n, first, last, r.tp)
-    return dense_stage_state(c.job, n, first=first, last=last, tp=r.tp, pp=c.pp, dp=c.dp_per_stage[i])
+        return c.state_of(i, n, first, last, r.tp, r.gpu_type)
+    return dense_stage_state(c.job, n, first=first, last=last, tp=r.tp, pp=c.pp, dp=c.dp_per_stage[i],
+                             gpu=c.site.gpu(r.gpu_type))
 
 
 def _replica_prediction(c: _Composing, i: int, ri: int, stage, r: _Replica, v, x: StageExtras,
@@ -756,7 +761,7 @@ def _predict_from(site: Site, job: TrainJob, model_predict, overhead_of, *, micr
     ``stages``: per stage (layers, base mode of the layers not fully recomputed, number of
     fully recomputed layers, replicas). ``extras``: per stage, what context and expert
     parallel change (:func:`stage_extras`; None: nothing); ``state_of(stage, layers, first,
-    last, tp)``: ``(params, expert params, state bytes)`` (None: the dense rule). ``vp_group``:
+    last, tp, gpu type)``: ``(params, expert params, state bytes)`` (None: the dense rule). ``vp_group``:
     the plan's ``microbatch_group_size_per_vp_stage`` (None: megatron-core's default, ``pp``).
     """
     p = len(stages)
@@ -828,8 +833,9 @@ def predict_plan(plan: Plan, site: Site, job: TrainJob, cost_model, *, options: 
                                 overlap_param_gather=plan.overlap_param_gather, ddp_bucket_size=plan.ddp_bucket_size,
                                 bucketing=(options or CostOptions()).ddp_bucketing)[0]
 
-    def state_of(i: int, n: int, first: bool, last: bool, tp: int) -> tuple[int, int, int]:
-        return stage_state(job, n, first=first, last=last, tp=tp, pp=plan.pp, dp=plan.dp, cp=cp, ep=ep, etp=etp)
+    def state_of(i: int, n: int, first: bool, last: bool, tp: int, gpu_type: str) -> tuple[int, int, int]:
+        return stage_state(job, n, first=first, last=last, tp=tp, pp=plan.pp, dp=plan.dp, cp=cp, ep=ep, etp=etp,
+                           gpu=site.gpu(gpu_type))
 
     per_node = [placement.component_of_stage(i).tasks_per_node for i in range(plan.pp)]
     need_extras = cp > 1 or ep > 1 or job.model.is_moe

@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..spec import BYTES_PER_ELEMENT, Site, TrainJob
+from ..spec import BYTES_PER_ELEMENT, GpuType, Site, TrainJob, fp8_gemm_takes_non_tn_layouts
 from . import analytic
 from .api import LayerQuery
 from .queries import shape_of
@@ -67,12 +67,14 @@ def activations_as_run(job: TrainJob, queries: Sequence[LayerQuery], values) -> 
 
 
 def stage_state(job: TrainJob, n: int, *, first: bool, last: bool, tp: int, pp: int, dp: int, cp: int = 1,
-                ep: int = 1, etp: int | None = None) -> tuple[int, int, int]:
+                ep: int = 1, etp: int | None = None, gpu: GpuType | None = None) -> tuple[int, int, int]:
     """``(parameters, routed-expert parameters, state bytes)`` of one rank of a stage of ``n``
     layers: weights, gradients and optimizer states with the distributed optimizer sharding
     the dense parameters over the ``dp x cp`` ranks that reduce their gradients and the
     routed experts over the expert data-parallel ``tp x cp x dp / (etp x ep)`` ranks
-    (megatron-core's ``dp_cp`` and ``edp`` groups)."""
+    (megatron-core's ``dp_cp`` and ``edp`` groups). ``gpu``: the stage's GPU type, whose
+    compute capability decides whether FP8 weights keep a transpose (:func:`fp8_state_bytes`;
+    None: they do)."""
     from ..params import expert_params
 
     params = analytic.stage_params(job.model, n, first=first, last=last, tp=tp, pp=pp, ep=ep, etp=etp)
@@ -86,22 +88,23 @@ def stage_state(job: TrainJob, n: int, *, first: bool, last: bool, tp: int, pp: 
         state += analytic.state_bytes(experts, dp=max(1, tp * cp * dp // (et * ep)), **kw)
     if job.fp8:  # the FP8 weights of the stage's layers (not of its embedding / head)
         base = analytic.stage_params(job.model, 0, first=first, last=last, tp=tp, pp=pp, ep=ep, etp=etp)
-        state += float(fp8_state_bytes(job, params - base))
+        state += float(fp8_state_bytes(job, params - base, gpu=gpu))
     return params, experts, state
 
 
 def dense_stage_state(job: TrainJob, n: int, *, first: bool, last: bool, tp: int, pp: int,
-                      dp: int) -> tuple[int, int, float]:
+                      dp: int, gpu: GpuType | None = None) -> tuple[int, int, float]:
     """``(parameters, 0, state bytes)`` of one rank of a stage of ``n`` layers by the dense
     rule (every parameter sharded over the ``dp`` ranks that reduce it; no routed-expert
-    groups): what a general plan's replica holds, whose stages have their own TP and DP."""
+    groups): what a general plan's replica holds, whose stages have their own TP and DP.
+    ``gpu`` as :func:`stage_state`."""
     params = analytic.stage_params(job.model, n, first=first, last=last, tp=tp, pp=pp)
     state = analytic.state_bytes(params, precision=job.precision, optimizer=job.optimizer,
                                  distributed_optimizer=job.distributed_optimizer, dp=dp,
                                  grad_reduce_in_fp32=job.grad_reduce_in_fp32)
     if job.fp8:
         state += float(fp8_state_bytes(job, params - analytic.stage_params(
-            job.model, 0, first=first, last=last, tp=tp, pp=pp)))
+            job.model, 0, first=first, last=last, tp=tp, pp=pp), gpu=gpu))
     return params, 0, state
 
 
@@ -111,16 +114,20 @@ def fp8_param_gather_active(job: TrainJob) -> bool:
     return bool(job.fp8 and job.fp8_param_gather and job.distributed_optimizer)
 
 
-def fp8_state_bytes(job: TrainJob, layer_params):
+def fp8_state_bytes(job: TrainJob, layer_params, *, gpu: GpuType | None = None):
     """What FP8 adds to :func:`memx_hpc.model.analytic.state_bytes` for ``layer_params``
     parameters of a stage's layers (array or float; 0 without FP8): Transformer Engine's FP8
-    weight and transpose (:func:`memx_hpc.model.analytic.fp8_weight_bytes`), less the 16-bit
-    weight ``state_bytes`` counts when the FP8 tensor is the weight (``--fp8-param-gather``:
-    megatron-core distributed_data_parallel.py gives a Float8Tensor a uint8 parameter buffer,
-    and an MXFP8 one shares the gradient buffer for its all-gather, param_and_grad_buffer.py)."""
+    weight and, where the GPU's FP8 GEMMs need TN layouts, its transpose
+    (:func:`memx_hpc.model.analytic.fp8_weight_bytes`; ``gpu`` None: the transpose is
+    counted), less the 16-bit weight ``state_bytes`` counts when the FP8 tensor is the weight
+    (``--fp8-param-gather``: megatron-core distributed_data_parallel.py gives a Float8Tensor a
+    uint8 parameter buffer, and an MXFP8 one shares the gradient buffer for its all-gather,
+    param_and_grad_buffer.py). On a GPU without the transpose an FP8 weight is then one byte
+    below the 16-bit one, so the term is negative."""
     if not job.fp8:
         return 0.0 * layer_params
-    per = analytic.fp8_weight_bytes(1.0, job.fp8_recipe)
+    per = analytic.fp8_weight_bytes(1.0, job.fp8_recipe,
+                                    non_tn_gemm=gpu is not None and fp8_gemm_takes_non_tn_layouts(gpu))
     if fp8_param_gather_active(job):
         per -= BYTES_PER_ELEMENT[job.precision]
     return per * layer_params

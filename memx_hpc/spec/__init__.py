@@ -41,7 +41,7 @@ from .checks import (MAX_DEVICE_MEMORY_GIB, MAX_GBPS, MAX_GLOBAL_BATCH, MAX_GPUS
 from .yamlio import (DeprecatedField, MAX_DEPTH, MAX_DOCUMENT_BYTES, MAX_EXPANDED_NODES, MAX_NUMBER_DIGITS,
                      NotARegularFile, RENAMED_RATE_FIELDS, _Reader, load_json, load_yaml, open_regular_file,
                      parse_json, parse_yaml, read_regular_file)
-from .gpu import GpuType, check_gpu_names
+from .gpu import GpuType, check_gpu_names, fp8_gemm_takes_non_tn_layouts, parse_compute_capability
 from .site import FABRICS, GENERIC_INTER_NODE_GBPS, MAX_NICS_PER_NODE, Fabric, Link, Partition, Site
 from .model import (DENSE_SHAPE_FIELDS, LayerShape, MAX_EXPERTS, MODEL_EXTENSION_FIELDS, MODEL_FIELD_KEYS, MOE_FIELDS,
                     ModelSpec, MoeField, model_from_fields, moe_pattern)
@@ -68,7 +68,7 @@ __all__ = [
     'MIN_DEVICE_MEMORY_GIB', 'MIN_RATE', 'MIN_USABLE_FRACTION', 'SAFE_NAME_RULE',
     'DeprecatedField', 'MAX_DEPTH', 'MAX_DOCUMENT_BYTES', 'MAX_EXPANDED_NODES', 'MAX_NUMBER_DIGITS',
     'NotARegularFile', 'RENAMED_RATE_FIELDS', 'load_json', 'load_yaml', 'open_regular_file', 'parse_json',
-    'parse_yaml', 'read_regular_file', 'GpuType', 'check_gpu_names', 'FABRICS', 'GENERIC_INTER_NODE_GBPS', 'Link',
+    'parse_yaml', 'read_regular_file', 'GpuType', 'check_gpu_names', 'fp8_gemm_takes_non_tn_layouts', 'parse_compute_capability', 'FABRICS', 'GENERIC_INTER_NODE_GBPS', 'Link',
     'Partition', 'Site', 'DENSE_SHAPE_FIELDS', 'LayerShape', 'MAX_EXPERTS', 'MODEL_EXTENSION_FIELDS',
     'MODEL_FIELD_KEYS', 'MOE_FIELDS', 'ModelSpec', 'MoeField', 'model_from_fields', 'moe_pattern', 'Checkpointing',
     'LRSchedule', 'TrainData', 'TrainJob', 'max_virtual_stages', 'Recompute', 'full_layers', 'GeneralPlan',

@@ -62,6 +62,12 @@ class GpuType:
     #: "" not stated (read as a card). A module's peak per W counts at most as the smallest
     #: of a measured module's (:meth:`memx_hpc.model.anchors.Anchors.datasheet`).
     form_factor: FormFactor | Literal[""] = ""
+    #: CUDA compute capability ``(major, minor)`` as the device reports it
+    #: (``torch.cuda.get_device_capability()``, ``nvidia-smi --query-gpu=compute_cap``) and
+    #: NVIDIA's CUDA GPUs table lists it; None: not an NVIDIA part, or not stated. Kernels
+    #: and libraries branch on it (Transformer Engine keeps no transposed FP8 weight where
+    #: its FP8 GEMMs take non-TN layouts: :func:`fp8_gemm_takes_non_tn_layouts`).
+    compute_capability: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         _safe_name(self.name, "name")
@@ -93,6 +99,16 @@ class GpuType:
             _real(self.peak_tflops_fp8, "peak_tflops_fp8", MIN_RATE, MAX_TFLOPS)
         if self.form_factor != "":
             _choice(self.form_factor, "form_factor", FORM_FACTORS)
+        if self.compute_capability is not None:
+            cc = self.compute_capability
+            if (not isinstance(cc, tuple) or len(cc) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                                      for x in cc) or not (1 <= cc[0] <= 99)
+                    or not (0 <= cc[1] <= 9)):
+                raise SpecError("expected a CUDA compute capability 'major.minor' (e.g. '9.0', '10.3')",
+                                field="compute_capability", found=_short(cc))
+            if self.vendor != "nvidia":
+                raise SpecError("a CUDA compute capability belongs to an NVIDIA part", field="compute_capability",
+                                found=f"{cc[0]}.{cc[1]} on vendor {self.vendor}")
 
     def native(self, precision: str) -> bool:
         """Whether the part's matrix units run ``precision`` (bf16 on a V100 does not)."""
@@ -141,9 +157,37 @@ class GpuType:
             usable_fraction=r.float("usable_fraction", 1.0),
             peak_tflops_fp8=r.float("peak_tflops_fp8", 0.0, min=0.0),
             form_factor=r.str("form_factor", ""),
+            compute_capability=parse_compute_capability(r.raw("compute_capability", None),
+                                                        f"{path}.compute_capability"),
         )
         r.finish()
         return g
+
+
+def parse_compute_capability(value: Any, field: str) -> tuple[int, int] | None:
+    """``"10.3"`` (as NVIDIA's CUDA GPUs table and ``nvidia-smi --query-gpu=compute_cap``
+    write it; a YAML number such as ``9.0`` too) to ``(10, 3)``; None stays None."""
+    if value is None:
+        return None
+    text = str(value).strip() if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
+    major, dot, minor = text.partition(".")
+    if not (dot and major.isdigit() and minor.isdigit() and len(minor) == 1):
+        raise SpecError("expected a CUDA compute capability 'major.minor' (e.g. '9.0', '10.3')", field=field,
+                        found=_short(value))
+    return int(major), int(minor)
+
+
+def fp8_gemm_takes_non_tn_layouts(gpu: GpuType) -> bool:
+    """Whether cuBLAS runs FP8 GEMMs in non-TN layouts on ``gpu``, so that Transformer Engine
+    keeps no transposed (column-wise) copy of a per-tensor-scaled FP8 tensor beside the row-wise
+    one: the backward GEMMs read the row-wise data transposed. Transformer Engine's
+    ``is_non_tn_fp8_gemm_supported()`` (transformer_engine/pytorch/utils.py; the JAX
+    build's cpp_extensions/gemm.py alike) is ``(10, 0) <= capability < (12, 0) or
+    capability >= (13, 0)``: data-centre Blackwell (B200, GB200 10.0; B300, GB300 10.3) yes;
+    Hopper (9.0), Ada (8.9) and the 12.x Blackwell parts (RTX 50, RTX PRO, GB10) no. A part
+    whose capability is not stated is read as needing the transpose (the larger footprint)."""
+    cc = gpu.compute_capability
+    return cc is not None and ((10, 0) <= cc < (12, 0) or cc >= (13, 0))
 
 
 def check_gpu_names(types: Iterable[GpuType], path: str = "gpu_types",

@@ -20,10 +20,23 @@ def test_every_gpu_says_where_its_memory_figure_comes_from():
 
 
 @pytest.mark.parametrize("name, mib", [("A100-80", 81920), ("A100-40", 40960), ("H100-SXM", 81559),
-                                       ("H200", 143771), ("B200", 183359), ("GB200", 189471), ("T4", 15360)])
+                                       ("H200", 143771), ("B200", 183359), ("GB200", 189471), ("T4", 15360),
+                                       ("GB300", 284208), ("B300", 275040)])
 def test_binary_sizes_as_nvidia_smi_reports_them(name, mib):
     """memory.total in MiB / 1024, not the datasheet's GB x 1e9 / 2^30 (7 % lower)."""
     assert catalog().get(name).memory_gib == pytest.approx(mib / 1024, abs=0.01)
+
+
+@pytest.mark.parametrize("name, mib", [("GB300", 284208), ("B300", 275040)])
+def test_blackwell_ultra_memory_is_the_device_report_with_its_source(name, mib):
+    """GB300 and B300 report 277.6 and 268.6 GiB (nvidia-smi memory.total), not the decimal
+    reading of a third-party per-GPU listing (259.8 / 251.5 GiB), which leaves out 18 and
+    17 GiB that plans run on these parts do use. The entry names the report it comes from."""
+    g = catalog().get(name)
+    assert g.memory_gib == pytest.approx(mib / 1024, abs=0.01)
+    mem = g.source.split("memory:")[1]
+    assert "nvidia-smi" in mem and f"{mib} MiB" in mem, name
+    assert "no device report cited" not in mem, name
 
 
 def test_current_recipe_gpus_are_in_the_catalog_with_fp8_rates():
@@ -85,7 +98,8 @@ def test_current_recipe_gpus_cite_a_datasheet_by_url_and_say_how_sparse_figures_
 
 def test_lower_bound_memory_never_exceeds_the_capacity_the_datasheet_states():
     """An entry without a device report reads the datasheet's GB as decimal (or the vendor's
-    own GiB table): never above the binary reading of the stated capacity."""
+    own GiB table), and a device report is below it too (the part keeps some back): never
+    above the binary reading of the stated capacity."""
     for name, stated_gb in (("GB300", 288), ("B300", 288), ("MI350X", 288), ("MI355X", 288)):
         assert catalog().get(name).memory_gib <= stated_gb, name
 

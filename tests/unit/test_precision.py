@@ -222,6 +222,81 @@ def test_fp8_parameters_replace_the_16_bit_layer_weights_and_bf16_grads_halve_th
         dataclasses.replace(_fp8_job("none"), fp8_param_gather=True)
 
 
+@pytest.mark.parametrize("name, cc", [("A100-80", (8, 0)), ("H100-SXM", (9, 0)), ("H200", (9, 0)),
+                                      ("GH200", (9, 0)), ("L40S", (8, 9)), ("B200", (10, 0)), ("GB200", (10, 0)),
+                                      ("B300", (10, 3)), ("GB300", (10, 3))])
+def test_nvidia_parts_state_their_compute_capability(name, cc):
+    """NVIDIA's CUDA GPUs table; B300 and GB300 report 10.3 (nvidia-smi compute_cap)."""
+    assert catalog().get(name).compute_capability == cc
+    assert catalog().get("MI300X").compute_capability is None
+
+
+def test_compute_capability_is_read_as_major_minor_and_checked():
+    from memx_hpc.spec import parse_compute_capability
+    assert parse_compute_capability("10.3", "f") == (10, 3) and parse_compute_capability(9.0, "f") == (9, 0)
+    assert parse_compute_capability(None, "f") is None
+    for bad in ("10", "ten.0", "9.10", True, [9, 0]):
+        with pytest.raises(SpecError) as e:
+            parse_compute_capability(bad, "gpu_types.X.compute_capability")
+        assert e.value.field == "gpu_types.X.compute_capability"
+    row = {"vendor": "nvidia", "memory_gib": 80, "peak_tflops_bf16": 989, "peak_tflops_fp32": 67,
+           "hbm_gbytes_per_s": 3350, "link_gbytes_per_s": 450}
+    assert GpuType.from_mapping({**row, "compute_capability": "9.0"}, "gpu_types.X", name="X").compute_capability \
+        == (9, 0)
+    with pytest.raises(SpecError) as e:
+        GpuType.from_mapping({**row, "vendor": "amd", "compute_capability": "9.0"}, "gpu_types.X", name="X")
+    assert e.value.field == "gpu_types.X.compute_capability"
+
+
+def test_fp8_weights_keep_a_transpose_only_where_fp8_gemms_need_tn_layouts():
+    """Transformer Engine's is_non_tn_fp8_gemm_supported(): (10, 0) <= capability < (12, 0) or
+    >= (13, 0). There a per-tensor-scaled FP8 weight is one byte per parameter (no transpose);
+    on Hopper two (weight + transpose); MXFP8 keeps its row- and column-wise quantizations
+    everywhere; a part without a stated capability is read as keeping the transpose."""
+    import dataclasses as dc
+    from memx_hpc.model import analytic
+    from memx_hpc.model.stage_memory import fp8_state_bytes
+    from memx_hpc.spec import fp8_gemm_takes_non_tn_layouts
+    cat = catalog()
+    for name in ("B200", "GB200", "B300", "GB300"):
+        assert fp8_gemm_takes_non_tn_layouts(cat.get(name)), name
+    for name in ("H100-SXM", "H200", "GH200", "L40S", "A100-80", "MI300X"):
+        assert not fp8_gemm_takes_non_tn_layouts(cat.get(name)), name
+    h100 = cat.get("H100-SXM")
+    for cc, yes in (((12, 0), False), ((12, 1), False), ((13, 0), True), ((11, 0), True)):
+        assert fp8_gemm_takes_non_tn_layouts(dc.replace(h100, compute_capability=cc)) is yes, cc
+    assert analytic.fp8_weight_bytes(1.0, "delayed") == 2.0
+    assert analytic.fp8_weight_bytes(1.0, "tensorwise", non_tn_gemm=True) == 1.0
+    assert analytic.fp8_weight_bytes(1.0, "delayed", non_tn_gemm=True) == 1.0
+    assert analytic.fp8_weight_bytes(1.0, "mxfp8", non_tn_gemm=True) == analytic.fp8_weight_bytes(1.0, "mxfp8")
+    assert analytic.fp8_weight_bytes(1.0, "blockwise", non_tn_gemm=True) == 2.0
+    job = _fp8_job(fp8_recipe="tensorwise")
+    assert fp8_state_bytes(job, 1000.0, gpu=cat.get("B200")) == 1000.0
+    assert fp8_state_bytes(job, 1000.0, gpu=h100) == fp8_state_bytes(job, 1000.0) == 2000.0
+    # --fp8-param-gather: the FP8 weight replaces the 16-bit one, a byte below it on Blackwell
+    gather = dc.replace(job, fp8_param_gather=True)
+    assert fp8_state_bytes(gather, 1000.0, gpu=cat.get("GB300")) == -1000.0
+    assert fp8_state_bytes(gather, 1000.0, gpu=h100) == 0.0
+
+
+@pytest.mark.parametrize("fp8_recipe, saved_per_param", [("tensorwise", 1.0), ("delayed", 1.0), ("mxfp8", 0.0)])
+def test_a_blackwell_stage_holds_one_byte_less_per_layer_parameter_than_a_hopper_stage(fp8_recipe, saved_per_param):
+    """The memory model's difference: the same plan on B200 and on H100 holds the same
+    16-bit weights, gradients and optimizer shards; with per-tensor FP8 the B200 stage holds
+    one byte per layer parameter less (no transposed FP8 weight), with MXFP8 the same."""
+    from memx_hpc.model import analytic
+    from memx_hpc.model.compose import predict_plan
+    from memx_hpc.spec import Plan, Stage
+    job = _fp8_job(fp8_recipe=fp8_recipe)
+    plan = Plan(tp=4, dp=2, micro_batch_size=1, global_batch_size=64,
+                stages=(Stage(partition="gpu_a100", num_layers=32),))
+    layers = analytic.stage_params(job.model, 32, first=True, last=True, tp=4, pp=1) - \
+        analytic.stage_params(job.model, 0, first=True, last=True, tp=4, pp=1)
+    hopper, blackwell = (predict_plan(plan, site, job, AnalyticCostModel(site)).stages[0]
+                         for site in (_fp8_site("H100-SXM"), _fp8_site("B200")))
+    assert hopper.state_bytes - blackwell.state_bytes == pytest.approx(saved_per_param * layers, rel=1e-6)
+
+
 def test_render_gives_megatron_the_fp8_recipe_and_refuses_where_it_cannot_run():
     from memx_hpc.slurm.render import render
     from memx_hpc.spec import Plan, Stage
