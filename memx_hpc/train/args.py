@@ -141,6 +141,18 @@ class TrainArgs:
     expert_tensor_parallel_size: int | None = None
     #: context parallel (ring attention; Transformer Engine's attention only)
     context_parallel_size: int = 1
+    #: multi-latent attention (Megatron-LM's "mla" group, its names and defaults; ``rope_type`` None:
+    #: MLATransformerConfig's own, YaRN, which at ``rotary_scaling_factor`` 1 is plain RoPE)
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 32
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+    rope_type: str | None = None
+    rotary_scaling_factor: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a GPT with megatron-core (real tensor and pipeline parallel, 1F1B) on "
                     "this machine's CPUs, from Megatron-LM's own command line.",
         allow_abbrev=False)
-    for add in (_network_size_args, _distributed_args, _moe_args, _training_args, _data_args, _checkpoint_args,
+    for add in (_network_size_args, _distributed_args, _moe_args, _mla_args, _training_args, _data_args, _checkpoint_args,
                 _logging_args, _precision_args, _ignored_args):
         add(p)
     return p
@@ -213,6 +225,23 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
             moe.add_argument(f.flag, type=int if f.kind == "int" else str, default=f.default,
                              choices=list(f.choices) or None)
     moe.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
+
+
+def _mla_args(p: argparse.ArgumentParser) -> None:
+    # Megatron-LM's _add_mla_args (and --multi-latent-attention, --rope-type): the same defaults
+    mla = p.add_argument_group("multi-latent attention (megatron-core's MLASelfAttention)")
+    mla.add_argument("--multi-latent-attention", action="store_true")
+    mla.add_argument("--q-lora-rank", type=int, default=None,
+                     help="rank of the query's low-rank projection (none: the query is projected directly)")
+    mla.add_argument("--kv-lora-rank", type=int, default=32)
+    mla.add_argument("--qk-head-dim", type=int, default=128)
+    mla.add_argument("--qk-pos-emb-head-dim", type=int, default=64)
+    mla.add_argument("--v-head-dim", type=int, default=128)
+    mla.add_argument("--rope-type", default=None, choices=["rope", "yarn"],
+                     help="multi-latent attention takes YaRN when not given, other attention RoPE")
+    mla.add_argument("--rotary-scaling-factor", type=float, default=1.0)
+    mla.add_argument("--mscale", type=float, default=1.0)
+    mla.add_argument("--mscale-all-dim", type=float, default=0.0)
 
 
 def _training_args(p: argparse.ArgumentParser) -> None:
@@ -312,7 +341,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
         ns.recompute_granularity = "selective"
     if ns.num_query_groups is not None and not ns.group_query_attention:
         ns.num_query_groups = None  # Megatron-LM ignores it without --group-query-attention
-    for check in (_check_model_and_parallel, _check_data_and_length, _check_moe):
+    for check in (_check_model_and_parallel, _check_data_and_length, _check_moe, _check_mla):
         check(p, ns)
     values = {f.name: getattr(ns, f.name) for f in fields(TrainArgs) if hasattr(ns, f.name)}
     values.update(
@@ -374,6 +403,17 @@ def _check_moe(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
     if ns.num_experts is not None and ns.num_experts % ns.expert_model_parallel_size:
         p.error(f"--num-experts {ns.num_experts} is not a multiple of --expert-model-parallel-size "
                 f"{ns.expert_model_parallel_size}")
+
+
+def _check_mla(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    # Megatron-LM's validate_args and core_transformer_config_from_args
+    if ns.multi_latent_attention and ns.group_query_attention:
+        p.error("--group-query-attention and --multi-latent-attention are mutually exclusive")
+    if not ns.multi_latent_attention and ns.rope_type not in (None, "rope"):
+        p.error(f"--rope-type {ns.rope_type} needs --multi-latent-attention (other attention takes rope only)")
+    for name in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+        if getattr(ns, name) is not None and getattr(ns, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
 
 
 def _layer_freq(p: argparse.ArgumentParser, text: str) -> int:
