@@ -449,3 +449,12 @@ def test_throughput_counts_mla_flops_as_megatron() -> None:
     mlp = 4 * h * 3 * n  # SwiGLU's two branches of width 4h (--ffn-hidden-size not given)
     want = 2 * s * (6 * h * mlp + 6 * attn * n + 6 * h * 256)
     assert training_flops(a, batch_size=2, padded_vocab_size=256) == pytest.approx(want)
+
+
+def test_qk_layernorm_builds_the_q_and_k_norms() -> None:
+    """--qk-layernorm reaches the layer spec (as Megatron-LM's gpt_builders passes it): each of
+    the 4 layers gains a LayerNorm (weight and bias) of the head size (16) on Q and on K."""
+    runs = [_launch([*TINY, "--train-iters", "1", *extra], 1)[0] for extra in ([], ["--qk-layernorm"])]
+    assert all(r.returncode == 0 for r in runs), [r.stdout[-2000:] for r in runs]
+    plain, normed = (int(parse_log(r.stdout).layouts[0]["parameters"]) for r in runs)
+    assert normed - plain == 4 * 2 * 2 * 16
