@@ -2,7 +2,8 @@
 
 Run as ``python -m memx_hpc.train.pretrain_gpt ARGS`` (one process per rank, as
 ``srun`` or ``torchrun`` start them). It builds megatron-core's ``GPTModel`` from the
-local layer spec, initialises real tensor and pipeline parallel groups, wraps the
+local layer spec (standard or multi-latent attention, dense or MoE layers, as Megatron-LM's
+gpt_builders picks the spec; checkpoint keys as Transformer Engine's layer names them), initialises real tensor and pipeline parallel groups, wraps the
 model in megatron-core's ``DistributedDataParallel``, trains ``--train-iters`` (or
 ``--train-samples``) on Megatron's indexed data (``--data-path``, megatron-core's GPTDataset,
 a tokenizer from local files: :mod:`memx_hpc.train.tokenizer`) or on synthetic data
