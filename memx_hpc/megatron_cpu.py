@@ -353,6 +353,51 @@ def sdpa_core_attention_class() -> type:
     return SdpaCoreAttention
 
 
+def mla_core_attention_class(base: type | None = None) -> type:
+    """The core attention of megatron-core's ``MLASelfAttention`` on a process without
+    Transformer Engine: ``base`` (megatron-core's ``DotProductAttention`` when None, or
+    :func:`sdpa_core_attention_class`) taking the head sizes MLA builds it with.
+
+    MLA builds its core attention with ``k_channels`` (qk_head_dim + qk_pos_emb_head_dim) and
+    ``v_channels`` (v_head_dim), which only Transformer Engine's ``TEDotProductAttention``
+    accepts; megatron-core's own sizes its output as ``kv_channels x heads``. This adapter
+    takes both and sizes the output by the value heads: the scores and the softmax scale
+    (MLA's, with YaRN's mscale) are the base class's."""
+    if base is None:
+        from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+        base = DotProductAttention
+
+    class MlaCoreAttention(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, k_channels: int | None = None, v_channels: int | None = None,
+                     **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if v_channels is not None:
+                # [sq, b, np, v_head_dim] -> [sq, b, np * v_head_dim]: the value heads of this TP rank
+                self.hidden_size_per_partition = v_channels * self.num_attention_heads_per_partition
+
+    MlaCoreAttention.__name__ = MlaCoreAttention.__qualname__ = f"Mla{base.__name__}"
+    _mla_sees_no_te()
+    return MlaCoreAttention
+
+
+def _mla_sees_no_te() -> None:
+    """Where Transformer Engine is not installed, tell megatron-core's MLA module so.
+
+    megatron-core 0.16.1's ``extensions.transformer_engine`` imports without Transformer Engine
+    (its classes then derive from a ``MagicMock``), so ``multi_latent_attention`` sets
+    ``HAVE_TE = True`` and its constructor's ``isinstance(self.linear_proj, TELinear)`` fails
+    ("isinstance() arg 2 must be a type"). Setting the flag to what is true is idempotent and
+    changes nothing where Transformer Engine is there."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformer_engine") is not None:
+        return
+    from megatron.core.transformer import multi_latent_attention
+
+    multi_latent_attention.HAVE_TE = False
+
+
 def build_layer(s: LayerSettings) -> Any:
     """One megatron-core ``TransformerLayer`` from ``get_gpt_layer_local_spec()`` on this
     process's device (TP groups must exist: :func:`init_model_parallel`)."""

@@ -49,6 +49,11 @@ def model_differences(job: TrainJob, args: Namespace) -> list[tuple[str, object,
         "num_attention_heads": m.num_attention_heads, "seq_length": m.seq_length,
         "swiglu": m.activation == "swiglu", "num_experts": m.num_experts,
     }
+    # multi-latent attention: whether, and its ranks and head sizes (Megatron-LM's names)
+    ours["multi_latent_attention"] = m.multi_latent_attention
+    if m.multi_latent_attention:
+        ours.update(q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank, qk_head_dim=m.qk_head_dim,
+                    qk_pos_emb_head_dim=m.qk_pos_emb_head_dim, v_head_dim=m.v_head_dim)
     if m.num_experts is not None:
         ours["moe_router_topk"] = m.moe_router_topk
         if m.moe_ffn_hidden_size is not None:

@@ -38,7 +38,7 @@ from ..spec import (PROJECT_ENTRY_TOKENIZERS, ModelSpec, Plan, Recompute, Site, 
 
 __all__ = ["SYNTHETIC_TRAIN_ITERS", "RUN_KINDS", "TrainingLength", "ComponentShape", "CommandLine",
            "training_length", "command_line", "pipeline_layout", "recompute_args", "virtual_recompute_refusal",
-           "project_entry_plan_refusal", "project_entry_refusal", "Refusal", "cross_vendor_refusal",
+           "project_entry_plan_refusal", "project_entry_refusal", "PROJECT_ENTRY_UNBUILT", "Refusal", "cross_vendor_refusal",
            "PROJECT_ENTRY_DEGREES",
            "CHECKPOINT_FORMAT", "exit_duration_min", "PROJECT_ENTRY_MODULE", "TP_COMM_OVERLAP_OFF", "overlap_refusal",
            "performance_options", "performance_args"]
@@ -180,22 +180,40 @@ class Refusal:
     reason: str
 
 
+#: The model fields the project's entry does not build (router options it does not pass to
+#: megatron-core): field -> what it asks for. Each refuses a cross-vendor plan by its name.
+PROJECT_ENTRY_UNBUILT = {
+    "moe_router_num_groups": "group-limited routing",
+    "moe_router_group_topk": "group-limited routing",
+    "moe_router_enable_expert_bias": "the router's expert bias (aux-loss-free balancing)",
+    "moe_shared_expert_gate": "a gate on the shared experts",
+}
+
+
 def project_entry_refusal(job: TrainJob) -> Refusal | None:
     """Why the project's entry (cross-vendor plans) cannot train ``job``, or None. The search
-    space and render ask the same question (:mod:`memx_hpc.planner` excludes such plans)."""
+    space and render ask the same question (:mod:`memx_hpc.planner` excludes such plans).
+    It builds standard and multi-latent attention (YaRN RoPE with MLA, as Megatron-LM), all
+    dense or all MoE layers; a router option it does not build is refused by its field."""
     m = job.model
-    mixed = m.is_moe and len(set(m.moe_layers)) > 1
-    if mixed or m.multi_latent_attention or m.rope_scaling == "yarn":
-        return Refusal(field="model", reason="the model has " + ("dense and MoE layers (moe_layer_freq)" if mixed
-                                                                 else "multi-latent attention"
-                                                                 if m.multi_latent_attention else "YaRN RoPE scaling") +
-                       ": the project's megatron-core entry, which cross-vendor plans run, builds GPT layers with "
-                       "standard attention, all dense or all MoE")
+    entry = "the project's megatron-core entry, which cross-vendor plans run,"
+    if m.is_moe and len(set(m.moe_layers)) > 1:
+        return Refusal(field="model.moe_layer_freq",
+                       reason=f"the model has dense and MoE layers (moe_layer_freq): {entry} builds GPT layers "
+                              f"all dense or all MoE")
+    if m.rope_scaling == "yarn" and not m.multi_latent_attention:
+        return Refusal(field="model.rope_scaling",
+                       reason=f"YaRN RoPE scaling without multi-latent attention: {entry} builds YaRN in MLA's "
+                              f"rotary embedding only (as Megatron-LM: other attention takes --rope-type rope)")
+    for name, what in PROJECT_ENTRY_UNBUILT.items():
+        if getattr(m, name) not in (None, False):
+            return Refusal(field=f"model.{name}",
+                           reason=f"{what} ({name}: {getattr(m, name)}): {entry} does not build it")
     d = job.data
     if d is not None and d.tokenizer_type not in PROJECT_ENTRY_TOKENIZERS:
         return Refusal(field="data.tokenizer.type",
-                       reason=f"tokenizer {d.tokenizer_type}: the project's megatron-core entry, which cross-vendor "
-                              f"plans run, builds {', '.join(PROJECT_ENTRY_TOKENIZERS)} from local files")
+                       reason=f"tokenizer {d.tokenizer_type}: {entry} builds {', '.join(PROJECT_ENTRY_TOKENIZERS)} "
+                              f"from local files")
     return None
 
 

@@ -524,8 +524,9 @@ def _command_line(plan: Plan, site: Site, job: TrainJob, comps: Sequence[Compone
             raise SpecError(why.reason, field=why.field, found=getattr(plan, why.field))
         why = project_entry_refusal(job)
         if why is not None:
-            raise SpecError(why.reason, field=why.field, file=job.source_file,
-                            found=job.data.tokenizer_type if why.field.startswith("data") and job.data else None)
+            found = (job.data.tokenizer_type if why.field.startswith("data") and job.data else
+                     getattr(job.model, why.field.removeprefix("model."), None))
+            raise SpecError(why.reason, field=why.field, file=job.source_file, found=found)
     shapes = [ComponentShape(transformer_impl=site.partition(c.partition).transformer_impl_for(c.vendor),
                              recompute=c.recompute, max_stage_layers=max(plan.stages[i].num_layers for i in c.stages),
                              vendor=site.gpu_of(c.partition).vendor, entry=c.entry)

@@ -11,7 +11,7 @@ No torch import here: ``--help`` is instant.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Sequence
 
 from ..spec import MOE_FIELDS
@@ -141,14 +141,34 @@ class TrainArgs:
     expert_tensor_parallel_size: int | None = None
     #: context parallel (ring attention; Transformer Engine's attention only)
     context_parallel_size: int = 1
+    #: multi-latent attention (Megatron-LM's "mla" group, its names and defaults; ``rope_type`` None:
+    #: MLATransformerConfig's own, YaRN, which at ``rotary_scaling_factor`` 1 is plain RoPE)
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 32
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+    rope_type: str | None = None
+    rotary_scaling_factor: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The trainer's parser: Megatron-LM's names and defaults, one argument group per topic."""
     p = argparse.ArgumentParser(
         prog="python -m memx_hpc.train.pretrain_gpt",
         description="Train a GPT with megatron-core (real tensor and pipeline parallel, 1F1B) on "
                     "this machine's CPUs, from Megatron-LM's own command line.",
         allow_abbrev=False)
+    for add in (_network_size_args, _distributed_args, _moe_args, _mla_args, _training_args, _data_args, _checkpoint_args,
+                _logging_args, _precision_args, _ignored_args):
+        add(p)
+    return p
+
+
+def _network_size_args(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("network size")
     m.add_argument("--num-layers", type=int, required=True)
     m.add_argument("--hidden-size", type=int, required=True)
@@ -176,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["flash", "fused", "unfused", "local", "auto"])
     m.add_argument("--transformer-impl", default="local", choices=["local", "transformer_engine"])
 
+
+def _distributed_args(p: argparse.ArgumentParser) -> None:
     d = p.add_argument_group("distributed")
     d.add_argument("--tensor-model-parallel-size", type=int, default=1)
     d.add_argument("--pipeline-model-parallel-size", type=int, default=1)
@@ -191,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--expert-tensor-parallel-size", type=int, default=None)
     d.add_argument("--context-parallel-size", type=int, default=1)
 
+
+def _moe_args(p: argparse.ArgumentParser) -> None:
     moe = p.add_argument_group("mixture of experts (megatron-core's MoE layer, local spec)")
     # the flags, defaults and choices of the model's MoE fields come from their one table
     for f in ENTRY_MOE_FIELDS:
@@ -202,6 +226,25 @@ def build_parser() -> argparse.ArgumentParser:
                              choices=list(f.choices) or None)
     moe.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
 
+
+def _mla_args(p: argparse.ArgumentParser) -> None:
+    # Megatron-LM's _add_mla_args (and --multi-latent-attention, --rope-type): the same defaults
+    mla = p.add_argument_group("multi-latent attention (megatron-core's MLASelfAttention)")
+    mla.add_argument("--multi-latent-attention", action="store_true")
+    mla.add_argument("--q-lora-rank", type=int, default=None,
+                     help="rank of the query's low-rank projection (none: the query is projected directly)")
+    mla.add_argument("--kv-lora-rank", type=int, default=32)
+    mla.add_argument("--qk-head-dim", type=int, default=128)
+    mla.add_argument("--qk-pos-emb-head-dim", type=int, default=64)
+    mla.add_argument("--v-head-dim", type=int, default=128)
+    mla.add_argument("--rope-type", default=None, choices=["rope", "yarn"],
+                     help="multi-latent attention takes YaRN when not given, other attention RoPE")
+    mla.add_argument("--rotary-scaling-factor", type=float, default=1.0)
+    mla.add_argument("--mscale", type=float, default=1.0)
+    mla.add_argument("--mscale-all-dim", type=float, default=0.0)
+
+
+def _training_args(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("training")
     t.add_argument("--micro-batch-size", type=int, required=True)
     t.add_argument("--global-batch-size", type=int, default=None)
@@ -232,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--recompute-num-layers", type=int, default=None)
     t.add_argument("--recompute-modules", nargs="*", default=None)
 
+
+def _data_args(p: argparse.ArgumentParser) -> None:
     data = p.add_argument_group("data and tokenizer")
     data.add_argument("--mock-data", action="store_true")
     data.add_argument("--seq-length", type=int, required=True)
@@ -243,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--data-path", nargs="*", default=None)
     data.add_argument("--split", default="969,30,1")
 
+
+def _checkpoint_args(p: argparse.ArgumentParser) -> None:
     ck = p.add_argument_group("checkpointing")
     ck.add_argument("--save", default=None)
     ck.add_argument("--load", default=None)
@@ -255,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="on SIGTERM (Slurm's time limit, scancel, preemption) save and stop after the iteration")
     ck.add_argument("--exit-interval", type=int, default=None, help="save and stop at an iteration divisible by it")
 
+
+def _logging_args(p: argparse.ArgumentParser) -> None:
     lg = p.add_argument_group("logging (TensorBoard events on the last rank, as Megatron-LM writes them)")
     lg.add_argument("--tensorboard-dir", default=None, help="write TensorBoard event files here")
     lg.add_argument("--tensorboard-log-interval", type=int, default=1)
@@ -267,24 +316,43 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--wandb-exp-name", default=None)
     lg.add_argument("--wandb-save-dir", default=None)
 
+
+def _precision_args(p: argparse.ArgumentParser) -> None:
     mp = p.add_argument_group("mixed precision")
     mp.add_argument("--bf16", action="store_true")
     mp.add_argument("--fp16", action="store_true")
 
+
+def _ignored_args(p: argparse.ArgumentParser) -> None:
     ig = p.add_argument_group("accepted and ignored on the CPU")
     for flag in CPU_NO_OP_FLAGS:
-        ig.add_argument(flag, action="store_true", dest="ignored_" + flag.strip("-").replace("-", "_"))
-    return p
+        ig.add_argument(flag, action="store_true", dest=_ignored_dest(flag))
+
+
+def _ignored_dest(flag: str) -> str:
+    return "ignored_" + flag.strip("-").replace("-", "_")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
     """Parse and check the command line the way Megatron-LM's ``validate_args`` does for these names."""
     p = build_parser()
     ns = p.parse_args(argv)
-    ignored = tuple((flag, why) for flag, why in CPU_NO_OP_FLAGS.items()
-                    if getattr(ns, "ignored_" + flag.strip("-").replace("-", "_")))
     if ns.recompute_activations:  # Megatron-LM: --recompute-activations means selective
         ns.recompute_granularity = "selective"
+    if ns.num_query_groups is not None and not ns.group_query_attention:
+        ns.num_query_groups = None  # Megatron-LM ignores it without --group-query-attention
+    for check in (_check_model_and_parallel, _check_data_and_length, _check_moe, _check_mla):
+        check(p, ns)
+    values = {f.name: getattr(ns, f.name) for f in fields(TrainArgs) if hasattr(ns, f.name)}
+    values.update(
+        ignored=tuple((flag, why) for flag, why in CPU_NO_OP_FLAGS.items() if getattr(ns, _ignored_dest(flag))),
+        lr=ns.lr if ns.lr is not None else 1.0e-4, moe_layer_freq=_layer_freq(p, ns.moe_layer_freq),
+        recompute_modules=tuple(ns.recompute_modules) if ns.recompute_modules is not None else None,
+        data_path=tuple(ns.data_path) if ns.data_path else None)
+    return TrainArgs(**values)
+
+
+def _check_model_and_parallel(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
     if ns.fp16 and ns.bf16:
         p.error("--fp16 and --bf16 are mutually exclusive")
     if ns.pipeline_model_parallel_layout and (ns.decoder_first_pipeline_num_layers is not None
@@ -295,8 +363,18 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
         p.error("--recompute-granularity full needs --recompute-method (uniform or block)")
     if ns.recompute_method is not None and ns.recompute_num_layers is None:
         p.error("--recompute-method needs --recompute-num-layers")
-    if ns.num_query_groups is not None and not ns.group_query_attention:
-        ns.num_query_groups = None  # Megatron-LM ignores it without --group-query-attention
+    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size",
+                 "train_iters", "train_samples", "log_interval", "expert_model_parallel_size", "num_experts",
+                 "expert_tensor_parallel_size", "moe_router_topk", "tensorboard_log_interval",
+                 "context_parallel_size"):
+        if getattr(ns, name) is not None and getattr(ns, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if ns.context_parallel_size > 1 and ns.seq_length % (2 * ns.context_parallel_size):
+        p.error(f"--seq-length {ns.seq_length} is not a multiple of 2 x --context-parallel-size "
+                f"{ns.context_parallel_size} (ring attention splits each sequence into 2 x CP chunks)")
+
+
+def _check_data_and_length(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
     if ns.mock_data and ns.data_path:
         p.error("--mock-data and --data-path are mutually exclusive")
     if not ns.mock_data and not ns.data_path:
@@ -317,13 +395,30 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
         p.error("--lr-decay-style WSD is not supported by this entry (constant, linear, cosine, inverse-square-root)")
     if ns.save_interval is not None and ns.save is None:
         p.error("--save-interval needs --save")
-    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size",
-                 "train_iters", "train_samples", "log_interval", "expert_model_parallel_size", "num_experts",
-                 "expert_tensor_parallel_size", "moe_router_topk", "tensorboard_log_interval",
-                 "context_parallel_size"):
+
+
+def _check_moe(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    if ns.num_experts is None and (ns.expert_model_parallel_size > 1 or ns.expert_tensor_parallel_size is not None):
+        p.error("--expert-model-parallel-size / --expert-tensor-parallel-size need --num-experts")
+    if ns.num_experts is not None and ns.num_experts % ns.expert_model_parallel_size:
+        p.error(f"--num-experts {ns.num_experts} is not a multiple of --expert-model-parallel-size "
+                f"{ns.expert_model_parallel_size}")
+
+
+def _check_mla(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    # Megatron-LM's validate_args and core_transformer_config_from_args
+    if ns.multi_latent_attention and ns.group_query_attention:
+        p.error("--group-query-attention and --multi-latent-attention are mutually exclusive")
+    if not ns.multi_latent_attention and ns.rope_type not in (None, "rope"):
+        p.error(f"--rope-type {ns.rope_type} needs --multi-latent-attention (other attention takes rope only)")
+    for name in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
         if getattr(ns, name) is not None and getattr(ns, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    freq = ns.moe_layer_freq.strip()
+
+
+def _layer_freq(p: argparse.ArgumentParser, text: str) -> int:
+    """``--moe-layer-freq`` as Megatron-LM reads it; this entry builds every layer as MoE (1)."""
+    freq = text.strip()
     try:
         layer_freq: int | tuple[int, ...] = (tuple(int(x) for x in freq.strip("[]").split(",")) if freq.startswith("[")
                                             else int(freq))
@@ -332,59 +427,4 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
     if layer_freq != 1:
         p.error(f"--moe-layer-freq {freq}: this entry builds every layer as MoE (1); a mix of dense and MoE "
                 "layers runs through Megatron-LM's pretrain_gpt.py")
-    if ns.context_parallel_size > 1 and ns.seq_length % (2 * ns.context_parallel_size):
-        p.error(f"--seq-length {ns.seq_length} is not a multiple of 2 x --context-parallel-size "
-                f"{ns.context_parallel_size} (ring attention splits each sequence into 2 x CP chunks)")
-    if ns.num_experts is None and (ns.expert_model_parallel_size > 1 or ns.expert_tensor_parallel_size is not None):
-        p.error("--expert-model-parallel-size / --expert-tensor-parallel-size need --num-experts")
-    if ns.num_experts is not None and ns.num_experts % ns.expert_model_parallel_size:
-        p.error(f"--num-experts {ns.num_experts} is not a multiple of --expert-model-parallel-size "
-                f"{ns.expert_model_parallel_size}")
-    return TrainArgs(
-        num_layers=ns.num_layers, hidden_size=ns.hidden_size, ffn_hidden_size=ns.ffn_hidden_size,
-        num_attention_heads=ns.num_attention_heads, group_query_attention=ns.group_query_attention,
-        num_query_groups=ns.num_query_groups, seq_length=ns.seq_length,
-        max_position_embeddings=ns.max_position_embeddings, vocab_size=ns.vocab_size, rotary_base=ns.rotary_base,
-        use_rope_scaling=ns.use_rope_scaling, rope_scaling_factor=ns.rope_scaling_factor, kv_channels=ns.kv_channels,
-        add_qkv_bias=ns.add_qkv_bias, qk_layernorm=ns.qk_layernorm,
-        make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by, swiglu=ns.swiglu,
-        untie_embeddings_and_output_weights=ns.untie_embeddings_and_output_weights,
-        position_embedding_type=ns.position_embedding_type, normalization=ns.normalization,
-        add_bias_linear=ns.add_bias_linear, attention_dropout=ns.attention_dropout,
-        hidden_dropout=ns.hidden_dropout, attention_backend=ns.attention_backend,
-        transformer_impl=ns.transformer_impl,
-        tensor_model_parallel_size=ns.tensor_model_parallel_size,
-        pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
-        pipeline_model_parallel_layout=ns.pipeline_model_parallel_layout,
-        decoder_first_pipeline_num_layers=ns.decoder_first_pipeline_num_layers,
-        decoder_last_pipeline_num_layers=ns.decoder_last_pipeline_num_layers,
-        pipeline_model_parallel_comm_backend=ns.pipeline_model_parallel_comm_backend,
-        sequence_parallel=ns.sequence_parallel, distributed_backend=ns.distributed_backend,
-        distributed_timeout_minutes=ns.distributed_timeout_minutes,
-        use_distributed_optimizer=ns.use_distributed_optimizer,
-        micro_batch_size=ns.micro_batch_size, global_batch_size=ns.global_batch_size,
-        train_iters=ns.train_iters, train_samples=ns.train_samples, log_interval=ns.log_interval, eval_iters=ns.eval_iters,
-        eval_interval=ns.eval_interval, lr=ns.lr if ns.lr is not None else 1.0e-4, min_lr=ns.min_lr,
-        lr_decay_style=ns.lr_decay_style, lr_warmup_iters=ns.lr_warmup_iters, lr_decay_iters=ns.lr_decay_iters,
-        lr_warmup_samples=ns.lr_warmup_samples, lr_decay_samples=ns.lr_decay_samples,
-        weight_decay=ns.weight_decay, clip_grad=ns.clip_grad, adam_beta1=ns.adam_beta1,
-        adam_beta2=ns.adam_beta2, adam_eps=ns.adam_eps, optimizer=ns.optimizer, seed=ns.seed,
-        init_method_std=ns.init_method_std, recompute_granularity=ns.recompute_granularity,
-        recompute_method=ns.recompute_method, recompute_num_layers=ns.recompute_num_layers,
-        recompute_modules=tuple(ns.recompute_modules) if ns.recompute_modules is not None else None,
-        mock_data=ns.mock_data, tokenizer_type=ns.tokenizer_type, tokenizer_model=ns.tokenizer_model,
-        vocab_file=ns.vocab_file, merge_file=ns.merge_file,
-        data_path=tuple(ns.data_path) if ns.data_path else None, split=ns.split, save=ns.save, load=ns.load,
-        save_interval=ns.save_interval, ckpt_format=ns.ckpt_format,
-        exit_duration_in_mins=ns.exit_duration_in_mins, exit_signal_handler=ns.exit_signal_handler,
-        exit_interval=ns.exit_interval, bf16=ns.bf16, fp16=ns.fp16,
-        ignored=ignored, tensorboard_dir=ns.tensorboard_dir, tensorboard_log_interval=ns.tensorboard_log_interval,
-        log_throughput=ns.log_throughput, log_memory_to_tensorboard=ns.log_memory_to_tensorboard,
-        log_timers_to_tensorboard=ns.log_timers_to_tensorboard, wandb_project=ns.wandb_project,
-        wandb_exp_name=ns.wandb_exp_name, wandb_save_dir=ns.wandb_save_dir,
-        **{f.name: getattr(ns, f.name) for f in ENTRY_MOE_FIELDS if f.kind != "freq"},
-        moe_layer_freq=layer_freq, moe_aux_loss_coeff=ns.moe_aux_loss_coeff,
-        expert_model_parallel_size=ns.expert_model_parallel_size,
-        expert_tensor_parallel_size=ns.expert_tensor_parallel_size,
-        context_parallel_size=ns.context_parallel_size,
-    )
+    return 1

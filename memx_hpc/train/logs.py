@@ -175,18 +175,14 @@ def parse_log(lines: Iterable[str] | str) -> RunLog:
 def training_flops(args: Any, *, batch_size: int, padded_vocab_size: int) -> float:
     """Floating-point operations of one training iteration of ``batch_size`` sequences: Megatron-LM's
     ``num_floating_point_operations`` (megatron/training/training.py, core_r0.16.0) for the
-    models this entry builds (multi-head or grouped-query attention, dense or all-MoE layers):
-    every GEMM three times (forward, weight and data gradients), 2 FLOPs per multiply-add, the
-    causal half of the attention scores, and the logit layer."""
+    models this entry builds (multi-head, grouped-query or multi-latent attention, dense or
+    all-MoE layers): every GEMM three times (forward, weight and data gradients), 2 FLOPs per
+    multiply-add, the causal half of the attention scores, and the logit layer."""
     h, s, layers = args.hidden_size, args.seq_length, args.num_layers
-    heads = args.num_attention_heads
-    groups = args.num_query_groups or heads
-    kv = args.kv_channels or h // heads
     ffn = args.ffn_hidden_size or 4 * h
     fb, fma = 3, 2
     ffn_factor = 3 if args.swiglu else 2
-    q, k = kv * heads, kv * groups
-    attn = fb * fma * (h * (q + 2 * k) + q * s / 2 * 2 + q * h)
+    attn = fb * fma * _attention_terms(args)
     if getattr(args, "num_experts", None):
         moe_ffn = args.moe_ffn_hidden_size or ffn
         shared = args.moe_shared_expert_intermediate_size or 0
@@ -194,6 +190,24 @@ def training_flops(args: Any, *, batch_size: int, padded_vocab_size: int) -> flo
     else:
         mlp = ffn * ffn_factor * layers
     return float(batch_size * s * (fb * fma * h * mlp + attn * layers + fb * fma * h * padded_vocab_size))
+
+
+def _attention_terms(args: Any) -> float:
+    """One layer's attention multiply-adds per token, as Megatron-LM counts them: projections, the
+    causal half of the scores and of the weighted values. Multi-latent attention: the query's
+    low-rank pair (or its direct projection), the K/V latent and its up-projection, the shared
+    RoPE key, the output projection (the ``+ 1`` terms are Megatron-LM's, for the latent norms)."""
+    h, s, heads = args.hidden_size, args.seq_length, args.num_attention_heads
+    if getattr(args, "multi_latent_attention", False):
+        qk, pos, v = args.qk_head_dim, args.qk_pos_emb_head_dim, args.v_head_dim
+        q_term = h * heads * (qk + pos) if args.q_lora_rank is None else \
+            args.q_lora_rank * (h + heads * (qk + pos) + 1)
+        return (q_term + args.kv_lora_rank * (h + heads * (qk + v) + 1) + h * pos + heads * v * h
+                + s * heads * (qk + pos) / 2 + s * heads * v / 2)
+    groups = args.num_query_groups or heads
+    kv = args.kv_channels or h // heads
+    q, k = kv * heads, kv * groups
+    return h * (q + 2 * k) + q * s / 2 * 2 + q * h
 
 
 class MetricsLog:

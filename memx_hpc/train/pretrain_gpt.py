@@ -2,7 +2,8 @@
 
 Run as ``python -m memx_hpc.train.pretrain_gpt ARGS`` (one process per rank, as
 ``srun`` or ``torchrun`` start them). It builds megatron-core's ``GPTModel`` from the
-local layer spec, initialises real tensor and pipeline parallel groups, wraps the
+local layer spec (standard or multi-latent attention, dense or MoE layers, as Megatron-LM's
+gpt_builders picks the spec; checkpoint keys as Transformer Engine's layer names them), initialises real tensor and pipeline parallel groups, wraps the
 model in megatron-core's ``DistributedDataParallel``, trains ``--train-iters`` (or
 ``--train-samples``) on Megatron's indexed data (``--data-path``, megatron-core's GPTDataset,
 a tokenizer from local files: :mod:`memx_hpc.train.tokenizer`) or on synthetic data
@@ -460,14 +461,16 @@ def _attention(args: TrainArgs, rank: int, on_cpu: bool) -> _Attention:
 
 
 def _transformer_config(args: TrainArgs, attention: _Attention, dtype: Any, torch: Any) -> Any:
-    """megatron-core's TransformerConfig of the command line."""
+    """megatron-core's TransformerConfig of the command line (MLATransformerConfig for
+    multi-latent attention, as Megatron-LM's core_transformer_config_from_args chooses)."""
     import torch.nn.functional as F
-    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
     ffn = args.ffn_hidden_size
     if ffn is None:  # Megatron-LM's defaults (validate_args)
         ffn = int((4 * args.hidden_size * 2 / 3) / 64) * 64 if args.swiglu else 4 * args.hidden_size
-    return TransformerConfig(
+    config_class = MLATransformerConfig if args.multi_latent_attention else TransformerConfig
+    return config_class(
         num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=ffn,
         num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
         normalization=args.normalization, add_bias_linear=args.add_bias_linear, add_qkv_bias=args.add_qkv_bias,
@@ -495,33 +498,72 @@ def _transformer_config(args: TrainArgs, attention: _Attention, dtype: Any, torc
         masked_softmax_fusion=False, persist_layer_norm=False, apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         deallocate_pipeline_outputs=True,
-        **_moe_config(args),
+        **_moe_config(args), **_mla_config(args),
     )
 
 
+def _mla_config(args: TrainArgs) -> dict[str, Any]:
+    """MLATransformerConfig's fields from Megatron-LM's MLA arguments (each config field of the
+    same name, as core_transformer_config_from_args copies them); ``--rope-type`` left out keeps
+    the config's default (YaRN). Nothing for standard attention."""
+    if not args.multi_latent_attention:
+        return {}
+    return dict(q_lora_rank=args.q_lora_rank, kv_lora_rank=args.kv_lora_rank, qk_head_dim=args.qk_head_dim,
+                qk_pos_emb_head_dim=args.qk_pos_emb_head_dim, v_head_dim=args.v_head_dim,
+                rotary_base=args.rotary_base, rotary_scaling_factor=args.rotary_scaling_factor,
+                mscale=args.mscale, mscale_all_dim=args.mscale_all_dim,
+                **({"rope_type": args.rope_type} if args.rope_type is not None else {}))
+
+
 def _layer_spec(args: TrainArgs, attention: _Attention) -> Any:
-    """The transformer layer spec: Transformer Engine's, or the local one (with SDPA attention
-    where ``flash_like``)."""
+    """The transformer layer spec as Megatron-LM's gpt_builders picks it (experts, Q/K norms,
+    multi-latent attention where the command line asks): Transformer Engine's, or the local
+    one (with SDPA attention where ``flash_like``, MLA's head sizes through
+    :func:`~memx_hpc.megatron_cpu.mla_core_attention_class`) whose checkpoint keys are
+    Transformer Engine's (:func:`te_checkpoint_keys`)."""
+    import copy
+
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    kinds = dict(num_experts=args.num_experts, moe_grouped_gemm=False, qk_layernorm=args.qk_layernorm,
+                 multi_latent_attention=args.multi_latent_attention)
     if attention.use_te:
         try:
             from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-            spec = get_gpt_layer_with_transformer_engine_spec()
+            return get_gpt_layer_with_transformer_engine_spec(**kinds)
         except Exception as e:  # noqa: BLE001 - TE missing or broken: say so, do not train another layer
             raise _Refused(f"--transformer-impl transformer_engine, but Transformer Engine is not usable here "
                            f"({type(e).__name__}: {e})") from None
-    else:
-        spec = get_gpt_layer_local_spec(normalization=args.normalization, num_experts=args.num_experts,
-                                        moe_grouped_gemm=False, moe_use_legacy_grouped_gemm=False)
-    if attention.flash_like:
-        import copy
+    from ..megatron_cpu import mla_core_attention_class, sdpa_core_attention_class
 
-        from ..megatron_cpu import sdpa_core_attention_class
-
-        spec = copy.deepcopy(spec)
-        spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention_class()
+    spec = copy.deepcopy(get_gpt_layer_local_spec(normalization=args.normalization, **kinds))
+    core = sdpa_core_attention_class() if attention.flash_like else None
+    if args.multi_latent_attention:
+        core = mla_core_attention_class(core)
+    if core is not None:
+        spec.submodules.self_attention.submodules.core_attention = core
+    spec.submodules.sharded_state_dict_keys_map = te_checkpoint_keys(args)
     return spec
+
+
+def te_checkpoint_keys(args: TrainArgs) -> dict[str, str]:
+    """The local layer's checkpoint key prefixes renamed to the Transformer Engine layer's, so
+    that Megatron-LM's default (``--transformer-impl transformer_engine``) loads what this entry
+    saves: Transformer Engine fuses a norm into the linear layer after it, and its checkpoint
+    calls the norm's weight ``<linear>.layer_norm_weight`` (get_gpt_layer_with_transformer_engine_spec):
+    the input norm into ``linear_qkv`` (standard attention; MLA keeps ``input_layernorm``), MLA's
+    latent norms into ``linear_q_up_proj`` / ``linear_kv_up_proj``, the MLP's norm into
+    ``linear_fc1`` (a dense MLP; an MoE layer keeps ``pre_mlp_layernorm``)."""
+    keys: dict[str, str] = {}
+    if args.multi_latent_attention:
+        if args.qk_layernorm:
+            keys["self_attention.q_layernorm."] = "self_attention.linear_q_up_proj.layer_norm_"
+            keys["self_attention.kv_layernorm."] = "self_attention.linear_kv_up_proj.layer_norm_"
+    else:
+        keys["input_layernorm."] = "self_attention.linear_qkv.layer_norm_"
+    if args.num_experts is None:
+        keys["pre_mlp_layernorm."] = "mlp.linear_fc1.layer_norm_"
+    return keys
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -636,6 +678,7 @@ def _log_layout(args: TrainArgs, env: DistEnv, config: Any, built: _Built, atten
         "component": os.environ.get("MEMX_COMPONENT", "-"), "partition": os.environ.get("MEMX_PARTITION", "-"),
         "node": os.environ.get("SLURMD_NODENAME", "-"), "host": socket.gethostname(),
         "attention": "sdpa" if attention.flash_like else "core",
+        **({"multi-latent attention": True} if args.multi_latent_attention else {}),
         "transformer impl": "transformer_engine" if attention.use_te else "local",
         "device": "cpu" if on_cpu else f"cuda:{torch.cuda.current_device()}", "backend": backend,
         **({"experts": f"{args.num_experts // ps.get_expert_model_parallel_world_size()}/{args.num_experts}",

@@ -386,13 +386,68 @@ def test_megatron_lm_builds_the_model_named(preset: str, monkeypatch: pytest.Mon
         assert args.kv_channels == model.head_dim
     cross = Plan(tp=2, dp=1, micro_batch_size=1, global_batch_size=64,
                  stages=(Stage(partition="gpu_a100", num_layers=n - n // 2), Stage(partition="gpu_mi250x", num_layers=n // 2)))
-    # the project's entry (cross-vendor plans) builds layers all dense or all MoE, standard attention
-    if len(set(model.moe_layers)) > 1 or model.multi_latent_attention:
+    # the project's entry (cross-vendor plans) builds layers all dense or all MoE, standard or
+    # multi-latent attention
+    if len(set(model.moe_layers)) > 1:
         with pytest.raises(SpecError) as e:
             describe(cross, site, job)
-        assert e.value.field == "model"
+        assert e.value.field == "model.moe_layer_freq"
     else:
         describe(cross, site, job)
+
+
+def _cross_vendor_mla(**changes):
+    """DeepSeek-V2-Lite with every layer MoE (multi-latent attention, YaRN, shared experts), on a
+    plan whose two stages span NVIDIA and AMD partitions."""
+    from memx_hpc.spec import Plan, Stage, job_for_model
+    from memx_hpc.spec.catalog import preset
+
+    model = dataclasses.replace(preset("DeepSeek-V2-Lite"), moe_layer_freq=1, **changes)
+    site = load_site(ROOT / "site_configs" / "example-cross-vendor.yaml")
+    job = job_for_model(model, 64, precision="bf16", train_iters=100)
+    n = model.num_layers
+    plan = Plan(tp=2, dp=1, micro_batch_size=1, global_batch_size=64,
+                stages=(Stage(partition="gpu_a100", num_layers=n - n // 2),
+                        Stage(partition="gpu_mi250x", num_layers=n // 2)))
+    return model, site, job, plan
+
+
+_MLA_NAMES = ("multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+              "v_head_dim", "rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim", "qk_layernorm",
+              "num_experts", "moe_router_topk", "moe_shared_expert_intermediate_size", "normalization")
+
+
+def test_megatron_lm_and_the_project_entry_read_a_cross_vendor_mla_model_alike(monkeypatch):
+    """A cross-vendor plan of a multi-latent-attention model renders; every component's command
+    line is read by Megatron-LM's parse_args + validate_args and by the project's entry
+    (memx_hpc.train.args) to the same MLA, YaRN and expert settings."""
+    from memx_hpc.train.args import parse_args as entry_parse_args
+
+    model, site, job, plan = _cross_vendor_mla()
+    text = render(plan, site, job)
+    req = describe(plan, site, job)
+    for component in (0, 1):
+        argv = _argv_of(text, component)
+        assert "-m memx_hpc.train.pretrain_gpt" in text and "--multi-latent-attention" in argv
+        theirs = judge(argv, req.world_size, monkeypatch, _judged_env(text, component))
+        ours = entry_parse_args(argv)
+        assert {k: getattr(ours, k) for k in _MLA_NAMES} == {k: getattr(theirs, k) for k in _MLA_NAMES}
+    assert (ours.rope_type, ours.rotary_scaling_factor) == ("yarn", model.rope_scaling_factor)
+    assert (ours.kv_lora_rank, ours.qk_pos_emb_head_dim) == (model.kv_lora_rank, model.qk_pos_emb_head_dim)
+
+
+@pytest.mark.parametrize("changes,field", [
+    (dict(moe_router_num_groups=8, moe_router_group_topk=2), "model.moe_router_num_groups"),
+    (dict(moe_router_enable_expert_bias=True), "model.moe_router_enable_expert_bias"),
+    (dict(moe_shared_expert_gate=True), "model.moe_shared_expert_gate"),
+])
+def test_the_project_entry_refuses_router_options_it_does_not_build_by_name(changes, field):
+    from memx_hpc.errors import SpecError
+
+    _, site, job, plan = _cross_vendor_mla(**changes)
+    with pytest.raises(SpecError) as e:
+        describe(plan, site, job)
+    assert e.value.field == field and "does not build it" in str(e.value)
 
 
 def test_megatron_lm_reads_a_checkpoint_of_the_project_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -213,6 +213,11 @@ def test_resume_names_every_model_argument_the_checkpoint_differs_in(tmp_path):
     for name in ("hidden_size", "swiglu", "num_experts", "vocab_size"):
         assert name in text, text
     assert "num_layers" not in text
+    # a checkpoint of multi-latent attention (the entry and Megatron-LM save its arguments) is
+    # another model than the job's standard attention
+    mla = _checkpoint(tmp_path / "mla", **{**same, "multi_latent_attention": True, "kv_lora_rank": 32})
+    with pytest.raises(SpecError, match="multi_latent_attention"):
+        resume_job(dataclasses.replace(job, train_iters=10), mla)
 
 
 def test_plans_on_cpu_devices_do_not_overlap_and_old_plan_files_are_predicted_as_off(tmp_path):

@@ -374,3 +374,87 @@ def test_context_parallel_without_transformer_engine_is_refused_by_name() -> Non
     assert "error: --context-parallel-size 2 needs Transformer Engine's attention" in runs[0].stdout
     with pytest.raises(SystemExit):  # ring attention's 2 x CP chunks, as Megatron-LM asserts
         parse_args([*TINY, "--train-iters", "1", "--context-parallel-size", "3"])
+
+
+MLA = [*TINY, "--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-rank", "16", "--qk-head-dim", "16",
+       "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16", "--qk-layernorm", "--position-embedding-type", "rope",
+       "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear", "--lr", "0.01",
+       "--lr-decay-style", "constant"]
+
+
+def _checkpoint_keys(path: Path) -> set[str]:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+
+
+def test_multi_latent_attention_trains_saves_transformer_engine_keys_and_resumes(tmp_path: Path) -> None:
+    """A tiny MLA model (megatron-core's MLASelfAttention, MLATransformerConfig, YaRN by default
+    as Megatron-LM) trains on the CPU with falling loss; its torch_dist checkpoint names the
+    latent norms as Transformer Engine's layer does, and a run stopped after three iterations
+    resumes to the uninterrupted run's losses."""
+    argv = [*MLA, "--train-iters", "6"]
+    (full,) = _launch(argv, 1)
+    assert full.returncode == 0, full.stdout[-3000:]
+    losses = [i.lm_loss for i in parse_log(full.stdout).iterations]
+    assert len(losses) == 6 and losses[-1] < losses[0] - 0.3
+    assert "multi-latent attention: True" in full.stdout
+    ck = tmp_path / "ck"
+    (first,) = _launch(argv + ["--save", str(ck), "--save-interval", "3", "--exit-interval", "3"], 1)
+    assert first.returncode == 0, first.stdout[-3000:]
+    keys = {k for k in _checkpoint_keys(ck / "iter_0000003") if k.startswith("decoder.layers.")}
+    attn = "decoder.layers.self_attention."
+    assert {"decoder.layers.input_layernorm.weight", attn + "linear_q_down_proj.weight",
+            attn + "linear_q_up_proj.weight", attn + "linear_q_up_proj.layer_norm_weight",
+            attn + "linear_kv_down_proj.weight", attn + "linear_kv_up_proj.weight",
+            attn + "linear_kv_up_proj.layer_norm_weight", attn + "linear_proj.weight",
+            "decoder.layers.mlp.linear_fc1.layer_norm_weight", "decoder.layers.mlp.linear_fc1.weight",
+            "decoder.layers.mlp.linear_fc2.weight"} <= keys
+    assert not any("q_layernorm" in k or "kv_layernorm" in k or "pre_mlp_layernorm" in k for k in keys)
+    (rest,) = _launch(argv + ["--save", str(ck), "--load", str(ck)], 1)
+    assert rest.returncode == 0, rest.stdout[-3000:]
+    assert "resumed from" in rest.stdout
+    assert [i.lm_loss for i in parse_log(rest.stdout).iterations] == pytest.approx(losses[3:], rel=1e-5)
+
+
+def test_multi_latent_attention_with_experts_and_unfused_attention() -> None:
+    """MLA with an MoE MLP and megatron-core's unfused attention (the adapter that takes MLA's
+    k/v head sizes), plain RoPE: two iterations train."""
+    (r,) = _launch([*MLA, "--train-iters", "2", "--num-experts", "4", "--attention-backend", "unfused",
+                    "--rope-type", "rope"], 1)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert len(parse_log(r.stdout).iterations) == 2 and "attention: core" in r.stdout
+
+
+def test_mla_arguments_follow_megatron() -> None:
+    a = parse_args([*MLA, "--train-iters", "1"])
+    assert (a.multi_latent_attention, a.q_lora_rank, a.kv_lora_rank, a.rope_type, a.rotary_scaling_factor,
+            a.mscale, a.mscale_all_dim) == (True, 32, 16, None, 1.0, 1.0, 0.0)
+    b = parse_args([*TINY, "--train-iters", "1", "--multi-latent-attention"])
+    assert (b.q_lora_rank, b.kv_lora_rank, b.qk_head_dim, b.qk_pos_emb_head_dim, b.v_head_dim) == (None, 32, 128, 64, 128)
+    with pytest.raises(SystemExit):  # Megatron-LM: GQA and MLA are mutually exclusive
+        parse_args([*MLA, "--train-iters", "1", "--group-query-attention", "--num-query-groups", "2"])
+    with pytest.raises(SystemExit):  # Megatron-LM: other attention takes rope only
+        parse_args([*TINY, "--train-iters", "1", "--rope-type", "yarn"])
+
+
+def test_throughput_counts_mla_flops_as_megatron() -> None:
+    """training_flops of an MLA model: Megatron-LM's MLA attention term (num_floating_point_operations)."""
+    from memx_hpc.train.logs import training_flops
+
+    a = parse_args([*MLA, "--train-iters", "1"])
+    h, s, n, heads = 64, 32, 4, 4
+    q_term = 32 * (h + heads * (16 + 8) + 1)
+    attn = q_term + 16 * (h + heads * (16 + 16) + 1) + h * 8 + heads * 16 * h + s * heads * 24 / 2 + s * heads * 16 / 2
+    mlp = 4 * h * 3 * n  # SwiGLU's two branches of width 4h (--ffn-hidden-size not given)
+    want = 2 * s * (6 * h * mlp + 6 * attn * n + 6 * h * 256)
+    assert training_flops(a, batch_size=2, padded_vocab_size=256) == pytest.approx(want)
+
+
+def test_qk_layernorm_builds_the_q_and_k_norms() -> None:
+    """--qk-layernorm reaches the layer spec (as Megatron-LM's gpt_builders passes it): each of
+    the 4 layers gains a LayerNorm (weight and bias) of the head size (16) on Q and on K."""
+    runs = [_launch([*TINY, "--train-iters", "1", *extra], 1)[0] for extra in ([], ["--qk-layernorm"])]
+    assert all(r.returncode == 0 for r in runs), [r.stdout[-2000:] for r in runs]
+    plain, normed = (int(parse_log(r.stdout).layouts[0]["parameters"]) for r in runs)
+    assert normed - plain == 4 * 2 * 2 * 16
