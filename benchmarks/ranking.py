@@ -340,8 +340,10 @@ def ultrascale_runs(path: Path | None = None, panels=None):
 
 
 #: how a pass prices the playbook's gradient synchronisation: no overlap; Megatron's DDP
-#: (default buckets on the first pipeline rank); nanotron's (PyTorch DDP: 25 MiB buckets on every rank)
-ULTRASCALE_SYNC = ("off", "megatron", "nanotron")
+#: (default buckets on the first pipeline rank) over a fabric the site does not name (the
+#: pricing before EFA's ring: NCCL's ring or tree, as on InfiniBand); Megatron's DDP over EFA;
+#: nanotron's (PyTorch DDP: 25 MiB buckets on every rank) over EFA
+ULTRASCALE_SYNC = ("off", "megatron-unnamed-fabric", "megatron", "nanotron")
 
 
 def ultrascale_predict_one(plan, site, job, model, overlap="nanotron"):
@@ -350,6 +352,9 @@ def ultrascale_predict_one(plan, site, job, model, overlap="nanotron"):
     sync = {False: "off", True: "megatron"}.get(overlap, overlap)
     if sync == "off":
         return predict_plan(plan, site, job, model)
+    if sync == "megatron-unnamed-fabric":
+        site = dataclasses.replace(site, partitions=tuple(dataclasses.replace(p, fabric="") for p in site.partitions))
+        return predict_plan(dataclasses.replace(plan, overlap_grad_reduce=True), site, job, model)
     if sync == "megatron":
         return predict_plan(dataclasses.replace(plan, overlap_grad_reduce=True), site, job, model)
     return predict_plan(dataclasses.replace(plan, overlap_grad_reduce=True, ddp_bucket_size=NANOTRON_BUCKET_PARAMS),
@@ -425,7 +430,8 @@ def score_ultrascale(timed, untimed, model, roof=None) -> list[list]:
     return rows
 
 
-ULTRASCALE_SYNC_WORDS = {"off": "not overlapped", "megatron": "Megatron DDP buckets",
+ULTRASCALE_SYNC_WORDS = {"off": "not overlapped", "megatron-unnamed-fabric": "Megatron DDP, fabric unnamed",
+                         "megatron": "Megatron DDP buckets",
                          "nanotron": "nanotron DDP (as run)"}
 ULTRASCALE_HEADERS = ["cost model", "gradient sync priced", "split", "predictor picks among", "groups", "top-1",
                       "rule top-1", "regret % mean / median", "rule regret % mean / median", "time MAPE %",
