@@ -32,7 +32,8 @@ Only dev rows may inform a design choice.
 What the Megatron-Bridge recipes set beyond the row's columns is carried where it is read
 (BRIDGE_RECIPE_COMMITS): bf16 gradient reduction (BF16_GRAD_REDUCE_FAMILIES), FP8 weights
 under the FP8 presets (FP8_PARAM_RECIPES) and no hidden dropout (DROPOUT_FREE_FAMILIES; the
-NeMo 24.07 launcher's configs: NEMO_DROPOUT_FREE_FAMILIES).
+NeMo 24.07 launcher's configs: NEMO_DROPOUT_FREE_FAMILIES); for the NeMo 24.07 rows, the bf16
+gradient buffer their run scripts ask for (NEMO_BF16_GRAD_SYNC_FAMILIES).
 
 Assumptions the rows do not state (printed with the results): FP8 rows run bf16 weights
 with FP8 matmuls in Transformer Engine's hybrid format under the row's recipe; Adam; the distributed
@@ -115,6 +116,15 @@ DROPOUT_FREE_FAMILIES = ("llama3-8b", "llama3-70b", "llama3-70b-sft", "llama3.1-
 #: nemotron/nemotron_8b,nemotron_22b,nemotron_340b}.yaml (gpt3/*.yaml keep 0.1)
 NEMO_DROPOUT_FREE_FAMILIES = ("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "nemotron-8b",
                               "nemotron-22b", "nemotron-340b")
+
+#: NeMo 24.07 families whose published H100 run scripts reduce gradients in bf16: the
+#: launcher's examples/training/{gpt/h100/{5b,20b,175b}_fp8_*node.sh, llama/h100/{llama2_7b,
+#: llama2_13b,llama2_70b,llama3_8b,llama3_70b}_fp8.sh} at tag 24.07 (8325688) pass
+#: +training.model.optim.grad_sync_dtype=bf16 to the distributed_fused_adam optimizer (Apex's
+#: DistributedFusedAdam, whose contiguous gradient buffer then holds bf16: 2 bytes a parameter,
+#: not fp32's 4); the same scripts' node counts and batch sizes are the summary's rows
+NEMO_BF16_GRAD_SYNC_FAMILIES = ("gpt3-5b", "gpt3-20b", "gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b",
+                                "llama3-8b", "llama3-70b")
 
 #: rows whose runs set PyTorch's expandable segments (PYTORCH_CUDA_ALLOC_CONF=
 #: expandable_segments:True): the Megatron-Bridge performance scripts' and skills' runs; carried
@@ -291,7 +301,8 @@ def _stage_layers(row: dict, total: int, pp: int) -> list[int]:
 def recipe_settings(row: dict) -> dict:
     """TrainJob fields a Megatron-Bridge row's recipe sets beyond the row's columns, only
     where the recipe is read (BRIDGE_RECIPE_COMMITS): the performance summary's bf16
-    gradient reduction (BF16_GRAD_REDUCE_FAMILIES) and, for the Bridge tables and the
+    gradient reduction (BF16_GRAD_REDUCE_FAMILIES; the NeMo 24.07 rows' run scripts:
+    NEMO_BF16_GRAD_SYNC_FAMILIES) and, for the Bridge tables and the
     memory-tuning study, FP8 weights under the FP8 presets (FP8_PARAM_RECIPES). Other rows:
     none (Megatron-LM's defaults, or the CI arguments)."""
     from memx_hpc.spec import TrainJob
@@ -299,7 +310,8 @@ def recipe_settings(row: dict) -> dict:
     out: dict = {}
     rid, prec = row["id"], row["precision"].strip().lower()
     table = rid.startswith("bridge-performance-summary")
-    if table and row["family"] in BF16_GRAD_REDUCE_FAMILIES and "grad_reduce_in_fp32" in fields:
+    nemo = rid.startswith("nemo-24.07/") and row["family"] in NEMO_BF16_GRAD_SYNC_FAMILIES
+    if ((table and row["family"] in BF16_GRAD_REDUCE_FAMILIES) or nemo) and "grad_reduce_in_fp32" in fields:
         out["grad_reduce_in_fp32"] = False
     if ((table or rid.startswith("bridge-skill/memory-tuning/")) and prec.startswith("fp8-")
             and prec[4:] in FP8_PARAM_RECIPES and "fp8_param_gather" in fields):
@@ -671,7 +683,8 @@ def main(argv=None) -> int:
           "Llama-3.1-405B); "
           "50 GB/s per GPU between nodes (A100: 25), NVLink inside a GB200/GB300 NVL72 rack; FP8 rows: bf16 weights, "
           "hybrid format, the row's recipe; Megatron-Bridge rows: what their recipes set (bf16 gradient reduction, "
-          "FP8 weights, no hidden dropout); NeMo 24.07 Llama/Nemotron rows: no hidden dropout (sources in the script)")
+          "FP8 weights, no hidden dropout); NeMo 24.07 Llama/Nemotron rows: no hidden dropout; NeMo 24.07 rows: bf16 gradient buffer "
+          "(grad_sync_dtype=bf16 in the launcher's run scripts) (sources in the script)")
     run(rows, model, show_rows=args.rows)
     return 0
 
