@@ -33,7 +33,7 @@ What the Megatron-Bridge recipes set beyond the row's columns is carried where i
 (BRIDGE_RECIPE_COMMITS): bf16 gradient reduction (BF16_GRAD_REDUCE_FAMILIES), FP8 weights
 under the FP8 presets (FP8_PARAM_RECIPES) and no hidden dropout (DROPOUT_FREE_FAMILIES; the
 NeMo 24.07 launcher's configs: NEMO_DROPOUT_FREE_FAMILIES); for the NeMo 24.07 rows, the bf16
-gradient buffer their run scripts ask for (NEMO_BF16_GRAD_SYNC_FAMILIES).
+gradient buffer their run scripts ask for (NEMO_BF16_GRAD_SYNC_RUNS).
 
 Assumptions the rows do not state (printed with the results): FP8 rows run bf16 weights
 with FP8 matmuls in Transformer Engine's hybrid format under the row's recipe; Adam; the distributed
@@ -117,14 +117,16 @@ DROPOUT_FREE_FAMILIES = ("llama3-8b", "llama3-70b", "llama3-70b-sft", "llama3.1-
 NEMO_DROPOUT_FREE_FAMILIES = ("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "nemotron-8b",
                               "nemotron-22b", "nemotron-340b")
 
-#: NeMo 24.07 families whose published H100 run scripts reduce gradients in bf16: the
-#: launcher's examples/training/{gpt/h100/{5b,20b,175b}_fp8_*node.sh, llama/h100/{llama2_7b,
-#: llama2_13b,llama2_70b,llama3_8b,llama3_70b}_fp8.sh} at tag 24.07 (8325688) pass
-#: +training.model.optim.grad_sync_dtype=bf16 to the distributed_fused_adam optimizer (Apex's
-#: DistributedFusedAdam, whose contiguous gradient buffer then holds bf16: 2 bytes a parameter,
-#: not fp32's 4); the same scripts' node counts and batch sizes are the summary's rows
-NEMO_BF16_GRAD_SYNC_FAMILIES = ("gpt3-5b", "gpt3-20b", "gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b",
-                                "llama3-8b", "llama3-70b")
+#: NeMo 24.07 runs (family, GPUs) whose published H100 run script reduces gradients in bf16:
+#: github.com/NVIDIA/NeMo-Framework-Launcher at tag 24.07 (8325688), examples/training/gpt/h100/
+#: {5b_fp8_8node,175b_fp8_16node}.sh and llama/h100/{llama2_7b,llama2_70b,llama3_8b,llama3_70b}_fp8.sh
+#: pass +training.model.optim.grad_sync_dtype=bf16 to the distributed_fused_adam optimizer (Apex's
+#: DistributedFusedAdam, whose contiguous gradient buffer then holds bf16: 2 bytes a parameter, not
+#: fp32's 4). Only the runs whose node count and global batch a script states are carried: every
+#: GPT/Llama script there sets it, but GPT-3 20B, Llama-2 13B and GPT-3 175B on 512 GPUs ran at
+#: sizes no script states (and the 175B script says vp 12 where the table says 6)
+NEMO_BF16_GRAD_SYNC_RUNS = frozenset({("gpt3-5b", 64), ("gpt3-175b", 128), ("llama2-7b", 8), ("llama2-70b", 64),
+                                      ("llama3-8b", 8), ("llama3-70b", 64)})
 
 #: rows whose runs set PyTorch's expandable segments (PYTORCH_CUDA_ALLOC_CONF=
 #: expandable_segments:True): the Megatron-Bridge performance scripts' and skills' runs; carried
@@ -302,7 +304,7 @@ def recipe_settings(row: dict) -> dict:
     """TrainJob fields a Megatron-Bridge row's recipe sets beyond the row's columns, only
     where the recipe is read (BRIDGE_RECIPE_COMMITS): the performance summary's bf16
     gradient reduction (BF16_GRAD_REDUCE_FAMILIES; the NeMo 24.07 rows' run scripts:
-    NEMO_BF16_GRAD_SYNC_FAMILIES) and, for the Bridge tables and the
+    NEMO_BF16_GRAD_SYNC_RUNS) and, for the Bridge tables and the
     memory-tuning study, FP8 weights under the FP8 presets (FP8_PARAM_RECIPES). Other rows:
     none (Megatron-LM's defaults, or the CI arguments)."""
     from memx_hpc.spec import TrainJob
@@ -310,7 +312,7 @@ def recipe_settings(row: dict) -> dict:
     out: dict = {}
     rid, prec = row["id"], row["precision"].strip().lower()
     table = rid.startswith("bridge-performance-summary")
-    nemo = rid.startswith("nemo-24.07/") and row["family"] in NEMO_BF16_GRAD_SYNC_FAMILIES
+    nemo = rid.startswith("nemo-24.07/") and (row["family"], int(row["gpus"])) in NEMO_BF16_GRAD_SYNC_RUNS
     if ((table and row["family"] in BF16_GRAD_REDUCE_FAMILIES) or nemo) and "grad_reduce_in_fp32" in fields:
         out["grad_reduce_in_fp32"] = False
     if ((table or rid.startswith("bridge-skill/memory-tuning/")) and prec.startswith("fp8-")
