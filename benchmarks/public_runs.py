@@ -17,7 +17,7 @@ planner's limit (capacity less the site's safety margin, a policy: those the pla
 refuses too, a run at 97 % of its GPU among them). Memory compares allocator peaks: the measured
 ``torch.cuda.max_memory_allocated`` (Megatron-LM CI: the logging rank, i.e. the last
 pipeline stage) against the composition's peak of that stage without the device terms
-(``(peak - overhead) / a``, as benchmarks/end_to_end.py).
+(its state plus held activations, as benchmarks/end_to_end.py).
 
 A row the planner cannot state yet (a precision it does not know, Megatron-FSDP, a model
 without a spec, a GPU type outside the catalog, a Plan field that does not exist yet, ...)
@@ -428,7 +428,7 @@ def decompose(plan, site, job, cm, pred) -> dict:
     """The largest stage's predicted peak by term (bytes unless named): weights, gradient
     buffer, optimizer shards (fp32 main parameters and moments), FP8 weights beyond the 16-bit
     ones, held activations with the in-flight micro-batch units (and chunks) the schedule keeps,
-    the last stage's head and logits (analytic), the prior ``a x A + b`` and the capacity check
+    the last stage's head and logits (analytic), the prior ``S + a x (A - S) + b`` and the capacity check
     (the composition's safety margin; the band the recommended plan adds)."""
     from memx_hpc.model import analytic
     from memx_hpc.model.compose import (fp8_state_bytes, in_flight_heads, in_flight_units, memory_scale_of,
@@ -437,7 +437,7 @@ def decompose(plan, site, job, cm, pred) -> dict:
     from memx_hpc.params import expert_params
     from memx_hpc.search.objective import table_band
     a0 = memory_scale_of(cm, site)
-    st = max(pred.stages, key=lambda x: (x.peak_bytes - x.overhead_bytes) / a0(x.gpu_type))
+    st = max(pred.stages, key=lambda x: x.state_bytes + x.activation_bytes)
     i, n, tp, pp, v = st.stage, st.num_layers, plan.tp, plan.pp, plan.virtual_stages
     first, last = i == 0, i == pp - 1
     m = pred.num_microbatches
@@ -461,7 +461,7 @@ def decompose(plan, site, job, cm, pred) -> dict:
             shape_of(job), micro_batch_size=plan.micro_batch_size, tp=tp, precision=job.precision,
             sequence_parallel=sp) + logits_transient_bytes(job, tp, plan.micro_batch_size)) / plan.cp
     scale = a0(st.gpu_type)
-    alloc = (st.peak_bytes - st.overhead_bytes) / scale
+    alloc = st.state_bytes + st.activation_bytes
     band = table_band(st.gpu_type, cm.basis(st.gpu_type)).fraction if hasattr(cm, "basis") else float("nan")
     return dict(stage=i, layers=n, params=params, weights=parts["weights"], grads=parts["grads"],
                 optimizer=parts["optimizer"], fp8=fp8, state=st.state_bytes, activations=st.activation_bytes,
@@ -486,15 +486,14 @@ def predict_row(row: dict, model) -> dict:
             p = predict_plan(plan, site, job, cm)
         except SpecError as e:
             raise NotExpressible(f"the composition refused it: {e}") from None
-        a0 = memory_scale_of(cm, site)
-        alloc = [(st.peak_bytes - st.overhead_bytes) / a0(st.gpu_type) for st in p.stages]
-        last = [(st.peak_bytes - st.overhead_bytes) / a0(st.gpu_type) for st in p.stages
+        alloc = [st.state_bytes + st.activation_bytes for st in p.stages]
+        last = [st.state_bytes + st.activation_bytes for st in p.stages
                 if st.stage == max(s.stage for s in p.stages)]
         out[key + "_ms"] = p.iteration_ms
         # CI: the logging (last) rank's peak; other sources: the largest stage's
         out[key + "_mem"] = max(last) if row["id"].startswith("mlm-ci/") else max(alloc)
         out[key + "_feasible"] = p.feasible
-        # the device itself over: a stage's predicted peak (a x A + b) above what a process can
+        # the device itself over: a stage's predicted peak (S + a x (A - S) + b) above what a process can
         # allocate, not only above the planner's limit (capacity less the site's safety margin)
         out[key + "_over_capacity"] = any(st.peak_bytes > st.capacity_bytes for st in p.stages)
         worst = max(p.stages, key=lambda st: st.peak_bytes / st.capacity_bytes)
@@ -605,7 +604,7 @@ def run(rows: list[dict], model, *, show_rows: bool = False, out=print) -> dict:
     dev = [d for d in done if d["row"]["split"] == "dev" and "terms" in d]
     if dev:
         out("\ndev rows: the largest stage's predicted peak by term (GiB; allocator peak A = state + held "
-            "activations; device = a x A + b, checked against capacity x (1 - margin); the recommended plan "
+            "activations; device = S + a x (A - S) + b, the allocator's slack on the activations alone, checked against capacity x (1 - margin); the recommended plan "
             "also widens it by the band):")
         seen, dtab = set(), []
         for d in dev:

@@ -180,7 +180,8 @@ def test_bridge_rows_carry_what_their_recipe_sets_and_nothing_elsewhere():
 
 def test_over_capacity_share_and_the_peak_by_term_add_up():
     """Every row ran, so the share predicted over capacity is a memory error; the printed
-    terms of the largest stage sum to its allocator peak, and a x A + b is its device peak."""
+    terms of the largest stage sum to its allocator peak, and S + a x (A - S) + b is its device
+    peak (the allocator's slope on the activations, not on the state)."""
     from memx_hpc.model.api import AnalyticCostModel
     from memx_hpc.spec import Partition, Site
     row = _row(r"^bridge-performance-summary-archive/26.06/DGX-GB200/LLAMA3.1_405B/fp8-tensorwise/")
@@ -194,7 +195,7 @@ def test_over_capacity_share_and_the_peak_by_term_add_up():
     x = bench.predict_row(row, model)["terms"]
     assert x["weights"] + x["grads"] + x["optimizer"] + x["fp8"] == pytest.approx(x["state"], rel=1e-6)
     assert x["state"] + x["activations"] == pytest.approx(x["alloc"], rel=1e-6)
-    assert x["a"] * x["alloc"] + x["b"] == pytest.approx(x["device"], rel=1e-6)
+    assert x["state"] + x["a"] * x["activations"] + x["b"] == pytest.approx(x["device"], rel=1e-6)
     # interleaved 1F1B on the second stage of 16 with 4 chunks: 2 x 14 + 3 x 16 warm-up chunk
     # forwards + 1 (megatron-core schedules.get_pp_rank_microbatches)
     assert x["stage"] == 1 and x["chunks"] == 77 and x["units"] == pytest.approx(77 / 4)
