@@ -82,7 +82,7 @@ if str(ROOT) not in sys.path:
 from memx_hpc.tables import table  # noqa: E402
 from memx_hpc.datapaths import SOURCES, shared_data  # noqa: E402
 from memx_hpc.model.api import AnalyticCostModel  # noqa: E402
-from memx_hpc.model.compose import memory_scale_of, predict_general, predict_plan  # noqa: E402
+from memx_hpc.model.compose import predict_general, predict_plan  # noqa: E402
 from memx_hpc.model.links import LinkModel  # noqa: E402
 from memx_hpc.model.metrics import ape  # noqa: E402
 from memx_hpc.spec import (GeneralPlan, GeneralStage, ModelSpec, Partition, Plan, Recompute, Replica,  # noqa: E402
@@ -255,14 +255,16 @@ def sailor_validation(predictor) -> dict[str, dict[str, float]]:
         # the site's 25 GB/s figure, no curves (the same site without link_curves_from)
         own = Site(name=site.name, partitions=(dataclasses.replace(site.partitions[0], link_curves_from=None),))
         site_only = predict_general(plan, own, job, predictor, links=LinkModel(own, links.curves))
-        # allocator peak: the composition's peak without the device terms (a x A + b, a the prior's)
-        a0 = memory_scale_of(predictor, site)
-        alloc = max((st.peak_bytes - st.overhead_bytes) / a0(st.gpu_type) for st in pred.stages)
+        # allocator peak: the composition's peak without the device terms (state + held
+        # activations of the stage whose device peak S + a (A - S) + b is the largest), and its state
+        top = max(pred.stages, key=lambda st: st.peak_bytes)
+        alloc, state = top.state_bytes + top.activation_bytes, top.state_bytes
+        roof_top = max(roof.stages, key=lambda st: st.peak_bytes)
         recs.append(dict(name=f.parent.name + "/" + f.name.replace("plan_config_", ""), split=split_of_sailor(nodes),
-                         model=job.model.name, real_ms=real_ms, mem=float(mem), alloc=float(alloc),
+                         model=job.model.name, real_ms=real_ms, mem=float(mem), alloc=float(alloc), state=float(state),
                          pred_ms=pred.iteration_ms, roof_ms=roof.iteration_ms, site_ms=site_only.iteration_ms,
-                         roof_alloc=float(max((st.peak_bytes - st.overhead_bytes) / a0(st.gpu_type)
-                                              for st in roof.stages)),
+                         roof_alloc=float(roof_top.state_bytes + roof_top.activation_bytes),
+                         roof_state=float(roof_top.state_bytes),
                          plan=plan, sync=max(st.grad_sync_ms for st in pred.stages),
                          red_grads=float(json.loads(f.read_text()).get("red_grads", float("nan"))) * 1e3))
     prior = prior_for("nvidia")
@@ -270,10 +272,11 @@ def sailor_validation(predictor) -> dict[str, dict[str, float]]:
     for i, r in enumerate(recs):
         # leave-one-out, as `memx-hpc verify` calibrates: a and b fitted on the OTHER runs only
         others = [x for j, x in enumerate(recs) if j != i]
-        fit = fit_device_memory([x["alloc"] for x in others], [x["mem"] for x in others], prior)
+        fit = fit_device_memory([x["alloc"] for x in others], [x["mem"] for x in others], prior,
+                                state_bytes=[x["state"] for x in others])
         const = float(np.median([x["mem"] - x["alloc"] for x in others]))  # the former constant-only calibration
-        r["mem_prior"] = p0.footprint(r["alloc"])
-        r["mem_loo"] = fit.footprint(r["alloc"])
+        r["mem_prior"] = p0.footprint(r["alloc"], r["state"])
+        r["mem_loo"] = fit.footprint(r["alloc"], r["state"])
         r["mem_const"] = r["alloc"] + max(0.0, const)
         r["fit"] = fit
         for k in ("pred_ms", "roof_ms", "site_ms"):
@@ -281,7 +284,7 @@ def sailor_validation(predictor) -> dict[str, dict[str, float]]:
             r[k.replace("_ms", "_bias")] = 100.0 * (r[k] - r["real_ms"]) / r["real_ms"]
         for k in ("mem_prior", "mem_loo", "mem_const"):
             r[k + "_ape"] = float(ape(r[k], r["mem"]))
-        r["roof_mem_ape"] = float(ape(p0.footprint(r["roof_alloc"]), r["mem"]))
+        r["roof_mem_ape"] = float(ape(p0.footprint(r["roof_alloc"], r["roof_state"]), r["mem"]))
     for r in recs:
         p = r["plan"]
         rows.append([r["name"], r["split"], r["model"], "/".join(str(s.num_layers) for s in p.stages),
@@ -294,8 +297,8 @@ def sailor_validation(predictor) -> dict[str, dict[str, float]]:
                  "site-link APE %", "roofline APE %", "DP sync ms", "red_grads ms", "real GiB", "alloc GiB", "prior mem APE %",
                  "LOO GiB", "LOO mem APE %", "const LOO APE %"])
     print("time: Sailor's imported GH200 network curves (provenance 'imported'); 'site-link': the site's 25 GB/s "
-          "figure instead. memory: a x allocator peak + b, 'prior' = the NVIDIA prior "
-          f"({prior.a:.2f} x + {prior.b_bytes / GiB:.1f} GiB), 'LOO' = a and b fitted on the other runs "
+          "figure instead. memory: state + a x activations + b, 'prior' = the NVIDIA prior "
+          f"(state + {prior.a:.2f} x activations + {prior.b_bytes / GiB:.1f} GiB), 'LOO' = a and b fitted on the other runs "
           "(memx_hpc.model.memory), 'const' = the former constant-only overhead (median over the other runs). "
           "'red_grads': the gradient reduction time Sailor measured (shown, not used; N4_D4's equals its iteration).")
     fits = [r["fit"] for r in recs]

@@ -17,7 +17,7 @@ planner's limit (capacity less the site's safety margin, a policy: those the pla
 refuses too, a run at 97 % of its GPU among them). Memory compares allocator peaks: the measured
 ``torch.cuda.max_memory_allocated`` (Megatron-LM CI: the logging rank, i.e. the last
 pipeline stage) against the composition's peak of that stage without the device terms
-(``(peak - overhead) / a``, as benchmarks/end_to_end.py).
+(its state plus held activations, as benchmarks/end_to_end.py).
 
 A row the planner cannot state yet (a precision it does not know, Megatron-FSDP, a model
 without a spec, a GPU type outside the catalog, a Plan field that does not exist yet, ...)
@@ -32,7 +32,8 @@ Only dev rows may inform a design choice.
 What the Megatron-Bridge recipes set beyond the row's columns is carried where it is read
 (BRIDGE_RECIPE_COMMITS): bf16 gradient reduction (BF16_GRAD_REDUCE_FAMILIES), FP8 weights
 under the FP8 presets (FP8_PARAM_RECIPES) and no hidden dropout (DROPOUT_FREE_FAMILIES; the
-NeMo 24.07 launcher's configs: NEMO_DROPOUT_FREE_FAMILIES).
+NeMo 24.07 launcher's configs: NEMO_DROPOUT_FREE_FAMILIES); for the NeMo 24.07 rows, the bf16
+gradient buffer their run scripts ask for (NEMO_BF16_GRAD_SYNC_RUNS).
 
 Assumptions the rows do not state (printed with the results): FP8 rows run bf16 weights
 with FP8 matmuls in Transformer Engine's hybrid format under the row's recipe; Adam; the distributed
@@ -115,6 +116,17 @@ DROPOUT_FREE_FAMILIES = ("llama3-8b", "llama3-70b", "llama3-70b-sft", "llama3.1-
 #: nemotron/nemotron_8b,nemotron_22b,nemotron_340b}.yaml (gpt3/*.yaml keep 0.1)
 NEMO_DROPOUT_FREE_FAMILIES = ("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "nemotron-8b",
                               "nemotron-22b", "nemotron-340b")
+
+#: NeMo 24.07 runs (family, GPUs) whose published H100 run script reduces gradients in bf16:
+#: github.com/NVIDIA/NeMo-Framework-Launcher at tag 24.07 (8325688), examples/training/gpt/h100/
+#: {5b_fp8_8node,175b_fp8_16node}.sh and llama/h100/{llama2_7b,llama2_70b,llama3_8b,llama3_70b}_fp8.sh
+#: pass +training.model.optim.grad_sync_dtype=bf16 to the distributed_fused_adam optimizer (Apex's
+#: DistributedFusedAdam, whose contiguous gradient buffer then holds bf16: 2 bytes a parameter, not
+#: fp32's 4). Only the runs whose node count and global batch a script states are carried: every
+#: GPT/Llama script there sets it, but GPT-3 20B, Llama-2 13B and GPT-3 175B on 512 GPUs ran at
+#: sizes no script states (and the 175B script says vp 12 where the table says 6)
+NEMO_BF16_GRAD_SYNC_RUNS = frozenset({("gpt3-5b", 64), ("gpt3-175b", 128), ("llama2-7b", 8), ("llama2-70b", 64),
+                                      ("llama3-8b", 8), ("llama3-70b", 64)})
 
 #: rows whose runs set PyTorch's expandable segments (PYTORCH_CUDA_ALLOC_CONF=
 #: expandable_segments:True): the Megatron-Bridge performance scripts' and skills' runs; carried
@@ -291,7 +303,8 @@ def _stage_layers(row: dict, total: int, pp: int) -> list[int]:
 def recipe_settings(row: dict) -> dict:
     """TrainJob fields a Megatron-Bridge row's recipe sets beyond the row's columns, only
     where the recipe is read (BRIDGE_RECIPE_COMMITS): the performance summary's bf16
-    gradient reduction (BF16_GRAD_REDUCE_FAMILIES) and, for the Bridge tables and the
+    gradient reduction (BF16_GRAD_REDUCE_FAMILIES; the NeMo 24.07 rows' run scripts:
+    NEMO_BF16_GRAD_SYNC_RUNS) and, for the Bridge tables and the
     memory-tuning study, FP8 weights under the FP8 presets (FP8_PARAM_RECIPES). Other rows:
     none (Megatron-LM's defaults, or the CI arguments)."""
     from memx_hpc.spec import TrainJob
@@ -299,7 +312,8 @@ def recipe_settings(row: dict) -> dict:
     out: dict = {}
     rid, prec = row["id"], row["precision"].strip().lower()
     table = rid.startswith("bridge-performance-summary")
-    if table and row["family"] in BF16_GRAD_REDUCE_FAMILIES and "grad_reduce_in_fp32" in fields:
+    nemo = rid.startswith("nemo-24.07/") and (row["family"], int(row["gpus"])) in NEMO_BF16_GRAD_SYNC_RUNS
+    if ((table and row["family"] in BF16_GRAD_REDUCE_FAMILIES) or nemo) and "grad_reduce_in_fp32" in fields:
         out["grad_reduce_in_fp32"] = False
     if ((table or rid.startswith("bridge-skill/memory-tuning/")) and prec.startswith("fp8-")
             and prec[4:] in FP8_PARAM_RECIPES and "fp8_param_gather" in fields):
@@ -414,7 +428,7 @@ def decompose(plan, site, job, cm, pred) -> dict:
     """The largest stage's predicted peak by term (bytes unless named): weights, gradient
     buffer, optimizer shards (fp32 main parameters and moments), FP8 weights beyond the 16-bit
     ones, held activations with the in-flight micro-batch units (and chunks) the schedule keeps,
-    the last stage's head and logits (analytic), the prior ``a x A + b`` and the capacity check
+    the last stage's head and logits (analytic), the prior ``S + a x (A - S) + b`` and the capacity check
     (the composition's safety margin; the band the recommended plan adds)."""
     from memx_hpc.model import analytic
     from memx_hpc.model.compose import (fp8_state_bytes, in_flight_heads, in_flight_units, memory_scale_of,
@@ -423,7 +437,7 @@ def decompose(plan, site, job, cm, pred) -> dict:
     from memx_hpc.params import expert_params
     from memx_hpc.search.objective import table_band
     a0 = memory_scale_of(cm, site)
-    st = max(pred.stages, key=lambda x: (x.peak_bytes - x.overhead_bytes) / a0(x.gpu_type))
+    st = max(pred.stages, key=lambda x: x.state_bytes + x.activation_bytes)
     i, n, tp, pp, v = st.stage, st.num_layers, plan.tp, plan.pp, plan.virtual_stages
     first, last = i == 0, i == pp - 1
     m = pred.num_microbatches
@@ -447,7 +461,7 @@ def decompose(plan, site, job, cm, pred) -> dict:
             shape_of(job), micro_batch_size=plan.micro_batch_size, tp=tp, precision=job.precision,
             sequence_parallel=sp) + logits_transient_bytes(job, tp, plan.micro_batch_size)) / plan.cp
     scale = a0(st.gpu_type)
-    alloc = (st.peak_bytes - st.overhead_bytes) / scale
+    alloc = st.state_bytes + st.activation_bytes
     band = table_band(st.gpu_type, cm.basis(st.gpu_type)).fraction if hasattr(cm, "basis") else float("nan")
     return dict(stage=i, layers=n, params=params, weights=parts["weights"], grads=parts["grads"],
                 optimizer=parts["optimizer"], fp8=fp8, state=st.state_bytes, activations=st.activation_bytes,
@@ -472,15 +486,14 @@ def predict_row(row: dict, model) -> dict:
             p = predict_plan(plan, site, job, cm)
         except SpecError as e:
             raise NotExpressible(f"the composition refused it: {e}") from None
-        a0 = memory_scale_of(cm, site)
-        alloc = [(st.peak_bytes - st.overhead_bytes) / a0(st.gpu_type) for st in p.stages]
-        last = [(st.peak_bytes - st.overhead_bytes) / a0(st.gpu_type) for st in p.stages
+        alloc = [st.state_bytes + st.activation_bytes for st in p.stages]
+        last = [st.state_bytes + st.activation_bytes for st in p.stages
                 if st.stage == max(s.stage for s in p.stages)]
         out[key + "_ms"] = p.iteration_ms
         # CI: the logging (last) rank's peak; other sources: the largest stage's
         out[key + "_mem"] = max(last) if row["id"].startswith("mlm-ci/") else max(alloc)
         out[key + "_feasible"] = p.feasible
-        # the device itself over: a stage's predicted peak (a x A + b) above what a process can
+        # the device itself over: a stage's predicted peak (S + a x (A - S) + b) above what a process can
         # allocate, not only above the planner's limit (capacity less the site's safety margin)
         out[key + "_over_capacity"] = any(st.peak_bytes > st.capacity_bytes for st in p.stages)
         worst = max(p.stages, key=lambda st: st.peak_bytes / st.capacity_bytes)
@@ -591,7 +604,7 @@ def run(rows: list[dict], model, *, show_rows: bool = False, out=print) -> dict:
     dev = [d for d in done if d["row"]["split"] == "dev" and "terms" in d]
     if dev:
         out("\ndev rows: the largest stage's predicted peak by term (GiB; allocator peak A = state + held "
-            "activations; device = a x A + b, checked against capacity x (1 - margin); the recommended plan "
+            "activations; device = S + a x (A - S) + b, the allocator's slack on the activations alone, checked against capacity x (1 - margin); the recommended plan "
             "also widens it by the band):")
         seen, dtab = set(), []
         for d in dev:
@@ -671,7 +684,8 @@ def main(argv=None) -> int:
           "Llama-3.1-405B); "
           "50 GB/s per GPU between nodes (A100: 25), NVLink inside a GB200/GB300 NVL72 rack; FP8 rows: bf16 weights, "
           "hybrid format, the row's recipe; Megatron-Bridge rows: what their recipes set (bf16 gradient reduction, "
-          "FP8 weights, no hidden dropout); NeMo 24.07 Llama/Nemotron rows: no hidden dropout (sources in the script)")
+          "FP8 weights, no hidden dropout); NeMo 24.07 Llama/Nemotron rows: no hidden dropout; NeMo 24.07 rows: bf16 gradient buffer "
+          "(grad_sync_dtype=bf16 in the launcher's run scripts) (sources in the script)")
     run(rows, model, show_rows=args.rows)
     return 0
 

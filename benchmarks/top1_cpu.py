@@ -189,7 +189,7 @@ def profile_and_fit(site: Site, job: TrainJob, store_path: Path, partitions: lis
 
 
 def predicted_row(pred) -> dict:
-    return {"ms": pred.iteration_ms, "alloc": max(s.peak_bytes - s.overhead_bytes for s in pred.stages),
+    return {"ms": pred.iteration_ms, "alloc": max(s.state_bytes + s.activation_bytes for s in pred.stages),
             "footprint": max(s.peak_bytes for s in pred.stages), "util": pred.max_utilisation,
             "balance": pred.balance, "feasible": pred.feasible}
 

@@ -69,7 +69,7 @@ class Basis:
 #: allocator's reserved-but-unallocated slack. Sailor's measured GH200 plans
 #: (../shared/data/sailor/validation_dev) show the device figure exceeding allocated bytes
 #: by GiBs, so these defaults are deliberately not small. A fitted Predictor replaces them.
-DEFAULT_OVERHEAD_GIB = {"nvidia": 3.4, "amd": 2.0, "intel": 1.5, "cpu": 0.25}
+DEFAULT_OVERHEAD_GIB = {"nvidia": 4.0, "amd": 2.0, "intel": 1.5, "cpu": 0.25}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,14 +7,15 @@ real processes spends beyond its layers (launch overheads, cache effects, conten
 :class:`CalibratedCostModel` wraps any :class:`~memx_hpc.model.api.CostModel` and corrects
 both per GPU type from the runs measured on the site, leaving the base model untouched.
 
-Memory: the device-memory model ``F = a_g A + b_g`` (:mod:`memx_hpc.model.memory`). For
+Memory: the device-memory model ``F = S + a_g (A - S) + b_g`` (:mod:`memx_hpc.model.memory`:
+the allocator's slack on the activations, the state ``S`` at its size). For
 every rank ``k`` of run ``r`` that reported memory, its measured footprint ``F_k`` (what
 the device reports: ``max reserved`` or the driver's figure; peak RSS on the CPU) and the
-allocator peak ``A_k`` the base model predicts for its stage (state + in-flight
+allocator peak ``A_k`` the base model predicts for its stage (state ``S_k`` + in-flight
 activations + the recompute transient; :mod:`memx_hpc.model.compose`). Each run gives
-one pair per GPU type, the medians over its ranks of that type (a run with many ranks
+one triple per GPU type, the medians over its ranks of that type (a run with many ranks
 does not outvote one with few); ``a_g`` and ``b_g`` are the posterior mean of a linear
-fit through those pairs with the vendor's prior (allocator reserve ~10 %, context and
+fit through those triples with the vendor's prior (allocator reserve ~10 %, context and
 communicator buffers), so one run moves them part of the way and runs of different
 sizes separate the slope from the offset. A constant alone, fitted on large plans,
 overshoots small ones by the reserve it attributes to the constant.
@@ -94,7 +95,7 @@ class Calibration:
     # the schedule) is corrected there too; without it, calibrating one type would make
     # the uncalibrated ones look faster by comparison and the search would move to them.
     default_time_factor: float = 1.0
-    # a of footprint = a x allocator peak + b per GPU type (b is overhead_bytes); see memx_hpc.model.memory
+    # a of footprint = state + a x activations + b per GPU type (b is overhead_bytes); see memx_hpc.model.memory
     memory_scale: Mapping[str, float] = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -105,7 +106,7 @@ class Calibration:
             f = self.time_factor.get(g, 1.0)
             o = self.overhead_bytes.get(g)
             a = self.memory_scale.get(g)
-            mem = (f", device memory {a:.3f} x allocator peak + {o / 2**20:,.0f} MiB" if o is not None and a is not None
+            mem = (f", device memory state + {a:.3f} x activations + {o / 2**20:,.0f} MiB" if o is not None and a is not None
                    else f", device overhead {o / 2**20:,.0f} MiB" if o is not None else "")
             parts.append(f"{g}: layer time x{f:.3f}" + mem + f" ({self.runs_by_gpu_type[g]} run(s))")
         if abs(self.default_time_factor - 1.0) > 1e-9:
@@ -274,14 +275,15 @@ def _prepare(records: Sequence[E2ERecord], site: Site, job: TrainJob | None, mem
 
 def _device_memory(runs: Sequence[_Run], memo: _Memo, site: Site,
                    prior_records: float = PRIOR_RECORDS) -> tuple[dict[str, int], dict[str, float]]:
-    """Per GPU type, ``footprint = a x allocator peak + b`` fitted on the runs
-    (:func:`memx_hpc.model.memory.fit_device_memory`, shrunk toward the vendor's prior):
-    one (allocator peak, footprint) pair per run, the medians over its ranks of that type."""
+    """Per GPU type, ``footprint = S + a x (allocator peak - S) + b`` (``S`` the state)
+    fitted on the runs (:func:`memx_hpc.model.memory.fit_device_memory`, shrunk toward the
+    vendor's prior): one (allocator peak, state, footprint) triple per run, the medians over
+    its ranks of that type."""
     from .memory import fit_device_memory, prior_for
-    pairs: dict[str, list[tuple[float, float]]] = {}
+    pairs: dict[str, list[tuple[float, float, float]]] = {}
     for run in runs:
         width = run.plan.gpus_per_stage
-        per: dict[str, list[tuple[float, float]]] = {}
+        per: dict[str, list[tuple[float, float, float]]] = {}
         for rank, foot in run.record.peak_footprint_bytes_by_rank.items():
             try:
                 stage = run.record.stage_by_rank.get(str(rank), int(rank) // width)
@@ -290,13 +292,14 @@ def _device_memory(runs: Sequence[_Run], memo: _Memo, site: Site,
             if not 0 <= stage < len(run.base.stages) or foot <= 0:
                 continue
             sp = run.base.stages[stage]
-            alloc = (sp.peak_bytes - sp.overhead_bytes) / max(float(memo.memory_scale(sp.gpu_type)), 1e-9)
-            per.setdefault(sp.gpu_type, []).append((alloc, float(foot)))
+            alloc = float(sp.state_bytes + sp.activation_bytes)
+            per.setdefault(sp.gpu_type, []).append((alloc, float(sp.state_bytes), float(foot)))
         for g, vals in per.items():
-            pairs.setdefault(g, []).append((statistics.median(a for a, _ in vals), statistics.median(f for _, f in vals)))
+            pairs.setdefault(g, []).append(tuple(statistics.median(v[k] for v in vals) for k in range(3)))
     overheads, scales = {}, {}
     for g, ps in pairs.items():
-        m = fit_device_memory([a for a, _ in ps], [f for _, f in ps], prior_for(site.gpu(g).vendor),
+        m = fit_device_memory([a for a, _, _ in ps], [f for _, _, f in ps], prior_for(site.gpu(g).vendor),
+                              state_bytes=[st for _, st, _ in ps],
                               prior_weight=prior_records / PRIOR_RECORDS if PRIOR_RECORDS else 1.0)
         overheads[g], scales[g] = int(round(m.b_bytes)), float(m.a)
     return overheads, scales
@@ -397,7 +400,7 @@ class CalibratedCostModel:
         return self._corrected().overhead_bytes(gpu_type)
 
     def memory_scale(self, gpu_type: str) -> float:
-        """``a`` of ``footprint = a x allocator peak + b`` (:mod:`memx_hpc.model.memory`)."""
+        """``a`` of ``footprint = state + a x activations + b`` (:mod:`memx_hpc.model.memory`)."""
         return self._corrected().memory_scale(gpu_type)
 
     def basis(self, gpu_type: str):

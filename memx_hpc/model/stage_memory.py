@@ -14,8 +14,9 @@ per-layer activation answers ``a`` (bytes kept per in-flight micro-batch):
 * weights, gradients and optimizer states from :mod:`memx_hpc.model.analytic`
   (``stage_params`` -> ``state_bytes``), the distributed optimizer sharding them over the
   ranks that reduce them, FP8 weights on top;
-* the allocator peak ``A`` (state + held activations) as the device reports it, ``a·A + b``
-  (:mod:`memx_hpc.model.memory`, the device-memory model fitted on end-to-end runs: kept
+* the allocator peak ``A`` (state ``S`` + held activations) as the device reports it,
+  ``S + a·(A - S) + b`` -- the allocator's slack on the activations, not on the state
+  allocated once at start-up (:mod:`memx_hpc.model.memory`, the device-memory model fitted on end-to-end runs: kept
   apart from this module because it knows devices and runs, not Megatron's layout), and
   whether it fits under the capacity less the site's safety margin.
 
@@ -187,9 +188,13 @@ def held_activation_bytes(inflight, act, transient, head=0.0, heads=1.0):
 
 
 def stage_peak_bytes(state, inflight, act, transient, scale, overhead, head=0.0, heads=1.0):
-    """What the device reports: ``a·A + b`` of the allocator peak ``A`` (state + the
-    activations :func:`held_activation_bytes` counts; :mod:`memx_hpc.model.memory`)."""
-    return scale * (state + held_activation_bytes(inflight, act, transient, head, heads)) + overhead
+    """What the device reports: the state at its size, ``a`` times the activations
+    :func:`held_activation_bytes` counts, and ``b`` (``S + a·(A - S) + b`` of the allocator
+    peak ``A``: :func:`memx_hpc.model.memory.device_peak`). The state -- weights, the
+    contiguous gradient buffer, the distributed optimizer's flat shards, FP8 weight copies --
+    is allocated once in exact-size blocks; the caching allocator's slack ``a`` is that of
+    the short-lived activation blocks."""
+    return state + scale * held_activation_bytes(inflight, act, transient, head, heads) + overhead
 
 
 

@@ -1,4 +1,5 @@
-"""Device memory = a x allocator peak + b: priors, and how the fit shrinks toward them."""
+"""Device memory = state + a x activations + b: priors, what the slope applies to, and how
+the fit shrinks toward the priors."""
 
 from __future__ import annotations
 
@@ -42,6 +43,38 @@ def test_slope_stays_physical():
     A = np.array([10, 11]) * GiB
     m = fit_device_memory(A, np.array([5, 60]) * GiB, prior_for("amd"), noise_fraction=0.001)
     assert 0.9 <= m.a <= 2.0 and m.b_bytes >= 0
+
+
+def test_the_slope_applies_to_the_activations_not_the_state():
+    """The caching allocator's slack is that of the short-lived activation blocks; the state
+    (weights, gradient buffer, optimizer shards: allocated once, exact-size) counts at its size."""
+    from memx_hpc.model.memory import device_peak
+    from memx_hpc.model.stage_memory import stage_peak_bytes
+
+    m = DeviceMemoryModel(a=1.14, b_bytes=4 * GiB)
+    state, act = 50 * GiB, 20 * GiB
+    assert m.footprint(state + act, state) == pytest.approx(state + 1.14 * act + 4 * GiB)
+    assert m.footprint(state + act) == pytest.approx(1.14 * (state + act) + 4 * GiB)  # no state named: all of it
+    # a stage: 3 in-flight units of 5 GiB and a 1 GiB transient on top of its state
+    peak = stage_peak_bytes(state, 3.0, 5 * GiB, 1 * GiB, 1.14, 4 * GiB)
+    assert peak == pytest.approx(device_peak(state + 16 * GiB, state, 1.14, 4 * GiB))
+    assert peak == pytest.approx(state + 1.14 * 16 * GiB + 4 * GiB)
+    # twice the state adds the state once, whatever the slope; twice the activations adds a x them
+    assert stage_peak_bytes(2 * state, 3.0, 5 * GiB, 1 * GiB, 1.14, 4 * GiB) - peak == pytest.approx(state)
+    assert stage_peak_bytes(state, 6.0, 5 * GiB, 2 * GiB, 1.14, 4 * GiB) - peak == pytest.approx(1.14 * 16 * GiB)
+
+
+def test_fit_separates_the_state_from_the_activations():
+    # footprints made by the rule: least squares recovers a and b whatever share of the peak is state
+    rng = np.random.default_rng(0)
+    act = np.linspace(5, 40, 10) * GiB
+    state = rng.uniform(2, 50, 10) * GiB
+    F = state + 1.2 * act + 3.0 * GiB
+    m = fit_device_memory(state + act, F, prior_for("nvidia"), state_bytes=state, prior_weight=0.0)
+    assert m.a == pytest.approx(1.2, abs=0.02) and m.b_bytes / GiB == pytest.approx(3.0, abs=0.3)
+    assert m.footprint(state[0] + act[0], state[0]) == pytest.approx(F[0], rel=0.01)
+    with pytest.raises(SpecError):
+        fit_device_memory([1.0, 2.0], [3.0, 4.0], prior_for("nvidia"), state_bytes=[1.0])
 
 
 def test_prior_offsets_are_what_uncalibrated_models_report():
