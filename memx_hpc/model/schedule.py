@@ -327,16 +327,17 @@ def _op_dag(p: int, m: int) -> tuple[tuple[np.ndarray, ...], ...]:
     Returns per level ``(op ids, previous op on the stage, input op, link index, duration
     index)``; index ``n_ops`` / link ``p - 1`` / are sentinels for "none" (time 0).
     """
+    # plain lists while building (numpy's per-element indexing was most of the cost), arrays at the end
     orders = [schedule_1f1b(i, p, m) for i in range(p)]
     ids: dict[tuple[str, int, int], int] = {}
     for i in range(p):
         for kind, j in orders[i]:
             ids[(kind, i, j)] = len(ids)
     n = len(ids)
-    prev = np.full(n, n, dtype=np.int64)
-    dep = np.full(n, n, dtype=np.int64)
-    link = np.full(n, p - 1, dtype=np.int64)
-    dur = np.zeros(n, dtype=np.int64)
+    prev = [n] * n
+    dep = [n] * n
+    link = [p - 1] * n
+    dur = [0] * n
     for i in range(p):
         last = n
         for kind, j in orders[i]:
@@ -349,11 +350,11 @@ def _op_dag(p: int, m: int) -> tuple[tuple[np.ndarray, ...], ...]:
             elif kind == "B" and i < p - 1:
                 dep[k], link[k] = ids[("B", i + 1, j)], i
     # Kahn's topological order; an op's level is one more than its inputs' levels.
-    level = np.zeros(n + 1, dtype=np.int64)
+    level = [0] * (n + 1)
     users: list[list[int]] = [[] for _ in range(n + 1)]
-    indeg = np.zeros(n, dtype=np.int64)
+    indeg = [0] * n
     for k in range(n):
-        for d in {int(prev[k]), int(dep[k])} - {n}:
+        for d in {prev[k], dep[k]} - {n}:
             users[d].append(k)
             indeg[k] += 1
     ready = [k for k in range(n) if indeg[k] == 0]
@@ -364,10 +365,15 @@ def _op_dag(p: int, m: int) -> tuple[tuple[np.ndarray, ...], ...]:
             indeg[u] -= 1
             if indeg[u] == 0:
                 ready.append(u)
+    lv = np.array(level[:n], dtype=np.int64)
+    prev_a, dep_a = np.array(prev, dtype=np.int64), np.array(dep, dtype=np.int64)
+    link_a, dur_a = np.array(link, dtype=np.int64), np.array(dur, dtype=np.int64)
+    order = np.argsort(lv, kind="stable")  # by level, ascending op ids within one
+    cuts = np.searchsorted(lv[order], np.arange(1, int(lv.max()) + 2))
     out = []
-    for lv in range(1, int(level[:n].max()) + 1):
-        sel = np.flatnonzero(level[:n] == lv)
-        out.append((sel, prev[sel], dep[sel], link[sel], dur[sel]))
+    for x, y in zip(cuts[:-1], cuts[1:]):
+        sel = order[x:y]
+        out.append((sel, prev_a[sel], dep_a[sel], link_a[sel], dur_a[sel]))
     finals = np.array([ids[("B", i, m - 1)] for i in range(p)], dtype=np.int64)
     return tuple(out) + ((finals,),)
 
@@ -388,33 +394,30 @@ def _ring_steps(p: int, m: int) -> tuple[tuple, int]:
     levels = _op_dag(p, m)
     finals, levels = levels[-1][0], levels[:-1]
     n = 2 * p * m
+    sizes = np.array([len(lv[0]) for lv in levels], dtype=np.int64)
+    ops = np.concatenate([lv[0] for lv in levels])
     level_of = np.zeros(n, dtype=np.int64)
+    level_of[ops] = np.repeat(np.arange(len(levels)), sizes)
     pos_of = np.zeros(n, dtype=np.int64)
-    width = max(len(lv[0]) for lv in levels)
+    pos_of[ops] = np.arange(len(ops)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    width = int(sizes.max())
     reach = 0
-    for k, (sel, prv, dep, _, _) in enumerate(levels):
-        level_of[sel] = k
-        pos_of[sel] = np.arange(len(sel))
-        for inputs in (prv, dep):
-            real = inputs[inputs < n]
-            if len(real):
-                reach = max(reach, k - int(level_of[real].min()))
+    for col in (1, 2):  # the previous op on the stage, the input from the next or last stage
+        inputs = np.concatenate([lv[col] for lv in levels])
+        real = inputs < n
+        if real.any():
+            reach = max(reach, int((level_of[ops[real]] - level_of[inputs[real]]).max()))
     slots = reach + 1
     zero = slots * width
-
-    def rows_of(ops: np.ndarray) -> np.ndarray:
-        real = ops < n
-        safe = np.where(real, ops, 0)
-        return np.where(real, (level_of[safe] % slots) * width + pos_of[safe], zero)
-
+    row_of = np.append((level_of % slots) * width + pos_of, zero)  # op id -> ring row; "none" -> the 0 row
     final_at: dict[int, list[tuple[int, int]]] = {}
     for i, op in enumerate(finals.tolist()):
-        final_at.setdefault(int(level_of[op]), []).append((i, int((level_of[op] % slots) * width + pos_of[op])))
+        final_at.setdefault(int(level_of[op]), []).append((i, int(row_of[op])))
     steps = []
     for k, (sel, prv, dep, lk, du) in enumerate(levels):
         a = (k % slots) * width
         fin = final_at.get(k)
-        steps.append((rows_of(dep), lk, rows_of(prv), du, a, a + len(sel),
+        steps.append((row_of[dep], lk, row_of[prv], du, a, a + len(sel),
                       None if fin is None else (np.array([i for i, _ in fin]), np.array([r for _, r in fin]))))
     return tuple(steps), zero + 1
 
