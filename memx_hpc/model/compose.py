@@ -549,24 +549,28 @@ class Composer:
         balance = umax * pp / util.sum(axis=1)
         iteration = np.full(B, np.inf)
         if feasible.any():
-            sync = exposed_dp_sync_ms(self._sync[g["sync"], ni], fwd, bwd)
-            tail = sync + self._opt[g["opt"], ni] + g["tied"]
+            fidx = np.flatnonzero(feasible)
+            # the tail after the pipeline (gradient sync, optimizer step, tied embedding) of the
+            # plans that fit only: a plan that does not has no time (row by row, the same numbers)
+            fs, nf = g["sync"][fidx], ni[fidx]
+            tail = exposed_dp_sync_ms(self._sync[fs, nf], fwd[fidx], bwd[fidx]) + self._opt[g["opt"][fidx], nf] \
+                + g["tied"][fidx]
             m = self._sk_m[sk]
             vp = self._sk_vp[sk]
             vg = self._sk_vg[sk]
-            fidx = np.flatnonzero(feasible)
-            for (p_, m_, v_, g_), rows in _schedule_groups(fidx, pp, m, vp, vg):
+            for (p_, m_, v_, g_), at in _schedule_groups(fidx, pp, m, vp, vg):
+                rows = fidx[at]
                 fin = interleaved_finish(fwd[rows, :p_], bwd[rows, :p_], g["link"][rows, :max(p_ - 1, 0)], m_, v_,
                                          g_ or None)
-                iteration[rows] = np.max(fin + tail[rows, :p_], axis=1)
+                iteration[rows] = np.max(fin + tail[at, :p_], axis=1)
         return BlockCost(iteration_ms=iteration, max_utilisation=umax, balance=balance, feasible=feasible,
                          risk_utilisation=risk)
 
 
 def _schedule_groups(fidx: np.ndarray, *columns: np.ndarray):
     """The rows ``fidx`` grouped by their values in ``columns`` (whole numbers >= 0: stages,
-    micro-batches, virtual stages, group), as ``(values, rows)`` in ascending order of the
-    values, each group's rows ascending. The columns are packed into one integer per row
+    micro-batches, virtual stages, group), as ``(values, positions in fidx)`` in ascending
+    order of the values, each group's positions ascending. The columns are packed into one integer per row
     (mixed radix), so grouping is one 1-D sort, not ``np.unique(axis=0)``'s sort of row
     records (about 0.4 s of a warm cross-vendor plan)."""
     cols = [c[fidx] for c in columns]
@@ -581,7 +585,7 @@ def _schedule_groups(fidx: np.ndarray, *columns: np.ndarray):
     starts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
     ends = np.r_[starts[1:], len(sk)]
     for a, b in zip(starts.tolist(), ends.tolist()):
-        yield tuple(int(c[order[a]]) for c in cols), fidx[order[a:b]]
+        yield tuple(int(c[order[a]]) for c in cols), order[a:b]
 
 
 def required_queries(inputs: CompositionInputs) -> list[LayerQuery]:

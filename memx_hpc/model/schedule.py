@@ -378,6 +378,14 @@ def _op_dag(p: int, m: int) -> tuple[tuple[np.ndarray, ...], ...]:
     return tuple(out) + ((finals,),)
 
 
+def _run(index: np.ndarray) -> np.ndarray | slice:
+    """``index`` as a slice where it is a run of consecutive rows (most levels' previous ops
+    are the level before, in order): a view to read, not a copy to gather."""
+    if len(index) and int(index[-1]) - int(index[0]) == len(index) - 1 and bool(np.all(np.diff(index) == 1)):
+        return slice(int(index[0]), int(index[-1]) + 1)
+    return index
+
+
 @functools.lru_cache(maxsize=512)
 def _ring_steps(p: int, m: int) -> tuple[tuple, int]:
     """:func:`_op_dag`'s levels as steps over a ring of rows: ``(steps, rows)``.
@@ -386,7 +394,8 @@ def _ring_steps(p: int, m: int) -> tuple[tuple, int]:
     further), so the ``d + 1`` most recent levels of ``w`` ops each are all the evaluation
     keeps: level ``k`` writes rows ``(k mod (d + 1)) w ...``, the last row stays 0 (the
     "none" input). Each step is ``(input rows, link index, previous-op rows, duration index,
-    first row, end row, finals)``; ``finals``: ``(stages, rows)`` whose last backward this
+    first row, end row, finals)`` (the link, previous-op and duration indices a slice where
+    they are consecutive); ``finals``: ``(stages, rows)`` whose last backward this
     level computes, else None. The rows a plan needs are ``(d + 1) w + 1`` instead of
     ``2 p m + 1``, so a chunk holds that many times more plans and the Python steps per
     call shrink by as much (the arithmetic per op is unchanged, so are the results, bit
@@ -417,7 +426,7 @@ def _ring_steps(p: int, m: int) -> tuple[tuple, int]:
     for k, (sel, prv, dep, lk, du) in enumerate(levels):
         a = (k % slots) * width
         fin = final_at.get(k)
-        steps.append((row_of[dep], lk, row_of[prv], du, a, a + len(sel),
+        steps.append((row_of[dep], _run(lk), _run(row_of[prv]), _run(du), a, a + len(sel),
                       None if fin is None else (np.array([i for i, _ in fin]), np.array([r for _, r in fin]))))
     return tuple(steps), zero + 1
 
