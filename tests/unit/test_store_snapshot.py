@@ -132,3 +132,34 @@ def test_a_read_only_folder_goes_without(tmp_path, monkeypatch):
     monkeypatch.setattr(snapshot.tempfile, "mkstemp", refuse)
     assert sorted(ProfileStore(path).samples(), key=repr) == sorted(batch, key=repr)
     assert not snapshot.snapshot_path(path).exists()
+
+
+def test_a_plan_from_the_snapshot_ranks_as_one_from_the_hdf5_file(tmp_path, monkeypatch, capsys):
+    # the fast path end to end: the same three picks, ranking and time ranks as the plan that
+    # read the HDF5 file (and wrote the snapshot)
+    import json
+    from pathlib import Path
+
+    from memx_hpc.cli.main import main
+    from memx_hpc.datapaths import sailor_dir
+
+    root = Path(__file__).resolve().parents[2]
+    store = tmp_path / "store.h5"
+    assert main(["profile", "import", "--store", str(store), "--format", "sailor", str(sailor_dir())]) == 0
+    args = ["plan", "--site", str(root / "site_configs" / "example-cross-vendor.yaml"),
+            "--job", str(root / "jobs" / "gpt3-2.7b.yaml"), "--store", str(store), "--no-profile",
+            "--max-stages", "2", "--top", "5", "--json"]
+    capsys.readouterr()
+
+    def ranked(out: str) -> list:
+        d = json.loads(out)
+        return [(s["plan"], s["prediction"]["iteration_ms"], s.get("time_rank")) for s in d["top"]] + \
+            [(role, d[role]["plan"]) for role in ("recommended", "fastest", "weighted") if d.get(role)]
+
+    snapshot.snapshot_path(store).unlink(missing_ok=True)
+    assert main(args + ["--out", str(tmp_path / "a")]) == 0  # reads the HDF5 file, writes the snapshot
+    slow = ranked(capsys.readouterr().out)
+    assert snapshot.snapshot_path(store).is_file()
+    _no_hdf5(monkeypatch)
+    assert main(args + ["--out", str(tmp_path / "b")]) == 0  # answers from the snapshot
+    assert ranked(capsys.readouterr().out) == slow and slow
