@@ -95,6 +95,12 @@ def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
+#: Types whose values :func:`plain_dict` and :func:`named_values` keep as they are, checked
+#: first: most fields are one of these, and two ``hasattr`` per field were most of the cost
+#: of hashing a store's samples (a warm plan recognising its saved predictor).
+_PLAIN_TYPES = frozenset({bool, int, float, str, type(None)})
+
+
 def plain_dict(obj: Any) -> dict[str, Any]:
     """``dataclasses.asdict`` of a spec of plain values (nested specs become dicts, in field
     order), without the deep copy of every value that makes ``asdict`` the largest cost of a
@@ -102,7 +108,7 @@ def plain_dict(obj: Any) -> dict[str, Any]:
     out = {}
     for name in _field_names(type(obj)):
         v = getattr(obj, name)
-        out[name] = plain_dict(v) if hasattr(type(v), "__dataclass_fields__") else v
+        out[name] = v if type(v) in _PLAIN_TYPES else plain_dict(v) if hasattr(type(v), "__dataclass_fields__") else v
     return out
 
 
@@ -112,7 +118,9 @@ def named_values(obj: Any) -> tuple:
     out = []
     for name in _field_names(type(obj)):
         v = getattr(obj, name)
-        if hasattr(type(v), "__dataclass_fields__"):
+        if type(v) in _PLAIN_TYPES:
+            pass
+        elif hasattr(type(v), "__dataclass_fields__"):
             v = named_values(v)
         elif hasattr(v, "item") and not isinstance(v, (bool, int, float, str)):
             v = v.item()  # a NumPy scalar: the Python value, whose repr does not name its type

@@ -389,7 +389,8 @@ def _plan(request: PlanRequest) -> PlanResult:
                              f"{MAX_PLAN_FILES} (plan-01.json ... plan-{MAX_PLAN_FILES}.json); summary.json "
                              "lists them all")
             files.append(str(pareto_png(result, out_dir / "pareto.png", site=site, bands=pr.bands,
-                                        title=f"{job.name} on {site.name}: {result.stats.feasible:,} plans fit")))
+                                        title=f"{job.name} on {site.name}: {result.stats.feasible:,} plans fit",
+                                        reuse=base / "latest" / "pareto.png" if request.run_folder else None)))
         except OSError as e:
             raise SystemFailure(f"cannot write the plan files into {out_dir}: {e}") from None
     finish = None

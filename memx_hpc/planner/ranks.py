@@ -33,19 +33,21 @@ __all__ = ["MIN_PLANS_PER_RANK", "DECISION_TAG", "OUTCOME_TAG", "TOGETHER", "ALO
            "follow_rank0", "tell_decision", "tell_outcome", "failure_of", "ranks_follow", "tell_ranks_failed"]
 
 #: Plans each MPI rank must get before starting it pays (``PlanRequest.min_plans_per_rank``).
-#: Measured with ``memx-hpc search --json --mpi --min-plans-per-rank 0`` under ``mpiexec -n 2``
-#: against one rank, alternately, twice each, warm cache, on the 2-core development machine
-#: (shared: load 10-13); wall seconds, 1 rank / 2 ranks:
-#: local.yaml tiny-gpt, 8,290 plans: 4.3 / 2.9, 1.4 / 3.1; cross-vendor llama2-7b, 362,865:
-#: 8.1 / 10.1, 9.8 / 10.5; the same, --max-stages 6, 904,458: 11.5 / 14.6, 22.0 / 21.7; the same,
-#: --layer-granularity 2, 1,678,653: 26.4 / 25.6, 29.3 / 21.6. Below about 1.7 million plans
-#: (850,000 a rank) one rank won or tied; 2 ranks took 1.5-2x the CPU time everywhere (each
-#: rank loads the cost model and MPICH's waits spin). 800,000 plans a rank.
-MIN_PLANS_PER_RANK = 800_000
+#: Measured with ``memx-hpc plan --no-profile --json --mpi --min-plans-per-rank 0`` under
+#: ``mpiexec -n 2`` against one rank, alternately, twice each, warm store and cache, on the
+#: 2-core development machine (shared: load 2.6-3.9); wall seconds, 1 rank / 2 ranks, on the
+#: cross-vendor example with llama2-7b: 491,289 plans: 6.4 / 8.5, 5.6 / 4.3; --max-stages 6,
+#: 1,032,882: 5.9 / 5.3, 5.2 / 7.6; and --layer-granularity 2, 4,578,078: 18.6 / 16.0,
+#: 16.7 / 16.9. Since the search composes about 200,000 plans a second a rank, a second rank
+#: saves little until millions of plans, while its start (interpreter, MPI, the cost model
+#: loaded after rank 0's) and the merge are paid in full; 2 ranks took 1.3-1.8x the CPU time
+#: everywhere. Up to 2.3 million plans a rank one rank won or tied: 2,500,000 plans a rank.
+#: (Before the faster composition of the same release, 800,000 a rank.)
+MIN_PLANS_PER_RANK = 2_500_000
 DECISION_TAG = 7318
 OUTCOME_TAG = 7319
 TOGETHER, ALONE = "together", "alone"
-_POLL_S = 0.05
+_POLL_S = 0.01  # a waiting rank wakes 100 times a second (microseconds of CPU each); it exits at most 10 ms after rank 0
 
 
 def world(mpi: str) -> "Comm | None":

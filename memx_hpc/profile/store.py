@@ -56,6 +56,7 @@ from .store_format import (  # noqa: F401
     StoreDamaged, StoreFull, _append_rows, _check_format, _check_gpu_name, _coerce, _coerce_column, _column,
     _commit, _e2e_digest, _new_table, _read_columns, _row_digest, _rows_bytes, _rows_of, _sample_group,
     _sample_of, _scalar, _table, _text_attr, record_to_row, row_to_record, row_to_sample, sample_to_row)
+from . import snapshot
 from .store_lock import StoreLocked, WriterLock, _fsync_dir, pid_alive  # noqa: F401 (pid_alive re-exported)
 
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "COLUMNS", "E2E_COLUMNS", "E2ERecord", "ProfileStore",
@@ -110,6 +111,7 @@ class ProfileStore:
         self._lock_depth = 0
         self._cache_key: tuple | None = None
         self._cache: _Snapshot | None = None
+        self._samples: tuple[LayerSample, ...] | None = None  # every sample of _cache, in stored order
         self._digest_key: tuple | None = None
         self._digest_cache: dict[str, set[bytes]] = {}
 
@@ -123,14 +125,35 @@ class ProfileStore:
 
     def _read(self) -> _Snapshot:
         if not check_store_path(self.path):
+            self._samples = ()
             return _Snapshot(rows={}, figures={}, e2e=())
-        st = self.path.stat()
-        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        key = self._stat_key()
         if key == self._cache_key and self._cache is not None:
             return self._cache
-        snap = self._read_file()
+        # the parsed file as the last reader left it (<store>.snapshot), when it was built from
+        # these very bytes by this very code; else read the HDF5 file and leave a new one
+        digest = snapshot.store_digest(self.path)
+        payload = snapshot.load(self.path, digest)
+        if payload is not None:
+            snap, self._samples = payload
+        else:
+            snap = self._read_file()
+            self._samples = self._all_samples(snap)
+            if self._stat_key() != key:  # written meanwhile: these rows may not be the hashed bytes
+                self._cache_key, self._cache = None, None
+                return snap
+            snapshot.save(self.path, digest, (snap, self._samples))
         self._cache_key, self._cache = key, snap
         return snap
+
+    def _all_samples(self, snap: _Snapshot) -> tuple[LayerSample, ...] | None:
+        """Every sample of ``snap`` in stored order, or None where a row is no sample (a
+        damaged store: :meth:`samples` then names the row when it is asked for)."""
+        shapes: dict[tuple, LayerShape] = {}
+        try:
+            return tuple(_sample_of(row, shapes) for table in snap.rows.values() for row in table)
+        except SpecError:
+            return None
 
     def _read_file(self) -> _Snapshot:
         import h5py
@@ -193,6 +216,9 @@ class ProfileStore:
         """Samples, optionally only of one GPU type, one kind, and some origins (stored order)."""
         snap = self._read()
         wanted = set(origins) if origins is not None else None
+        if self._samples is not None:  # built once per store content (and kept in the snapshot)
+            return [s for s in self._samples if (gpu_type is None or s.point.gpu_type == gpu_type)
+                    and (kind is None or s.point.kind == kind) and (wanted is None or s.origin in wanted)]
         out = []
         shapes: dict[tuple, LayerShape] = {}
         for gpu, table in snap.rows.items():

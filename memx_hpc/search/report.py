@@ -386,12 +386,79 @@ def write_plan_files(result: SearchResult, out_dir: Path, *, site: Site, job: Tr
 # --------------------------------------------------------------------------- the plot
 
 
+#: The tEXt keyword of pareto.png that holds :func:`figure_key` of what it shows.
+FIGURE_KEY_TEXT = "memx-figure-key"
+
+
+def figure_key(result: SearchResult, *, title: str, site: Site | None = None,
+               bands: Mapping[str, MemoryErrorBand] | None = None) -> str:
+    """SHA-256 of everything :func:`pareto_png` draws from (each plotted plan's time,
+    memory and roles, the weights, the memory limit and bands, the title) and of what it
+    draws with (this module's source, matplotlib's version): two figures with one key are
+    the same pixels."""
+    import hashlib
+    from importlib import metadata
+
+    def pts(plans) -> list:
+        return [(p.index, p.prediction.iteration_ms, p.prediction.max_utilisation) for p in plans]
+
+    what = (title, [(p.iteration_ms, p.max_utilisation) for p in result.pareto], pts(result.top),
+            sorted((role, s.index, s.prediction.iteration_ms, s.prediction.max_utilisation)
+                   for role, s in picks(result).items()),
+            result.weights.label(), site.memory_safety_margin if site is not None else None,
+            sorted((g, b.fraction) for g, b in (bands or {}).items()))
+    h = hashlib.sha256(repr(what).encode())
+    h.update(Path(__file__).read_bytes())
+    try:
+        h.update(metadata.version("matplotlib").encode())
+    except metadata.PackageNotFoundError:  # pragma: no cover - matplotlib is a dependency
+        pass
+    return h.hexdigest()
+
+
+def _png_text(path: Path, keyword: str) -> str | None:
+    """The value of a PNG file's tEXt chunk ``keyword`` (read up to the image data), else None."""
+    import struct
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(8) != b"\x89PNG\r\n\x1a\n":
+                return None
+            while True:
+                head = fh.read(8)
+                if len(head) < 8:
+                    return None
+                n, kind = struct.unpack(">I4s", head)
+                if kind == b"IDAT" or n > 1 << 20:
+                    return None
+                data = fh.read(n)
+                fh.read(4)  # CRC
+                if kind == b"tEXt":
+                    k, _, v = data.partition(b"\0")
+                    if k.decode("latin-1") == keyword:
+                        return v.decode("latin-1")
+    except OSError:
+        return None
+
+
 def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | None = None,
-               bands: Mapping[str, MemoryErrorBand] | None = None) -> Path:
+               bands: Mapping[str, MemoryErrorBand] | None = None, reuse: Path | None = None) -> Path:
     """Iteration time (log axis) against the fullest GPU's peak memory (% of its capacity):
     the Pareto front, the top-K of the weighted product, and the three picks marked and
     labelled; the site's memory limit and, dashed, where the expected error would cross
-    it. matplotlib's Agg backend (no display needed)."""
+    it. matplotlib's Agg backend (no display needed).
+
+    ``reuse``: an earlier pareto.png (the last run's); when its :func:`figure_key` is this
+    figure's, it is copied instead of drawn: importing matplotlib and drawing was about a
+    second of a warm ``plan`` that found what the last one found."""
+    key = figure_key(result, title=title, site=site, bands=bands)
+    if reuse is not None and _png_text(reuse, FIGURE_KEY_TEXT) == key:
+        import shutil
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copyfile(reuse, path)
+            return path
+        except OSError:
+            pass  # drawn below
     # the Figure API, not pyplot: no global backend switch and no figure registry to close
     # (savefig draws with Agg by itself; the same pixels). It imports about as much as pyplot.
     from matplotlib.figure import Figure
@@ -478,7 +545,7 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
     ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, bbox_inches="tight")
+    fig.savefig(path, bbox_inches="tight", metadata={FIGURE_KEY_TEXT: key})
     return path
 
 

@@ -47,3 +47,22 @@ def test_the_help_states_the_planners_rank_threshold(capsys):
     assert main(["plan", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert f"searches (default {MIN_PLANS_PER_RANK})" in text
+
+
+def test_a_warm_plan_copies_an_unchanged_figure_without_matplotlib(tmp_path):
+    from memx_hpc.search.report import FIGURE_KEY_TEXT, _png_text
+    out = tmp_path / "out"
+    args = ["plan", "--site", str(ROOT / "site_configs" / "example-cross-vendor.yaml"),
+            "--job", str(ROOT / "jobs" / "gpt3-2.7b.yaml"), "--analytic", "--no-profile",
+            "--out", str(out), "--max-stages", "2", "--top", "4", "--json"]
+    first = _probe(args)
+    assert first["rc"] == 0 and "matplotlib" in first["imported"]
+    drawn = (out / "latest" / "pareto.png").resolve()
+    assert _png_text(drawn, FIGURE_KEY_TEXT)  # the key of what it shows, in the PNG
+    second = _probe(args)  # the same answer: the last run's figure is copied, matplotlib not loaded
+    assert second["rc"] == 0 and "matplotlib" not in second["imported"]
+    copied = (out / "latest" / "pareto.png").resolve()
+    assert copied != drawn and copied.read_bytes() == drawn.read_bytes()
+    third = _probe(args[:-3] + ["--top", "3", "--json"])  # another top-K: another figure, drawn
+    assert third["rc"] == 0 and "matplotlib" in third["imported"]
+    assert _png_text((out / "latest" / "pareto.png").resolve(), FIGURE_KEY_TEXT) != _png_text(drawn, FIGURE_KEY_TEXT)

@@ -71,6 +71,22 @@ def test_vectorised_equals_event_driven(p, m, seed):
         assert np.array_equal(got[r], np.array(simulate_1f1b(f[r], b[r], c[r], m).stage_finish_ms))
 
 
+@settings(max_examples=30, deadline=None)
+@given(p=st.integers(6, 10), m=st.integers(1, 9), seed=st.integers(0, 2**31))
+def test_ring_of_levels_reaches_far_back(p, m, seed):
+    # with fewer micro-batches than stages an op's input lies up to ~2p levels back (the
+    # warm-up's chain): the ring of recent levels must hold them all; 37 plans in chunks
+    # of a few rows (the ring's rows bound a chunk) cross chunk boundaries too
+    rng = np.random.default_rng(seed)
+    n = 37
+    f = rng.uniform(0.1, 3, (n, p))
+    b = rng.uniform(0.1, 6, (n, p))
+    c = rng.uniform(0, 2, (n, p - 1))
+    got = pipeline_finish_batch(f, b, c, m, max_elements=200)
+    for r in range(n):
+        assert np.array_equal(got[r], np.array(simulate_1f1b(f[r], b[r], c[r], m).stage_finish_ms))
+
+
 def test_bad_inputs():
     with pytest.raises(SpecError):
         simulate_1f1b([1, 2], [1], [0.1], 2)
