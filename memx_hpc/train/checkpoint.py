@@ -14,6 +14,10 @@ core_r0.16.0), so that
 
 The RNG state is sharded by (PP, TP) rank as Megatron-LM shards it; a checkpoint loaded
 under another TP/PP starts its RNG from the seed instead (Megatron-LM's ``--no-load-rng``).
+
+A checkpoint keeps loading after the entry renames a tensor: :data:`OLDER_LAYER_KEYS` lists the
+names earlier releases wrote; :func:`load` reads a checkpoint under them where it holds those
+and not the current ones, and the next save writes the current names.
 """
 
 from __future__ import annotations
@@ -21,14 +25,21 @@ from __future__ import annotations
 import os
 import random
 from argparse import Namespace
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import SystemFailure
 
 __all__ = ["TRACKER", "checkpoint_dir", "read_tracker", "CheckpointInfo", "read_info", "save", "load"]
 
 TRACKER = "latest_checkpointed_iteration.txt"
+# Layer key prefixes an earlier release of the entry wrote where the current one writes another
+# (current -> older). Before 63f1fad the entry used megatron-core's local spec map, which names
+# the MLP norm of every layer, MoE included, ``mlp.linear_fc1.layer_norm_``; an MoE layer now
+# keeps ``pre_mlp_layernorm.`` as Transformer Engine's MoE layer does
+# (pretrain_gpt.te_checkpoint_keys), and a user's checkpoint of the earlier names must still resume.
+OLDER_LAYER_KEYS = {"pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
 # Megatron-LM writes the iteration as decimal digits (or "release"); 20 digits hold any
 # int64, and a little room is left for surrounding whitespace
 _TRACKER_MAX_BYTES = 32
@@ -153,10 +164,67 @@ def save(base: str, *, iteration: int, model: Any, optimizer: Any, scheduler: An
     return path
 
 
+def _tensor_keys(chunks: list[Any], meta: dict[str, Any]) -> set[str]:
+    """The checkpoint keys of the model chunks' tensors (factories left out: what they store is
+    theirs to name)."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    return {v.key for c in chunks for v in nested_values(c.sharded_state_dict(metadata=meta))
+            if isinstance(v, ShardedTensor)}
+
+
+def _older_keys(key: str) -> dict[str, str]:
+    """The older names of checkpoint key ``key`` (:data:`OLDER_LAYER_KEYS`), keyed by the current prefix."""
+    return {new: key.replace(f".{new}", f".{old}", 1) for new, old in OLDER_LAYER_KEYS.items() if f".{new}" in key}
+
+
+def _older_naming(path: str, wanted: set[str], stored: set[str]) -> dict[str, str]:
+    """The entries of :data:`OLDER_LAYER_KEYS` the checkpoint at ``path`` is written under, for
+    the model keys ``wanted`` it lacks; a key it holds under no name stops the load here, by
+    name, rather than inside megatron-core's loader."""
+    older: dict[str, str] = {}
+    for key in sorted(wanted - stored):
+        found = {new: alt for new, alt in _older_keys(key).items() if alt in stored}
+        if not found:
+            alts = " nor ".join(_older_keys(key).values())
+            n = len(wanted - stored) - 1
+            more = f", nor {n} more of this model's tensors" if n else ""
+            raise SystemFailure(f"{path}: the checkpoint holds no tensor {key}"
+                                f"{' (nor the older ' + alts + ')' if alts else ''}{more}: "
+                                "it was written for another model")
+        older.update({new: OLDER_LAYER_KEYS[new] for new in found})
+    return older
+
+
+@contextmanager
+def _layer_key_map(model: Any, extra: dict[str, str]) -> Iterator[None]:
+    """Every transformer layer of ``model`` names its tensors with the prefixes ``extra`` added
+    to its layer spec's ``sharded_state_dict_keys_map`` (which megatron-core's
+    TransformerLayer.sharded_state_dict applies, the optimizer's keys following the model's);
+    the maps are restored on exit, so later saves write the current names."""
+    if not extra:
+        yield
+        return
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    configs = {id(m.submodules_config): m.submodules_config
+               for c in _chunks(model) for m in c.modules() if isinstance(m, TransformerLayer)}
+    saved = {i: c.sharded_state_dict_keys_map for i, c in configs.items()}
+    try:
+        for i, c in configs.items():
+            c.sharded_state_dict_keys_map = {**extra, **saved[i]}  # a prefix the layer maps already stays
+        yield
+    finally:
+        for i, c in configs.items():
+            c.sharded_state_dict_keys_map = saved[i]
+
+
 def load(base: str, *, model: Any, optimizer: Any, scheduler: Any, args: Namespace, dp_group: Any,
          ranks: dict[str, int], torch: Any) -> tuple[int, str] | None:
     """Load the latest checkpoint of ``base`` into model, optimizer and scheduler (resharded
-    to this plan); returns ``(iteration, note)``, None when ``base`` holds none yet."""
+    to this plan); returns ``(iteration, note)``, None when ``base`` holds none yet. A checkpoint
+    an earlier release wrote loads under its names (:data:`OLDER_LAYER_KEYS`), which the note says."""
     from megatron.core import dist_checkpointing
 
     it = read_tracker(base)
@@ -169,11 +237,14 @@ def load(base: str, *, model: Any, optimizer: Any, scheduler: Any, args: Namespa
                                       getattr(old, "pipeline_model_parallel_size", None)) == \
         (ranks["tp"], ranks["pp"])
     rng = _rng_state(torch, **ranks) if same_shape else None
-    sd = _state_dict(model=model, optimizer=optimizer, scheduler=scheduler, iteration=it, args=args,
-                     dp_group=dp_group, rng=rng, is_loading=True)
+    chunks = _chunks(model)
+    wanted = _tensor_keys(chunks, _metadata(dp_group))
+    older = _older_naming(path, wanted, set(dist_checkpointing.load_tensors_metadata(path)))
+    with _layer_key_map(model, older):  # the sharded tensors keep the keys they are built with
+        sd = _state_dict(model=model, optimizer=optimizer, scheduler=scheduler, iteration=it, args=args,
+                         dp_group=dp_group, rng=rng, is_loading=True)
     sd.pop("args")
     loaded = dist_checkpointing.load(sd, path)
-    chunks = _chunks(model)
     for key, chunk in zip(model_keys(len(chunks)), chunks):
         chunk.load_state_dict(loaded[key])
     optimizer.load_state_dict(loaded["optimizer"])
@@ -193,4 +264,7 @@ def load(base: str, *, model: Any, optimizer: Any, scheduler: Any, args: Namespa
     else:
         note = (f"written under tp={getattr(old, 'tensor_model_parallel_size', '?')} "
                 f"pp={getattr(old, 'pipeline_model_parallel_size', '?')}, resharded; RNG from the seed")
+    if older:
+        note += "; read under an earlier release's names " + ", ".join(
+            f"{v}* for {k}*" for k, v in older.items()) + ", the next checkpoint writes the current ones"
     return int(loaded.get("iteration", it)), note

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from memx_hpc.errors import SystemFailure
 from memx_hpc.train.args import parse_args
+from memx_hpc.train.checkpoint import _older_naming
 from memx_hpc.train.logs import iteration_line, memory_line, parse_log
 from memx_hpc.model.analytic import padded_vocab_size
 from memx_hpc.train.pretrain_gpt import dist_env
@@ -28,16 +30,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(argv: list[str], world: int, *, timeout: float = 120.0,
-            extra_env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
-    """``world`` trainer processes with torchrun's variables (one thread each: 2 cores here)."""
+def _launch(argv: list[str], world: int, *, timeout: float = 120.0, extra_env: dict[str, str] | None = None,
+            patch: str = "") -> list[subprocess.CompletedProcess]:
+    """``world`` trainer processes with torchrun's variables (one thread each: 2 cores here);
+    ``patch``, Python run on the entry's module ``p`` before its main."""
     port = str(_free_port())
     procs = []
     for rank in range(world):
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=port, OMP_NUM_THREADS="1", **(extra_env or {}))
-        procs.append(subprocess.Popen([sys.executable, "-m", "memx_hpc.train.pretrain_gpt", *argv], env=env,
+        entry = ["-c", f"import sys; import memx_hpc.train.pretrain_gpt as p; {patch}; sys.exit(p.main())"] \
+            if patch else ["-m", "memx_hpc.train.pretrain_gpt"]
+        procs.append(subprocess.Popen([sys.executable, *entry, *argv], env=env,
                                       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     out = []
     try:
@@ -415,6 +420,34 @@ def test_multi_latent_attention_trains_saves_transformer_engine_keys_and_resumes
     assert rest.returncode == 0, rest.stdout[-3000:]
     assert "resumed from" in rest.stdout
     assert [i.lm_loss for i in parse_log(rest.stdout).iterations] == pytest.approx(losses[3:], rel=1e-5)
+
+
+def test_experts_checkpoint_of_the_earlier_naming_resumes_and_is_rewritten(tmp_path: Path) -> None:
+    """An MoE checkpoint written under megatron-core's local-spec names (the MLP norm as
+    ``mlp.linear_fc1.layer_norm_``, what the entry wrote before it kept ``pre_mlp_layernorm``
+    for MoE layers as Transformer Engine does) resumes to the uninterrupted losses, says so once,
+    and the next checkpoint has the current name."""
+    argv = [*TINY, "--train-iters", "4", "--num-experts", "4", "--swiglu", "--disable-bias-linear", "--lr", "0.01",
+            "--lr-decay-style", "constant"]
+    (full,) = _launch(argv, 1)
+    assert full.returncode == 0, full.stdout[-3000:]
+    losses = [i.lm_loss for i in parse_log(full.stdout).iterations]
+    ck = tmp_path / "ck"
+    older = ("p.te_checkpoint_keys = lambda a: {'input_layernorm.': 'self_attention.linear_qkv.layer_norm_', "
+             "'pre_mlp_layernorm.': 'mlp.linear_fc1.layer_norm_'}")
+    (first,) = _launch(argv + ["--save", str(ck), "--save-interval", "2", "--exit-interval", "2"], 1, patch=older)
+    assert first.returncode == 0, first.stdout[-3000:]
+    norm, fused = "decoder.layers.pre_mlp_layernorm.weight", "decoder.layers.mlp.linear_fc1.layer_norm_weight"
+    keys = _checkpoint_keys(ck / "iter_0000002")
+    assert fused in keys and norm not in keys
+    (rest,) = _launch(argv + ["--save", str(ck), "--load", str(ck)], 1)
+    assert rest.returncode == 0, rest.stdout[-3000:]
+    assert rest.stdout.count("read under an earlier release's names mlp.linear_fc1.layer_norm_*") == 1
+    assert [i.lm_loss for i in parse_log(rest.stdout).iterations] == pytest.approx(losses[2:], rel=1e-5)
+    keys = _checkpoint_keys(ck / "iter_0000004")
+    assert norm in keys and fused not in keys
+    with pytest.raises(SystemFailure, match=f"^CK: the checkpoint holds no tensor {norm} \\(nor the older {fused}\\)"):
+        _older_naming("CK", {norm, "decoder.layers.mlp.router.weight"}, {"decoder.layers.mlp.router.weight"})
 
 
 def test_multi_latent_attention_with_experts_and_unfused_attention() -> None:
