@@ -205,6 +205,11 @@ def project_entry_refusal(job: TrainJob) -> Refusal | None:
         return Refusal(field="model.rope_scaling",
                        reason=f"YaRN RoPE scaling without multi-latent attention: {entry} builds YaRN in MLA's "
                               f"rotary embedding only (as Megatron-LM: other attention takes --rope-type rope)")
+    if m.is_moe and m.add_bias_linear:
+        return Refusal(field="model.add_bias_linear",
+                       reason=f"experts with linear biases: {entry} builds megatron-core's local experts, whose "
+                              f"forward adds the expert bias in place to the tensor-parallel reduce's output "
+                              f"(megatron-core 0.16.1 MLP.forward), which autograd refuses")
     for name, what in PROJECT_ENTRY_UNBUILT.items():
         if getattr(m, name) not in (None, False):
             return Refusal(field=f"model.{name}",

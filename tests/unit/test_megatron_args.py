@@ -450,6 +450,18 @@ def test_the_project_entry_refuses_router_options_it_does_not_build_by_name(chan
     assert e.value.field == field and "does not build it" in str(e.value)
 
 
+def test_the_project_entry_refuses_experts_with_linear_biases_by_name():
+    """megatron-core 0.16.1's local experts add the expert bias in place to the TP reduce's
+    output, which autograd refuses: a cross-vendor MoE plan with biases is refused naming
+    model.add_bias_linear before the queue, not in the first forward on the cluster."""
+    from memx_hpc.errors import SpecError
+
+    _, site, job, plan = _cross_vendor_mla(add_bias_linear=True, moe_shared_expert_intermediate_size=None)
+    with pytest.raises(SpecError) as e:
+        describe(plan, site, job)
+    assert e.value.field == "model.add_bias_linear" and "in place" in str(e.value)
+
+
 def test_megatron_lm_reads_a_checkpoint_of_the_project_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Stock Megatron-LM's loader (checkpointing._load_base_checkpoint, check_checkpoint_args)
     finds, types and accepts what the project's entry saved: tracker file, iter_XXXXXXX folder,

@@ -450,6 +450,18 @@ def test_experts_checkpoint_of_the_earlier_naming_resumes_and_is_rewritten(tmp_p
         _older_naming("CK", {norm, "decoder.layers.mlp.router.weight"}, {"decoder.layers.mlp.router.weight"})
 
 
+def test_gelu_experts_train_and_experts_with_biases_are_refused() -> None:
+    """Experts with Megatron's default GeLU (no --swiglu, no biases) train on the entry's local
+    experts; experts with linear biases are refused by name before anything runs (megatron-core
+    0.16.1's local experts add the expert bias in place, which autograd refuses, and with GeLU
+    its fused bias activation takes no router scale)."""
+    (r,) = _launch([*TINY, "--train-iters", "2", "--num-experts", "4", "--disable-bias-linear"], 1)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert len(parse_log(r.stdout).iterations) == 2
+    with pytest.raises(SystemExit):
+        parse_args([*TINY, "--train-iters", "1", "--num-experts", "4"])
+
+
 def test_multi_latent_attention_with_experts_and_unfused_attention() -> None:
     """MLA with an MoE MLP and megatron-core's unfused attention (the adapter that takes MLA's
     k/v head sizes), plain RoPE: two iterations train."""
