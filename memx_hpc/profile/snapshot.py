@@ -41,10 +41,10 @@ def snapshot_path(store: Path) -> Path:
 def _code_digest() -> str:
     """SHA-256 of the sources whose classes and codecs the pickled payload holds."""
     from .. import records, spec
-    from . import store, store_format
 
+    here = Path(__file__).parent  # the store's modules by path: store imports this module
     h = hashlib.sha256(FORMAT.encode())
-    files = [Path(__file__), Path(store.__file__), Path(store_format.__file__), Path(records.__file__)]
+    files = [Path(__file__), here / "store.py", here / "store_format.py", Path(records.__file__)]
     files += sorted(Path(spec.__file__).parent.glob("*.py"))
     for f in files:
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")

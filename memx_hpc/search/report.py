@@ -451,18 +451,11 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
     figure's, it is copied instead of drawn: importing matplotlib and drawing was about a
     second of a warm ``plan`` that found what the last one found."""
     key = figure_key(result, title=title, site=site, bands=bands)
-    if reuse is not None and _png_text(reuse, FIGURE_KEY_TEXT) == key:
-        import shutil
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            shutil.copyfile(reuse, path)
-            return path
-        except OSError:
-            pass  # drawn below
+    if _reused(reuse, key, path):
+        return path
     # the Figure API, not pyplot: no global backend switch and no figure registry to close
     # (savefig draws with Agg by itself; the same pixels). It imports about as much as pyplot.
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter, NullLocator
 
     fig = Figure(figsize=(9, 6.4), dpi=110)
     ax = fig.subplots()
@@ -515,25 +508,7 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
             ax.text(0.995, edge, f"{edge:.0f} %: a +{widest:.0%} memory error reaches capacity",
                     transform=ax.get_yaxis_transform(), ha="right", va="top", fontsize=9, color="tab:orange")
     if pts:
-        xs = sorted(x for x, _ in pts)
-        lo = xs[0]
-        # clip outliers: the axis ends at 3x the fastest plan (or the slowest plan marked)
-        hi = min(xs[-1], lo * 3.0)
-        marked = [p[r].prediction.iteration_ms / 1e3 for r in p]
-        hi = max(hi, max(marked, default=hi))
-        ax.set_xscale("log")
-        ax.set_xlim(lo / 1.06, hi * 1.12)
-        clipped = sum(1 for x in xs if x > hi * 1.12)
-        if clipped:
-            ax.text(0.995, 0.02, f"{clipped} slower plan(s) beyond the axis", transform=ax.transAxes, ha="right",
-                    fontsize=8, color="0.4")
-        # at most 3x wide: evenly spaced round numbers read better than powers of ten
-        ticks = [v for v in MaxNLocator(nbins=7).tick_values(lo / 1.06, hi * 1.12) if lo / 1.06 <= v <= hi * 1.12]
-        ax.xaxis.set_major_locator(FixedLocator(ticks))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_ylim(0, max(105.0, max(y for _, y in pts) + 5))
+        _time_axis(ax, pts, [p[r].prediction.iteration_ms / 1e3 for r in p])
     ax.set_xlabel("predicted iteration time (s, log scale)", fontsize=11)
     ax.set_ylabel("peak memory of the fullest GPU (% of its capacity)", fontsize=11)
     # the title holds the site's and job's names as written: a '$' pair in them is text, not
@@ -547,6 +522,45 @@ def pareto_png(result: SearchResult, path: Path, *, title: str, site: Site | Non
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, bbox_inches="tight", metadata={FIGURE_KEY_TEXT: key})
     return path
+
+
+def _reused(reuse: Path | None, key: str, path: Path) -> bool:
+    """Copy ``reuse`` (the last run's pareto.png) to ``path`` when it shows ``key``; False
+    when it does not exist, shows something else or cannot be copied (then it is drawn)."""
+    if reuse is None or _png_text(reuse, FIGURE_KEY_TEXT) != key:
+        return False
+    import shutil
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        shutil.copyfile(reuse, path)
+        return True
+    except OSError:
+        return False
+
+
+def _time_axis(ax, pts: list[tuple[float, float]], marked: list[float]) -> None:
+    """The log time axis from the fastest point to at most 3x it (or the slowest marked pick),
+    round ticks, a note of the plans beyond it; the memory axis from 0 to above every point."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter, NullLocator
+
+    xs = sorted(x for x, _ in pts)
+    lo = xs[0]
+    # clip outliers: the axis ends at 3x the fastest plan (or the slowest plan marked)
+    hi = min(xs[-1], lo * 3.0)
+    hi = max(hi, max(marked, default=hi))
+    ax.set_xscale("log")
+    ax.set_xlim(lo / 1.06, hi * 1.12)
+    clipped = sum(1 for x in xs if x > hi * 1.12)
+    if clipped:
+        ax.text(0.995, 0.02, f"{clipped} slower plan(s) beyond the axis", transform=ax.transAxes, ha="right",
+                fontsize=8, color="0.4")
+    # at most 3x wide: evenly spaced round numbers read better than powers of ten
+    ticks = [v for v in MaxNLocator(nbins=7).tick_values(lo / 1.06, hi * 1.12) if lo / 1.06 <= v <= hi * 1.12]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(0, max(105.0, max(y for _, y in pts) + 5))
 
 
 # --------------------------------------------------------------------------- what the store covers
