@@ -33,12 +33,13 @@ from typing import Sequence
 from ..errors import SpecError
 from ..megatron_args import parallel_args
 from ..shellsafe import check_entry
-from ..spec import (PROJECT_ENTRY_TOKENIZERS, ModelSpec, Plan, Recompute, Site, Stage, TrainJob, check_plan_for_job,
-                    chunk_split)
+from ..spec import (PROJECT_ENTRY_EXPERT_BIAS_WHY, PROJECT_ENTRY_TOKENIZERS, ModelSpec, Plan, Recompute, Site,
+                    Stage, TrainJob, check_plan_for_job, chunk_split)
 
 __all__ = ["SYNTHETIC_TRAIN_ITERS", "RUN_KINDS", "TrainingLength", "ComponentShape", "CommandLine",
            "training_length", "command_line", "pipeline_layout", "recompute_args", "virtual_recompute_refusal",
-           "project_entry_plan_refusal", "project_entry_refusal", "PROJECT_ENTRY_UNBUILT", "Refusal", "cross_vendor_refusal",
+           "project_entry_plan_refusal", "project_entry_refusal", "PROJECT_ENTRY_UNBUILT", "Refusal",
+           "cross_vendor_refusal",
            "PROJECT_ENTRY_DEGREES",
            "CHECKPOINT_FORMAT", "exit_duration_min", "PROJECT_ENTRY_MODULE", "TP_COMM_OVERLAP_OFF", "overlap_refusal",
            "performance_options", "performance_args"]
@@ -207,9 +208,7 @@ def project_entry_refusal(job: TrainJob) -> Refusal | None:
                               f"rotary embedding only (as Megatron-LM: other attention takes --rope-type rope)")
     if m.is_moe and m.add_bias_linear:
         return Refusal(field="model.add_bias_linear",
-                       reason=f"experts with linear biases: {entry} builds megatron-core's local experts, whose "
-                              f"forward adds the expert bias in place to the tensor-parallel reduce's output "
-                              f"(megatron-core 0.16.1 MLP.forward), which autograd refuses")
+                       reason=f"experts with linear biases: {PROJECT_ENTRY_EXPERT_BIAS_WHY}")
     for name, what in PROJECT_ENTRY_UNBUILT.items():
         if getattr(m, name) not in (None, False):
             return Refusal(field=f"model.{name}",

@@ -30,7 +30,8 @@ from .modes import (ACTIVATIONS, ATTENTIONS, Activation, Attention, BYTES_PER_EL
                     FormFactor, Fp8Format, Fp8Recipe, LINK_CURVE_CLUSTERS, LR_DECAY_STYLES, LinkCurveCluster,
                     LrDecayStyle, MOE_LOAD_BALANCING, MOE_SCORE_FUNCTIONS, MoeLoadBalancing, MoeScoreFunction,
                     NORMALIZATIONS, Normalization, OPTIMIZERS, Optimizer, POSITION_EMBEDDINGS, PRECISIONS,
-                    PROJECT_ENTRY_TOKENIZERS, PositionEmbedding, Precision, RECOMPUTE_MODES, ROPE_SCALINGS,
+                    PROJECT_ENTRY_EXPERT_BIAS_WHY, PROJECT_ENTRY_TOKENIZERS, PositionEmbedding, Precision,
+                    RECOMPUTE_MODES, ROPE_SCALINGS,
                     RecomputeMode, RopeScaling, SAMPLE_KINDS, SAMPLE_ORIGINS, SCHEDULERS, STAND_IN_VENDORS,
                     SampleKind, SampleOrigin, Scheduler, StandInVendor, TOKENIZER_TYPES, TRANSFORMER_IMPLS,
                     TokenizerType, TransformerImpl, VENDORS, Vendor)
@@ -59,6 +60,7 @@ __all__ = [
     'FormFactor', 'Fp8Format', 'Fp8Recipe', 'LINK_CURVE_CLUSTERS', 'LR_DECAY_STYLES', 'LinkCurveCluster',
     'LrDecayStyle', 'MOE_LOAD_BALANCING', 'MOE_SCORE_FUNCTIONS', 'MoeLoadBalancing', 'MoeScoreFunction',
     'NORMALIZATIONS', 'Normalization', 'OPTIMIZERS', 'Optimizer', 'POSITION_EMBEDDINGS', 'PRECISIONS',
+    'PROJECT_ENTRY_EXPERT_BIAS_WHY',
     'PROJECT_ENTRY_TOKENIZERS', 'PositionEmbedding', 'Precision', 'RECOMPUTE_MODES', 'ROPE_SCALINGS', 'RecomputeMode',
     'RopeScaling', 'SAMPLE_KINDS', 'SAMPLE_ORIGINS', 'SCHEDULERS', 'STAND_IN_VENDORS', 'SampleKind', 'SampleOrigin',
     'Scheduler', 'StandInVendor', 'TOKENIZER_TYPES', 'TRANSFORMER_IMPLS', 'TokenizerType', 'TransformerImpl',

@@ -80,6 +80,11 @@ TOKENIZER_TYPES: tuple[TokenizerType, ...] = get_args(TokenizerType)
 #: (memx_hpc/train/tokenizer.py); Megatron-LM's pretrain_gpt.py builds every TOKENIZER_TYPES entry
 PROJECT_ENTRY_TOKENIZERS: tuple[TokenizerType, ...] = ("NullTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer",
                                                        "GPTSentencePieceTokenizer", "Llama2Tokenizer")
+#: why the project's entry refuses experts with linear biases (its --num-experts check and the
+#: planner's refusal of model.add_bias_linear say the same)
+PROJECT_ENTRY_EXPERT_BIAS_WHY = ("megatron-core 0.16.1's local experts (SequentialMLP, which the project's entry "
+                                 "builds) add the expert bias in place to the tensor-parallel reduce's output "
+                                 "(MLP.forward), which autograd refuses")
 LrDecayStyle = Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"]
 LR_DECAY_STYLES: tuple[LrDecayStyle, ...] = get_args(LrDecayStyle)
 

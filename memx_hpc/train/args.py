@@ -14,7 +14,7 @@ import argparse
 from dataclasses import dataclass, fields
 from typing import Sequence
 
-from ..spec import MOE_FIELDS
+from ..spec import MOE_FIELDS, PROJECT_ENTRY_EXPERT_BIAS_WHY
 
 #: the model's MoE fields this entry builds (memx_hpc.spec.MOE_FIELDS: one table for the spec and here)
 ENTRY_MOE_FIELDS = tuple(f for f in MOE_FIELDS if f.project_entry)
@@ -397,17 +397,11 @@ def _check_data_and_length(p: argparse.ArgumentParser, ns: argparse.Namespace) -
         p.error("--save-interval needs --save")
 
 
-#: why the entry refuses experts with linear biases (the planner's refusal says it too)
-EXPERT_BIAS_WHY = ("megatron-core 0.16.1's local experts (SequentialMLP, which this entry builds) add the "
-                   "expert bias in place to the output of the tensor-parallel reduce (MLP.forward), which "
-                   "autograd refuses")
-
-
 def _check_moe(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
     if ns.num_experts is None and (ns.expert_model_parallel_size > 1 or ns.expert_tensor_parallel_size is not None):
         p.error("--expert-model-parallel-size / --expert-tensor-parallel-size need --num-experts")
     if ns.num_experts is not None and ns.add_bias_linear:
-        p.error("--num-experts with linear biases (add --disable-bias-linear): " + EXPERT_BIAS_WHY)
+        p.error(f"--num-experts with linear biases (add --disable-bias-linear): {PROJECT_ENTRY_EXPERT_BIAS_WHY}")
     if ns.num_experts is not None and ns.num_experts % ns.expert_model_parallel_size:
         p.error(f"--num-experts {ns.num_experts} is not a multiple of --expert-model-parallel-size "
                 f"{ns.expert_model_parallel_size}")
