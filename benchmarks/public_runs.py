@@ -14,7 +14,8 @@ memory MAPE and bias, and how many of the predicted runs (each of which ran) the
 calls over the GPU's capacity (a stage's predicted device peak above what a process can
 allocate: a false out-of-memory call), and apart from them how many it puts over the
 planner's limit (capacity less the site's safety margin, a policy: those the planner
-refuses too, a run at 97 % of its GPU among them). Memory compares allocator peaks: the measured
+does not recommend either, a run at 97 % of its GPU among them; its report names the fastest
+of them and the margin that would admit it, memx_hpc.search.report.margin_aside_words). Memory compares allocator peaks: the measured
 ``torch.cuda.max_memory_allocated`` (Megatron-LM CI: the logging rank, i.e. the last
 pipeline stage) against the composition's peak of that stage without the device terms
 (its state plus held activations, as benchmarks/end_to_end.py).
@@ -585,7 +586,8 @@ def run(rows: list[dict], model, *, show_rows: bool = False, out=print) -> dict:
         fam.append([split, "(all families)", len(sel), f"{over} ({100.0 * over / len(sel):.0f} %)" if sel else "-",
                     f"{limited} ({100.0 * limited / len(sel):.0f} %)" if sel else "-"])
     out("\nran, predicted over capacity, by split and family (each row ran: a false out-of-memory call; "
-        "'over the limit' also counts peaks inside the site's safety margin, which the planner refuses too):")
+        "'over the limit' also counts peaks inside the site's safety margin, which the planner sets aside too and "
+        "names with the margin that would admit them):")
     table(fam, ["split", "family", "predicted", "said over capacity", "over the limit (capacity less margin)"])
     out(f"\npredicted {len(done)} of {len(rows)} rows; {len(refused)} not expressible yet")
     table(tab, ["split", "dimension", "rows", "timed", "ran, predicted over capacity", "over the limit", "time MAPE %",

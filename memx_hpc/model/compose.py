@@ -192,6 +192,9 @@ class BlockCost:
     balance: np.ndarray
     feasible: np.ndarray
     risk_utilisation: np.ndarray
+    #: iteration ms of the plans whose every peak stays within its GPU's capacity but not
+    #: under the site's safety margin (inf elsewhere): set aside by the margin alone
+    aside_ms: np.ndarray | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -565,16 +568,18 @@ class Composer:
         cap = self._ctx_cap[ctx]
         ok = fits(peak, cap, self.site) | ~valid
         feasible = ok.all(axis=1)
+        # within capacity: the plans that fit and those only the site's safety margin refuses
+        within = ((peak <= cap) | ~valid).all(axis=1) | feasible
         util = np.where(valid, peak / cap, 0.0)
         umax = util.max(axis=1)
         risk = (util * self._ctx_widen[ctx]).max(axis=1)
         pp = self._sk_pp[sk]
         balance = umax * pp / util.sum(axis=1)
         iteration = np.full(B, np.inf)
-        if feasible.any():
-            fidx = np.flatnonzero(feasible)
+        if within.any():
+            fidx = np.flatnonzero(within)
             # the tail after the pipeline (gradient sync, optimizer step, tied embedding) of the
-            # plans that fit only: a plan that does not has no time (row by row, the same numbers)
+            # plans within capacity only: a plan over it has no time (row by row, the same numbers)
             fs, nf = g["sync"][fidx], ni[fidx]
             tail = exposed_dp_sync_ms(self._sync[fs, nf], fwd[fidx], bwd[fidx]) + self._opt[g["opt"][fidx], nf] \
                 + g["tied"][fidx]
@@ -586,8 +591,9 @@ class Composer:
                 fin = interleaved_finish(fwd[rows, :p_], bwd[rows, :p_], g["link"][rows, :max(p_ - 1, 0)], m_, v_,
                                          g_ or None)
                 iteration[rows] = np.max(fin + tail[at, :p_], axis=1)
-        return BlockCost(iteration_ms=iteration, max_utilisation=umax, balance=balance, feasible=feasible,
-                         risk_utilisation=risk)
+        aside = np.where(feasible, np.inf, iteration)
+        return BlockCost(iteration_ms=np.where(feasible, iteration, np.inf), max_utilisation=umax, balance=balance,
+                         feasible=feasible, risk_utilisation=risk, aside_ms=aside)
 
 
 def _schedule_groups(fidx: np.ndarray, *columns: np.ndarray):

@@ -112,6 +112,9 @@ def merge_results(parts: list[tuple[SearchResult, int, TrainJob]], *, top_k: int
                                                                                        s.index))
     safe = [dataclasses.replace(r.fastest_safe, index=r.fastest_safe.index + off, plan=_stated(r.fastest_safe.plan, job))
             for r, off, job in parts if r.fastest_safe is not None]
+    aside = [dataclasses.replace(r.margin_aside, index=r.margin_aside.index + off,
+                                 plan=_stated(r.margin_aside.plan, job))
+             for r, off, job in parts if r.margin_aside is not None]
     points = sorted((ParetoPoint(index=p.index + off, iteration_ms=p.iteration_ms, max_utilisation=p.max_utilisation)
                      for r, off, _ in parts for p in r.pareto), key=lambda p: (p.iteration_ms, p.max_utilisation))
     front, best = [], float("inf")
@@ -129,6 +132,8 @@ def merge_results(parts: list[tuple[SearchResult, int, TrainJob]], *, top_k: int
     return SearchResult(top=ranked(top), time_top=ranked(fastest), pareto=tuple(front), weights=first_r.weights,
                         stats=st, recommended_top=ranked(rec),
                         fastest_safe=min(safe, key=lambda s: (s.prediction.iteration_ms, s.index)) if safe else None,
+                        margin_aside=min(aside, key=lambda s: (s.prediction.iteration_ms, s.index)) if aside else None,
+                        margin_aside_count=sum(r.margin_aside_count for r, _, _ in parts),
                         risk_feasible=sum(r.risk_feasible for r, _, _ in parts), memory_error=first_r.memory_error,
                         time_noise=first_r.time_noise, recommended_by=first_r.recommended_by)
 

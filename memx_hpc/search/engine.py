@@ -133,6 +133,11 @@ class SearchResult:
     risk_feasible: int = 0
     memory_error: Mapping[str, float] = field(default_factory=dict)
     time_noise: float = TIME_NOISE
+    #: the fastest plan whose every peak fits its GPU's capacity but not under the site's
+    #: safety margin (the margin alone sets it aside: never recommended, shown so the cost of
+    #: the margin is seen), and how many plans the margin alone set aside
+    margin_aside: ScoredPlan | None = None
+    margin_aside_count: int = 0
     #: who put the first plan of ``recommended_top`` first: ``predictor`` (the ranking above),
     #: or the line saying why the rule of thumb did (:func:`memx_hpc.planner.rule_fallback`)
     recommended_by: str = "predictor"
@@ -187,6 +192,9 @@ def _band(t: np.ndarray, key: np.ndarray, idx: np.ndarray, noise: float):
 
 
 _EMPTY3 = (np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64))
+#: how many of the plans set aside by the safety margin alone each rank keeps (the report
+#: names the fastest distinct one; a few spares cover indices that decode to one plan)
+ASIDE_KEPT = 4
 
 
 @dataclass
@@ -198,6 +206,9 @@ class _Keeper:
     safe: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0, dtype=np.int64))
     band: tuple[np.ndarray, np.ndarray, np.ndarray] = _EMPTY3
     front: tuple[np.ndarray, np.ndarray, np.ndarray] = _EMPTY3
+    #: the fastest plans within capacity that only the site's safety margin refuses, and their count
+    aside: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0, dtype=np.int64))
+    aside_count: int = 0
     times: list = field(default_factory=list)
     plans: int = 0
     feasible: int = 0
@@ -206,9 +217,14 @@ class _Keeper:
     recommended: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def add(self, idx: np.ndarray, ls: np.ndarray, it: np.ndarray, util: np.ndarray, feasible: np.ndarray,
-            risk: np.ndarray | None = None, balance: np.ndarray | None = None) -> None:
+            risk: np.ndarray | None = None, balance: np.ndarray | None = None,
+            aside: np.ndarray | None = None) -> None:
         self.plans += len(idx)
         self.feasible += int(feasible.sum())
+        if aside is not None:
+            self.aside_count += int(np.isfinite(aside).sum())
+            a0, ai = self.aside
+            self.aside = _take_best(np.r_[a0, aside], np.r_[ai, idx], ASIDE_KEPT)
         s0, i0 = self.score
         self.score = _take_best(np.r_[s0, ls], np.r_[i0, idx], self.k)
         t0, j0 = self.time
@@ -334,13 +350,16 @@ class RankShare:
     lookups: int
     peak_rss_bytes: int
     compose_seconds: float
+    aside: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0, dtype=np.int64))
+    aside_count: int = 0
 
     @staticmethod
     def of(keeper: "_Keeper", *, peak_rss_bytes: int, compose_seconds: float) -> "RankShare":
         return RankShare(score=keeper.score, time=keeper.time, safe=keeper.safe, band=keeper.band,
                          front=keeper.front, plans=keeper.plans, feasible=keeper.feasible,
                          risk_feasible=keeper.risk_feasible, lookups=keeper.lookups,
-                         peak_rss_bytes=peak_rss_bytes, compose_seconds=compose_seconds)
+                         peak_rss_bytes=peak_rss_bytes, compose_seconds=compose_seconds, aside=keeper.aside,
+                         aside_count=keeper.aside_count)
 
 
 def _merge_shares(shares: list[RankShare], k: int, noise: float) -> _Keeper:
@@ -361,6 +380,9 @@ def _merge_shares(shares: list[RankShare], k: int, noise: float) -> _Keeper:
     merged.feasible = sum(s.feasible for s in shares)
     merged.risk_feasible = sum(s.risk_feasible for s in shares)
     merged.lookups = sum(s.lookups for s in shares)
+    pairs = [s.aside for s in shares]
+    merged.aside = _take_best(cat(pairs, 0), cat(pairs, 1), ASIDE_KEPT)
+    merged.aside_count = sum(s.aside_count for s in shares)
     return merged
 
 
@@ -401,7 +423,7 @@ def _compose_range(space: PlanSpace, composer: Composer, cost_model: "CostModel"
         cost = composer.compose(block)
         ls = log_score(cost.iteration_ms, cost.max_utilisation, cost.balance, options.weights)
         keeper.add(block.indices, ls, cost.iteration_ms, cost.max_utilisation, cost.feasible, cost.risk_utilisation,
-                   cost.balance)
+                   cost.balance, cost.aside_ms)
         if options.use_cache:
             keeper.lookups += int((block.levels >= 0).sum())
         on_block(len(block))
@@ -468,6 +490,8 @@ def _result(space: PlanSpace, cost_model: "CostModel", options: SearchOptions, k
     time_top = _scored(space, cost_model, options, keeper.time[1], None, time_rank, memo)
     recommended_top = _scored(space, cost_model, options, keeper.recommended, None, time_rank, memo)
     safe = _scored(space, cost_model, options, keeper.safe[1][:1], None, time_rank, memo)
+    aside = _scored(space, cost_model, options, keeper.aside[1][_distinct(space, keeper.aside[1], 1)], None,
+                    time_rank, memo)
     ft, fu, fi = keeper.front
     pareto = tuple(ParetoPoint(index=int(i), iteration_ms=float(t), max_utilisation=float(u))
                    for t, u, i in zip(ft, fu, fi))
@@ -480,6 +504,7 @@ def _result(space: PlanSpace, cost_model: "CostModel", options: SearchOptions, k
     return SearchResult(top=top, time_top=time_top, pareto=pareto, weights=options.weights, stats=st,
                         recommended_top=recommended_top, risk_feasible=keeper.risk_feasible,
                         fastest_safe=safe[0] if safe else None,
+                        margin_aside=aside[0] if aside else None, margin_aside_count=keeper.aside_count,
                         memory_error=dict(options.memory_error), time_noise=options.time_noise)
 
 

@@ -4,6 +4,7 @@ JSON per plan in a folder of its own per run, a JSON summary, and a progress bar
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import sys
@@ -174,6 +175,30 @@ def rests_on(s: ScoredPlan, provenance: Mapping[str, str] | None, links: Sequenc
     return f" [rests on: {'; '.join(weak)}]" if weak else ""
 
 
+def margin_aside_words(result: SearchResult, margin: float) -> str | None:
+    """A line on the fastest plan that fits every GPU's capacity but that the site's safety
+    margin alone sets aside, where it is faster than the fastest plan that fits (or nothing
+    fits): its time, its fullest GPU, and the margin that would admit it. None otherwise.
+    The margin is the site's policy, not a prediction: the line shows what it costs."""
+    s = result.margin_aside
+    if s is None or margin <= 0.0:
+        return None
+    fast = result.fastest
+    t = s.prediction.iteration_ms
+    if fast is not None and t >= fast.prediction.iteration_ms:
+        return None
+    g, u, peak, cap = _fullest(s)
+    admit = max(0.0, math.floor((1.0 - u) * 100.0 + 1e-9) / 100.0)
+    vs = (f"{t / fast.prediction.iteration_ms - 1:+.1%} time vs the fastest that fits" if fast is not None
+          else "no plan fits under the margin")
+    n = result.margin_aside_count
+    return (f"set aside by the {margin:.0%} safety margin alone: {n:,} plan{'s' if n != 1 else ''} fit every GPU's "
+            f"capacity but not the margin; the fastest, tp {s.plan.tp} dp {s.plan.dp} micro-batch "
+            f"{s.plan.micro_batch_size} {stage_summary(s.plan, compact=True)}, {t / 1e3:.3f} s/iteration ({vs}), "
+            f"peaks at {u:.1%} of its fullest GPU ({g}, {peak / GiB:.1f} of {cap / GiB:.1f} GiB); "
+            f"memory_safety_margin: {admit:g} in the site file would admit it")
+
+
 def explain(result: SearchResult, *, bands: Mapping[str, MemoryErrorBand] | None = None,
             files: Mapping[str, str] | None = None, margin: float = 0.0,
             provenance: Mapping[str, str] | None = None,
@@ -183,8 +208,9 @@ def explain(result: SearchResult, *, bands: Mapping[str, MemoryErrorBand] | None
     measurements (:func:`rests_on`); then one line on why the recommended plan is not the
     fastest."""
     p = picks(result)
+    aside = margin_aside_words(result, margin)
     if not p:
-        return []
+        return [aside] if aside else []
     fast = p.get("fastest")
     t0 = fast.prediction.iteration_ms if fast else None
     lines = []
@@ -235,6 +261,8 @@ def explain(result: SearchResult, *, bands: Mapping[str, MemoryErrorBand] | None
         if extra > result.time_noise and w.risk_utilisation <= 1.0 and rec.risk_utilisation <= 1.0:
             lines.append(f"MemX's weighted product pays {extra:+.1%} time for headroom the error band does not need "
                          f"(weights {result.weights.label()}; --objective memx ranks by it)")
+    if aside:
+        lines.append(aside)
     return lines
 
 
@@ -292,6 +320,8 @@ def result_to_json(result: SearchResult, *, site: Site, job: TrainJob, provenanc
             "time_noise": result.time_noise, "memory_error": bands_to_dict(bands),
             "provenance": dict(provenance), "notes": list(notes), "stats": result.stats.to_dict(),
             "risk_feasible": result.risk_feasible,
+            "margin_aside": ({"plans": result.margin_aside_count, **scored_to_dict(result.margin_aside)}
+                             if result.margin_aside is not None else None),
             **{role: (scored_to_dict(p[role]) if role in p else None) for role, _, _ in ROLES},
             "explanation": explain(result, bands=bands, margin=site.memory_safety_margin, provenance=provenance,
                                    links=links),

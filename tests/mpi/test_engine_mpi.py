@@ -39,6 +39,7 @@ if comm is None or comm.Get_rank() == 0:
                       "time_top": [[s.index, s.prediction.iteration_ms] for s in r.time_top],
                       "recommended_top": [[s.index, s.risk_utilisation, s.time_rank] for s in r.recommended_top],
                       "risk_feasible": r.risk_feasible,
+                      "margin_aside": [r.margin_aside.index if r.margin_aside else None, r.margin_aside_count],
                       "pareto": [[p.index, p.iteration_ms, p.max_utilisation] for p in r.pareto],
                       "plans": r.stats.plans, "feasible": r.stats.feasible, "cache": r.stats.cache}))
 """
@@ -66,7 +67,7 @@ def test_two_ranks_give_the_serial_answer(tmp_path, mpiexec):
     serial = _run(None, 1)
     parallel = _run(mpiexec, 2, str(tmp_path / "cache.sqlite"))
     assert serial["ranks"] == 1 and parallel["ranks"] == 2
-    for key in ("top", "time_top", "recommended_top", "risk_feasible", "pareto", "plans", "feasible"):
+    for key in ("top", "time_top", "recommended_top", "risk_feasible", "margin_aside", "pareto", "plans", "feasible"):
         assert parallel[key] == serial[key], key
     # the recommended and the fastest feasible plan come out identical (and exist)
     assert serial["recommended_top"] and serial["time_top"]

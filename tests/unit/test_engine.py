@@ -470,3 +470,38 @@ def test_the_search_prices_virtual_context_and_expert_parallel_as_one_plan_is_pr
         if p.feasible:
             assert p.iteration_ms == pytest.approx(float(cost.iteration_ms[i]), rel=1e-9)
         assert p.max_utilisation == pytest.approx(float(cost.max_utilisation[i]), rel=1e-9)
+
+
+def test_plans_set_aside_by_the_margin_alone_equal_brute_force():
+    """A plan within every GPU's capacity but over the site's safety margin is not searched
+    as fitting, but the fastest of them is kept apart, with their count, and the report
+    names it with the margin that would admit it; that margin does."""
+    from memx_hpc.search.report import explain, margin_aside_words
+    site, job, space = setup(margin=0.2)
+    model = LinearModel(act=8e9)  # activations heavy enough that the fastest plans sit near capacity
+    aside, fit = [], []
+    for i, plan in space.iter_range(0, len(space)):
+        p = predict_plan(plan, space.site, space.job, model)
+        (fit if p.feasible else aside if p.max_utilisation <= 1.0 else []).append((p.iteration_ms, i))
+    assert aside and fit and min(aside)[0] < min(fit)[0]
+    r = search(space, model, options=SearchOptions(top_k=3, block_size=61))
+    assert r.margin_aside_count == len(aside)
+    assert r.margin_aside is not None and not r.margin_aside.prediction.feasible
+    assert r.margin_aside.prediction.iteration_ms == pytest.approx(min(aside)[0], rel=1e-9)
+    assert 0.8 < r.margin_aside.prediction.max_utilisation <= 1.0
+    words = margin_aside_words(r, 0.2)
+    assert words is not None and words in explain(r, margin=0.2)
+    assert f"{len(aside):,} plans fit every GPU's capacity" in words
+    admit = float(words.rsplit("memory_safety_margin: ", 1)[1].split()[0])
+    assert 0.0 <= admit < 0.2
+    site2, _, _ = setup(margin=admit)
+    assert predict_plan(space.plan_at(r.margin_aside.index), site2, space.job, model).feasible
+    # where the plans set aside are slower than the fastest that fits, the report says nothing
+    _, _, space3 = setup(margin=0.3)
+    r3 = search(space3, LinearModel(act=2.5e9), options=SearchOptions(top_k=3))
+    assert r3.margin_aside is not None and r3.margin_aside.prediction.iteration_ms > r3.fastest.prediction.iteration_ms
+    assert margin_aside_words(r3, 0.3) is None
+    # no margin: nothing is set aside
+    _, _, space0 = setup(margin=0.0)
+    r0 = search(space0, model, options=SearchOptions(top_k=3))
+    assert r0.margin_aside is None and r0.margin_aside_count == 0 and margin_aside_words(r0, 0.0) is None
