@@ -38,7 +38,9 @@ memx_hpc.datapaths.SOURCES):
    store, so its runs are datasheet-only in both passes (as MLM-CI's H100 cases); a panel of
    one node counts as single-node, the others as multi-node. Its own section (also
    ``--only ultrascale``) adds the passes without overlap and with Megatron's buckets, the plans
-   that never ran and the false-OOM calls.
+   that never ran, the false-OOM calls, and the memory of the layouts that ran: pipeline stage 0's
+   prediction against the measured ``gpu_mem_gib`` (PyTorch's reserved peak of global rank 0:
+   :data:`ULTRASCALE_MEM_SOURCE`) at the allocator's reserved level, by split and family.
 5. Cephalo (MIT licence): model_memory.json and model_latencies.json hold one
    configuration per (model, GPU set, batch) -- FSDP memory curves and per-layer
    latencies -- with no competing plans of the same GPUs, so they form no ranking group;
@@ -459,7 +461,104 @@ def ultrascale_section(model=None, panels=None) -> int:
     print("regret: measured time of the pick over the panel's measured fastest, minus 1. The rule picks among the "
           "layouts that ran (ties between ZeRO-0 and ZeRO-1 of one layout go to the first row of the file). "
           "false OOM: layouts that ran that the tool predicts do not fit.")
+    ultrascale_memory_section(timed, model)
     return 0
+
+
+#: What the playbook's ``gpu_mem_gib`` is, from the code that logged it (not from the rows).
+#: nanotron's benchmark mode (``NANOTRON_BENCHMARK=1``) has global rank 0 append one row to the
+#: benchmark CSV at iteration 3 (huggingface/nanotron at e24d2483, 2025-02-19, the playbook's
+#: publication day: src/nanotron/trainer.py ``train_step_logs`` -> src/nanotron/helpers.py
+#: ``log_throughput`` / ``create_table_log``), with ``"Mem Alloc (GB)" =
+#: torch.cuda.max_memory_allocated() / 1024**3`` and ``"Mem Res (GB)" =
+#: torch.cuda.max_memory_reserved() / 1024**3``. The playbook figure's "GPU memory" (and so
+#: ``gpu_mem_gib``) is the second: its 1B 1-node dp8 mbs2 ZeRO-0 point reads 50.2 where the sweep's
+#: CSV (bench_final2_mfu2.csv, a copy in eyao600/Rapid-LLM validation_scripts/huggingface_data/)
+#: has Mem Res 50.18 and Mem Alloc 25.07; dp8 mbs1: 36.7 vs 36.67 / 25.07; dp4 tp2 mbs8: 68.3
+#: vs 68.32 / 12.82. Mem Alloc is no training peak: ``log_memory`` (src/nanotron/logging.py)
+#: resets the peak statistics after each of the first five ``train_batch_iter``, so it is the
+#: peak of the optimizer step; the reserved high-water survives the reset (the caching allocator
+#: keeps what it reserved, and nothing empties its cache in the loop). Global rank 0 is pipeline
+#: stage 0, TP rank 0, DP rank 0 (nanotron's ParallelContext lays the ranks out as
+#: (ep, pp, dp, cp, tp) with tp fastest).
+ULTRASCALE_MEM_SOURCE = ("gpu_mem_gib = nanotron's benchmark-CSV 'Mem Res (GB)' = torch.cuda.max_memory_reserved() / "
+                         "2**30 of global rank 0 (pipeline stage 0), logged at iteration 3 (huggingface/nanotron "
+                         "e24d2483 src/nanotron/helpers.py create_table_log / log_throughput; matched to the sweep's "
+                         "CSV, bench_final2_mfu2.csv, row by row: 50.2 = Mem Res 50.18, Mem Alloc 25.07)")
+
+#: the levels a stage-0 prediction is compared at: (name, bytes of a StagePrediction)
+ULTRASCALE_MEM_LEVELS = (
+    ("reserved: S + a*act (no b)", lambda s: s.peak_bytes - s.overhead_bytes),
+    ("allocated: S + act (no a, no b)", lambda s: s.state_bytes + s.activation_bytes),
+    ("device: S + a*act + b", lambda s: s.peak_bytes),
+)
+ULTRASCALE_MEM_GROUPS = (("all", lambda r: True),
+                         *((f, lambda r, f=f: ultrascale_family(r) == f) for f in ULTRASCALE_FAMILIES),
+                         ("ZeRO-0", lambda r: r["zero"] == 0), ("ZeRO-1", lambda r: r["zero"] == 1))
+ULTRASCALE_MEM_HEADERS = ["split", "layouts", "rows", "memory MAPE %", "median signed error %", "p10 signed %",
+                          "p90 signed %"]
+
+
+def ultrascale_memory_errors(timed, model) -> None:
+    """Fill each run's ``mem_err``: level name -> signed error % of the predicted memory of
+    pipeline stage 0 (global rank 0's stage, the one the playbook logged) against the measured
+    ``mem_gib`` (positive: the prediction is high). Nothing is fitted here."""
+    for r in timed:
+        s0 = next(s for s in r["predict"](model, "nanotron").stages if s.stage == 0)
+        r["mem_err"] = {name: 100.0 * (f(s0) / 2**30 - r["mem_gib"]) / r["mem_gib"]
+                        for name, f in ULTRASCALE_MEM_LEVELS}
+        r["mem_pred_gib"] = {name: f(s0) / 2**30 for name, f in ULTRASCALE_MEM_LEVELS}
+
+
+def memory_error_row(split: str, group: str, errors) -> list:
+    e = np.asarray(errors, dtype=float)
+    if not len(e):
+        return [split, group, 0, "-", "-", "-", "-"]
+    return [split, group, len(e), f"{np.mean(np.abs(e)):.1f}", f"{np.median(e):+.1f}",
+            f"{np.percentile(e, 10):+.1f}", f"{np.percentile(e, 90):+.1f}"]
+
+
+def score_ultrascale_memory(timed, level: str) -> list[list]:
+    """Rows of the memory table at ``level``: per split (the locked one) and layout group."""
+    rows = []
+    for split in ("dev", "test"):
+        half = [r for r in timed if r["split"] == split]
+        for group, keep in ULTRASCALE_MEM_GROUPS:
+            rows.append(memory_error_row(split, group, [r["mem_err"][level] for r in half if keep(r)]))
+    return rows
+
+
+def worst_memory_rows(timed, level: str, n: int = 3) -> list[list]:
+    """The ``n`` lowest and the ``n`` highest signed errors of each split at ``level``."""
+    rows = []
+    for split in ("dev", "test"):
+        half = sorted((r for r in timed if r["split"] == split), key=lambda r: r["mem_err"][level])
+        for r in half[:n] + half[-n:]:
+            rows.append([split, f"{r['model']} n{r['nodes']} dp{r['dp']} tp{r['tp']} pp{r['pp']} mbs{r['mbs']} "
+                                f"zero{r['zero']}", ultrascale_family(r), f"{r['mem_gib']:.1f}",
+                         f"{r['mem_pred_gib'][level]:.1f}", f"{r['mem_err'][level]:+.1f}"])
+    return rows
+
+
+def ultrascale_memory_section(timed, model) -> None:
+    """Print the memory accuracy of the layouts that ran: the like-for-like level (what the
+    playbook logged: the caching allocator's reserved peak of stage 0) by split and group, the
+    other two levels for all rows, and the largest errors. Measured against predicted; the
+    predictor is the one the ranking used, fitted on the store, never on these rows."""
+    ultrascale_memory_errors(timed, model)
+    like = ULTRASCALE_MEM_LEVELS[0][0]
+    print(f"\nMemory of the layouts that ran (ultrascale-dev, pipeline stage 0 predicted against the measured "
+          f"gpu_mem_gib; signed error = (predicted - measured) / measured, negative: predicted low; nothing fitted "
+          f"to these rows).\nCompared at the allocator's reserved level, {like}: {ULTRASCALE_MEM_SOURCE}. "
+          f"S = state, act = held activations, a = allocator slope, b = CUDA context / NCCL / cuBLAS outside "
+          f"PyTorch's allocator.")
+    table(score_ultrascale_memory(timed, like), ULTRASCALE_MEM_HEADERS)
+    print("\nAll layouts at each level (reserved is the like-for-like one; allocated and device bracket it):")
+    table([[lvl] + row for lvl, _ in ULTRASCALE_MEM_LEVELS for row in score_ultrascale_memory(timed, lvl)
+           if row[1] == "all"], ["level"] + ULTRASCALE_MEM_HEADERS)
+    print("\nExtremes at the reserved level (per split the 3 lowest signed errors, then the 3 highest):")
+    table(worst_memory_rows(timed, like), ["split", "layout", "family", "measured GiB", "predicted GiB",
+                                           "signed error %"])
 
 
 def _profiled(model) -> bool:
