@@ -282,8 +282,11 @@ def report(run, args: argparse.Namespace) -> None:
             raise SpecError(f"no plan was generated, so none was predicted: {why}", field=field,
                             file=job.source_file if field not in ("--tp", "--micro-batch-sizes", "--max-stages")
                             else None)
+        aside = run.search.margin_aside_count
+        inside = (f"; {aside:,} of them fit the GPUs' capacity and only the margin sets them aside (the report "
+                  f"above names the fastest and the memory_safety_margin that admits it)" if aside else "")
         raise SpecError(f"none of the {run.search.stats.plans:,} plans fits in memory on {site.name} "
-                        f"(capacity minus the {site.memory_safety_margin:.0%} safety margin); allow more "
+                        f"(capacity minus the {site.memory_safety_margin:.0%} safety margin){inside}; allow more "
                         f"recompute, smaller micro-batches, more pipeline stages (--max-stages), or add GPUs",
                         file=job.source_file)
 
@@ -333,6 +336,9 @@ def print_report(result, site, job, provenance, notes, files, *, stream=None, ob
             table(rows, header, file=out, drop_empty=True, max_width=TABLE_WIDTH)
             print(table_footer(result, site), file=out)
         print(f"Pareto front (time vs peak memory): {len(result.pareto)} plans", file=out)
+    else:
+        for line in explain(result, margin=site.memory_safety_margin):  # nothing fits: what the margin set aside
+            print(line, file=out)
     if files and out_dir is not None:
         print(f"\nwrote {len(files)} files into {out_dir} ({out_dir.parent / 'latest'} points there): "
               f"plan-01.json ... , recommended.json, fastest.json, weighted.json, pareto.png, summary.json", file=out)

@@ -99,3 +99,26 @@ def test_overlap_flags_say_what_they_do(tmp_path, capsys):
                  "--overlap-grad-reduce"]) == 1
     err = capsys.readouterr().err
     assert "no longer a predict option" in err and "overlap_grad_reduce" in err
+
+
+def test_nothing_under_the_margin_names_what_fits_the_capacity(tmp_path, capsys):
+    """A margin so wide that no plan fits under it: the search still times the plans that fit
+    the GPUs' capacity, the report names the fastest with the margin that admits it, and the
+    error says how many the margin alone set aside. With that margin the plan is searched."""
+    site = (ROOT / "site_configs" / "example-h100-64.yaml").read_text()
+    assert "memory_safety_margin: 0.05\n" in site
+    wide = tmp_path / "wide.yaml"
+    wide.write_text(site.replace("memory_safety_margin: 0.05\n", "memory_safety_margin: 0.6\n"))
+    args = ["search", "--site", str(wide), "--job", str(ROOT / "jobs" / "llama3-70b.yaml"), "--analytic",
+            "--no-reference", "--store", str(tmp_path / "s.h5"), "--top", "2", "--max-stages", "2"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 1
+    out, err = capsys.readouterr()
+    assert "fits in memory" in err and "only the margin sets them aside" in err
+    line = next(x for x in out.splitlines() if "set aside by the 60% safety margin alone" in x)
+    assert "no plan fits under the margin" in line
+    admit = float(line.rsplit("memory_safety_margin: ", 1)[1].split()[0])
+    assert 0.0 <= admit < 0.6
+    wide.write_text(site.replace("memory_safety_margin: 0.05\n", f"memory_safety_margin: {admit}\n"))
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    out, _ = capsys.readouterr()
+    assert "recommended" in out
