@@ -237,6 +237,13 @@ def model_of(row: dict):
         raise NotExpressible(f"model spec refused: {e}") from None
 
 
+def _admitting_margin(d: dict) -> float:
+    """The largest safety margin under which a row's fullest GPU fits, as the planner's report
+    words it (memx_hpc.search.report.margin_aside_words: whole percent, rounded down)."""
+    u = d["pred_device"] / d["pred_capacity"]
+    return max(0.0, math.floor((1.0 - u) * 100.0 + 1e-9) / 100.0)
+
+
 def _recompute(text: str):
     from memx_hpc.spec import Recompute
     if text in ("", "none"):
@@ -536,7 +543,8 @@ def run(rows: list[dict], model, *, show_rows: bool = False, out=print) -> dict:
                         f"{d['real_ms']:.1f}" if d["real_ms"] else "-", f"{d['pred_ms']:.1f}", f"{d['roof_ms']:.1f}",
                         f"{d['real_mem'] / GiB:.2f}" if d["real_mem"] else "-", f"{d['pred_mem'] / GiB:.2f}",
                         f"{d['pred_device'] / GiB:.1f}", f"{d['pred_capacity'] / GiB:.1f}",
-                        "over capacity" if d["pred_over_capacity"] else "" if d["pred_feasible"] else "over the limit"])
+                        "over capacity" if d["pred_over_capacity"] else "" if d["pred_feasible"] else
+                        f"over the limit (margin {_admitting_margin(d):g} admits)"])
         table(tab, ["row", "split", "dims", "gpu", "gpus", "tp/pp/vp/cp/ep", "real ms", "pred ms", "roofline ms",
                     "real GiB", "pred GiB", "device GiB", "capacity GiB", "note"])
     summary: dict = {}
