@@ -45,7 +45,9 @@ embedding and the loss counted as layers where the CI arguments or the family's 
 (ACCOUNTED_SPLIT_FAMILIES; a stage's short chunk is priced as any of its chunks; a run
 that splits otherwise without saying how is not expressible); between nodes 50 GB/s per GPU (one 400 Gb/s NIC per GPU in DGX H100/B200/
 B300/GB200/GB300; 25 GB/s for DGX A100's 200 Gb/s), except inside a GB200/GB300 NVL72
-rack (at most 72 GPUs), where every GPU reaches the others over NVLink.
+rack, where every GPU reaches the others over NVLink: a run of at most 72 GPUs is one domain,
+a larger one states NVLink domains of 64 GPUs (``nvlink_domain_gpus``: the 16-node segments NVIDIA
+recommends for large jobs, NVL72_SEGMENT_GPUS) joined by the fabric.
 
 Run from the repository root:  .venv/bin/python benchmarks/public_runs.py [--help]
 """
@@ -75,6 +77,14 @@ DIMENSIONS = ("VP", "CP", "EP", "dense")
 #: GPT-2's BPE vocabulary (the CI runs' --vocab-file), before Megatron pads it
 GPT2_VOCAB = 50257
 NVL72 = ("GB200", "GB300")
+#: GPUs in one NVL72 rack's NVLink domain (18 compute trays of 4; the GB200 / GB300 NVL72 datasheets)
+NVL72_GPUS = 72
+#: the NVLink domain a run of more than one rack sees: NVIDIA recommends Slurm's block
+#: scheduling with --segment=16 (16 nodes of 4 GPUs inside one NVL72 rack) for large jobs of
+#: 128+ GPUs such as MoE training (NVIDIA Technical Blog, "Unlock Exascale Performance on NVIDIA
+#: GB200 NVL72 with Slurm Topology-Aware Job Scheduling"), so each 64-GPU segment shares NVLink and
+#: segments meet over the fabric; the published GB200/GB300 runs use 64, 128 and 256 GPUs
+NVL72_SEGMENT_GPUS = 64
 #: CI flags that change what a step does in ways the planner has no term for
 UNSUPPORTED_FLAGS = {
     "mtp-num-layers": "multi-token prediction layers",
@@ -87,8 +97,15 @@ UNSUPPORTED_FLAGS = {
 }
 #: vendor-table families whose recipe counts the embedding and the loss as layers of the
 #: pipeline split (Megatron's --account-for-embedding/loss-in-pipeline-split): Megatron-Bridge
-#: src/megatron/bridge/recipes/llama/llama3.py, llama31_405b_pretrain_config sets both
-ACCOUNTED_SPLIT_FAMILIES = ("llama3.1-405b",)
+#: src/megatron/bridge/recipes/llama/llama3.py, llama31_405b_pretrain_config sets both;
+#: src/megatron/bridge/recipes/qwen/qwen3_moe.py, qwen3_235b_a22b_pretrain_config sets both
+#: ("Uses account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split")
+ACCOUNTED_SPLIT_FAMILIES = ("llama3.1-405b", "qwen3-235b-a22b")
+#: Megatron-Bridge families whose performance presets set the expert TP to 1 whatever the
+#: attention's TP (scripts/performance/configs/qwen/qwen3_workload_base_configs.py:
+#: BASE_QWEN3_235B_A22B_CONFIG and BASE_QWEN3_30B_A3B_CONFIG, expert_tensor_parallel_size=1); the
+#: tables give no ETP column
+EXPERT_TP1_FAMILIES = ("qwen3-30b-a3b", "qwen3-235b-a22b")
 #: Megatron-Bridge (github.com/NVIDIA-NeMo/Megatron-Bridge) commits whose recipes the vendor
 #: rows' settings below are read from: b7b4e11 (scripts/performance/configs, the per-family
 #: performance scripts before c8327cf removed them) and 067f987 (src/megatron/bridge/perf_recipes)
@@ -199,12 +216,19 @@ def _moe_freq(text: str, num_layers: int):
     return tuple(int(x) for x in pattern)
 
 
+#: families whose preset the project gained after public_runs.csv was written (the CSV's
+#: model_preset column is empty for them; extract_public_runs.PRESETS names them for the next
+#: rebuild): the model's shape from its published config, cited in memx_hpc/data/models.yaml
+LATER_PRESETS = {"qwen3-235b-a22b": "Qwen3-235B-A22B"}
+
+
 def model_of(row: dict):
     from memx_hpc.spec.catalog import preset
     from memx_hpc.spec import ModelSpec
     seq = _int(row["seq_length"])
-    if row["model_preset"]:
-        return dataclasses.replace(preset(row["model_preset"]), seq_length=seq)
+    name = row["model_preset"] or LATER_PRESETS.get(row["family"], "")
+    if name:
+        return dataclasses.replace(preset(name), seq_length=seq)
     if not row["num_layers"]:
         raise NotExpressible(f"no model spec for {row['family']} (no preset, shape not published in the row)")
     if row["multi_latent_attention"] == "True":
@@ -348,6 +372,8 @@ def build(row: dict):
     tp, pp, cp = int(row["tp"]), int(row["pp"]), _int(row["cp"], 1)
     vp, ep = _int(row["vp"], 1) or 1, _int(row["ep"], 1) or 1
     etp = _int(row["etp"], None)
+    if etp is None and row["id"].startswith("bridge-") and row["family"] in EXPERT_TP1_FAMILIES:
+        etp = 1
     if gpus % (tp * pp * cp):
         raise NotExpressible(f"{gpus} GPUs are not a multiple of tp x pp x cp = {tp * pp * cp}")
     dp = gpus // (tp * pp * cp)
@@ -387,8 +413,10 @@ def build(row: dict):
         inter = 25.0 if gpu.startswith("A100") else 50.0
     nodes = math.ceil(gpus / gpn)
     env = ALLOC_ENV if row["id"].startswith(EXPANDABLE_SEGMENTS_SOURCES) else ()
+    # a run over several NVL72 racks: NVLink inside each 16-node segment of a rack, the fabric between
+    domain = {"nvlink_domain_gpus": NVL72_SEGMENT_GPUS} if gpu in NVL72 and gpus > NVL72_GPUS else {}
     part = Partition(name="p", gpu_type=gpu, nodes=nodes, gpus_per_node=gpn, env=env,
-                     **({"inter_node_gbps": inter} if inter is not None else {}))
+                     **({"inter_node_gbps": inter} if inter is not None else {}), **domain)
     site = Site(name=f"public-{gpu.lower()}", partitions=(part,))
     try:
         g = site.gpu(gpu)

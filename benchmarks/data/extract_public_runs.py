@@ -217,7 +217,8 @@ SYSTEMS = {"DGX-H100": ("H100-SXM", 8), "DGX-B200": ("B200", 8), "DGX-B300": ("B
 #: the project's preset for a table's model name (none: not expressible until a spec exists)
 PRESETS = {"LLAMA3_8B": "Llama-3-8B", "LLAMA3-8B": "Llama-3-8B", "LLAMA3_70B": "Llama-3-70B", "LLAMA3-70B": "Llama-3-70B",
            "LLAMA3.1_405B": "Llama-3.1-405B", "LLAMA2-7B": "Llama-2-7B", "LLAMA2-13B": "Llama-2-13B",
-           "LLAMA2-70B": "Llama-2-70B", "GPT3-175B": "GPT-3-175B", "Qwen3_30B_a3B": "Qwen3-30B-A3B"}
+           "LLAMA2-70B": "Llama-2-70B", "GPT3-175B": "GPT-3-175B", "Qwen3_30B_a3B": "Qwen3-30B-A3B",
+           "Qwen3_235B_a22B": "Qwen3-235B-A22B"}
 
 
 #: the tables' precision labels as Transformer Engine's FP8 recipes (Megatron-LM --fp8-recipe):
