@@ -263,9 +263,9 @@ def model_of(row: dict):
 
 def _admitting_margin(d: dict) -> float:
     """The largest safety margin under which a row's fullest GPU fits, as the planner's report
-    words it (memx_hpc.search.report.margin_aside_words: whole percent, rounded down)."""
-    u = d["pred_device"] / d["pred_capacity"]
-    return max(0.0, math.floor((1.0 - u) * 100.0 + 1e-9) / 100.0)
+    words it (memx_hpc.search.report.admitting_margin)."""
+    from memx_hpc.search.report import admitting_margin
+    return admitting_margin(d["pred_device"] / d["pred_capacity"])
 
 
 def _recompute(text: str):

@@ -72,7 +72,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"iteration {pred.iteration_ms / 1e3:.3f} s (pipeline {pred.pipeline_ms / 1e3:.3f} s), "
           f"{pred.tokens_per_s:,.0f} tokens/s; worst GPU at {pred.max_utilisation:.1%} of its memory, "
           f"balance {pred.balance:.3f}")
-    if not pred.feasible:
+    if not pred.feasible and pred.max_utilisation <= 1.0:
+        from ..search.report import admitting_margin
+        print(f"OVER THE SAFETY MARGIN, not out of memory: {pred.reason}; every GPU's peak fits its capacity, and "
+              f"memory_safety_margin: {admitting_margin(pred.max_utilisation):g} in the site file would admit it")
+    elif not pred.feasible:
         print(f"DOES NOT FIT: {pred.reason}")
     else:
         print("with each GPU type's expected peak-memory error ("

@@ -175,6 +175,12 @@ def rests_on(s: ScoredPlan, provenance: Mapping[str, str] | None, links: Sequenc
     return f" [rests on: {'; '.join(weak)}]" if weak else ""
 
 
+def admitting_margin(utilisation: float) -> float:
+    """The largest safety margin, in whole percent rounded down, under which a GPU at
+    ``utilisation`` of its capacity fits (0 when only no margin at all admits it)."""
+    return max(0.0, math.floor((1.0 - utilisation) * 100.0 + 1e-9) / 100.0)
+
+
 def margin_aside_words(result: SearchResult, margin: float) -> str | None:
     """A line on the fastest plan that fits every GPU's capacity but that the site's safety
     margin alone sets aside, where it is faster than the fastest plan that fits (or nothing
@@ -188,7 +194,7 @@ def margin_aside_words(result: SearchResult, margin: float) -> str | None:
     if fast is not None and t >= fast.prediction.iteration_ms:
         return None
     g, u, peak, cap = _fullest(s)
-    admit = max(0.0, math.floor((1.0 - u) * 100.0 + 1e-9) / 100.0)
+    admit = admitting_margin(u)
     vs = (f"{t / fast.prediction.iteration_ms - 1:+.1%} time vs the fastest that fits" if fast is not None
           else "no plan fits under the margin")
     n = result.margin_aside_count

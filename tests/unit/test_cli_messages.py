@@ -118,6 +118,18 @@ def test_nothing_under_the_margin_names_what_fits_the_capacity(tmp_path, capsys)
     assert "no plan fits under the margin" in line
     admit = float(line.rsplit("memory_safety_margin: ", 1)[1].split()[0])
     assert 0.0 <= admit < 0.6
+    # the plan itself, predicted under the wide margin: inside the margin, not out of memory
+    assert main([*args, "--json", "--out", str(tmp_path / "j")]) == 1
+    out, _ = capsys.readouterr()
+    aside = json.loads(out)["margin_aside"]
+    assert aside["plans"] > 0 and not aside["prediction"]["feasible"]
+    plan_file = tmp_path / "aside.json"
+    plan_file.write_text(json.dumps(aside["plan"]))
+    assert main(["predict", "--site", str(wide), "--job", str(ROOT / "jobs" / "llama3-70b.yaml"), "--analytic",
+                 "--no-reference", "--store", str(tmp_path / "s.h5"), "--plan", str(plan_file)]) == 0
+    out, _ = capsys.readouterr()
+    assert "OVER THE SAFETY MARGIN, not out of memory" in out and f"memory_safety_margin: {admit:g}" in out
+    assert "DOES NOT FIT" not in out
     wide.write_text(site.replace("memory_safety_margin: 0.05\n", f"memory_safety_margin: {admit}\n"))
     assert main([*args, "--out", str(tmp_path / "b")]) == 0
     out, _ = capsys.readouterr()
