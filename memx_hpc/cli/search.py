@@ -27,8 +27,10 @@ report three plans side by side:
   weighted     MemX's weighted product T^w_t * M^w_m * B^w_b (iteration time,
                worst-GPU memory utilisation, memory imbalance; --weights)
 
-with one line each on time, memory headroom and out-of-memory risk, the top-K of
---objective's ranking, and writes into a new folder per run (--out/<run id>/, with
+with one line each on time, memory headroom and out-of-memory risk (and, where a plan
+that fits every GPU's memory but not the site's memory_safety_margin would be faster,
+one line naming it and the margin that admits it: the margin is policy, not a call of
+out of memory), the top-K of --objective's ranking, and writes into a new folder per run (--out/<run id>/, with
 --out/latest pointing at it): plan-01.json ... in ranking order, recommended.json,
 fastest.json, weighted.json, pareto.png and summary.json. Use 'memx-hpc plan' to
 profile what is missing first.
