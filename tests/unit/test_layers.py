@@ -222,7 +222,7 @@ def test_the_circle_finder_sees_a_circle_through_a_local_import():
 #: goes through memx_hpc.planner.
 CLI_PRINTING_HELPERS = {
     "memx_hpc.search.report": {"ROLES", "explain", "table_rows", "table_footer", "link_rows", "stage_summary",
-                               "scored_to_dict", "coverage_table"},
+                               "scored_to_dict", "coverage_table", "admitting_margin"},
 }
 #: Commands that still reach past the planner, and why they are left so for now (none: status
 #: and render go through planner/runs.py and planner/render.py).
