@@ -216,19 +216,12 @@ def _moe_freq(text: str, num_layers: int):
     return tuple(int(x) for x in pattern)
 
 
-#: families whose preset the project gained after public_runs.csv was written (the CSV's
-#: model_preset column is empty for them; extract_public_runs.PRESETS names them for the next
-#: rebuild): the model's shape from its published config, cited in memx_hpc/data/models.yaml
-LATER_PRESETS = {"qwen3-235b-a22b": "Qwen3-235B-A22B"}
-
-
 def model_of(row: dict):
     from memx_hpc.spec.catalog import preset
     from memx_hpc.spec import ModelSpec
     seq = _int(row["seq_length"])
-    name = row["model_preset"] or LATER_PRESETS.get(row["family"], "")
-    if name:
-        return dataclasses.replace(preset(name), seq_length=seq)
+    if row["model_preset"]:
+        return dataclasses.replace(preset(row["model_preset"]), seq_length=seq)
     if not row["num_layers"]:
         raise NotExpressible(f"no model spec for {row['family']} (no preset, shape not published in the row)")
     if row["multi_latent_attention"] == "True":

@@ -569,7 +569,8 @@ class Composer:
         ok = fits(peak, cap, self.site) | ~valid
         feasible = ok.all(axis=1)
         # within capacity: the plans that fit and those only the site's safety margin refuses
-        within = ((peak <= cap) | ~valid).all(axis=1) | feasible
+        # (the margin is >= 0, so every plan that fits is within capacity)
+        within = ((peak <= cap) | ~valid).all(axis=1)
         util = np.where(valid, peak / cap, 0.0)
         umax = util.max(axis=1)
         risk = (util * self._ctx_widen[ctx]).max(axis=1)

@@ -61,13 +61,18 @@ def test_textbook_form_overestimates_heterogeneous_stages():
 @settings(max_examples=60, deadline=None)
 @given(p=st.integers(1, 6), m=st.integers(1, 12), seed=st.integers(0, 2**31))
 def test_vectorised_equals_event_driven(p, m, seed):
+    _batch_equals_event_driven(p, m, seed, plans=4, max_elements=64)  # tiny chunks: exercise the chunking
+
+
+def _batch_equals_event_driven(p, m, seed, *, plans, max_elements):
+    """``plans`` random p-stage plans of m micro-batches: the vectorised finish times in chunks
+    of ``max_elements`` equal the event-driven simulation's, bit for bit."""
     rng = np.random.default_rng(seed)
-    n = 4
-    f = rng.uniform(0.1, 3, (n, p))
-    b = rng.uniform(0.1, 6, (n, p))
-    c = rng.uniform(0, 2, (n, max(p - 1, 0)))
-    got = pipeline_finish_batch(f, b, c, m, max_elements=64)  # tiny chunks: exercise the chunking
-    for r in range(n):
+    f = rng.uniform(0.1, 3, (plans, p))
+    b = rng.uniform(0.1, 6, (plans, p))
+    c = rng.uniform(0, 2, (plans, max(p - 1, 0)))
+    got = pipeline_finish_batch(f, b, c, m, max_elements=max_elements)
+    for r in range(plans):
         assert np.array_equal(got[r], np.array(simulate_1f1b(f[r], b[r], c[r], m).stage_finish_ms))
 
 
@@ -77,14 +82,7 @@ def test_ring_of_levels_reaches_far_back(p, m, seed):
     # with fewer micro-batches than stages an op's input lies up to ~2p levels back (the
     # warm-up's chain): the ring of recent levels must hold them all; 37 plans in chunks
     # of a few rows (the ring's rows bound a chunk) cross chunk boundaries too
-    rng = np.random.default_rng(seed)
-    n = 37
-    f = rng.uniform(0.1, 3, (n, p))
-    b = rng.uniform(0.1, 6, (n, p))
-    c = rng.uniform(0, 2, (n, p - 1))
-    got = pipeline_finish_batch(f, b, c, m, max_elements=200)
-    for r in range(n):
-        assert np.array_equal(got[r], np.array(simulate_1f1b(f[r], b[r], c[r], m).stage_finish_ms))
+    _batch_equals_event_driven(p, m, seed, plans=37, max_elements=200)
 
 
 def test_bad_inputs():
